@@ -1,0 +1,32 @@
+# Crucible — the two commands that work on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export CRUCIBLE_HOME ?= $(CURDIR)/.crucible
+STAMP := $(VENV)/.crucible-installed
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup demo test dev clean bench
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+
+setup: $(STAMP)
+
+## Set up, then run the main job (every source partition, then the curation graph) on the embedded default.
+demo: setup
+	$(VENV)/bin/crucible demo
+
+## Set up, then run the test suite (what .ci/run calls).
+test: setup
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) tests
+
+## Serve the Dagster UI on http://127.0.0.1:3000 over the same instance and lake.
+dev: setup
+	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+## Near-dedup benchmark (writes benchmarks/results/dedup.json).
+bench: setup
+	$(VENV)/bin/python benchmarks/dedup_bench.py
+
+clean:
+	rm -rf .crucible .dagster_home

@@ -1,0 +1,1 @@
+"""Dagster assets and asset checks, one module per lifecycle stage."""

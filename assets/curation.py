@@ -1,0 +1,379 @@
+"""The curation group: annotate -> exact dedup -> near dedup -> decontaminate -> distill -> sample.
+
+Logics-STEM (arXiv 2601.01562) §2, stages 1-5, with the defaults of SEEDS.md §1. Each asset reads
+its parent's Parquet table from the lake, writes its own atomically, and returns counts, its data
+version and a figure. Heavy libraries (scikit-learn, datasketch, math-verify) load inside the
+functions in ``ops``.
+"""
+
+
+import dagster as dg
+import polars as pl
+
+from ops import figures
+from ops.curation import dedup
+from ops.curation.sources import BUILTIN_SOURCES, SourceError
+from resources.lake import LakeResource
+
+from ._meta import image, md_table, table_result
+from .frames import ANNOTATION_SCHEMA, RAW_SCHEMA, frame
+from .sources import SOURCE_PARTITIONS
+
+GROUP = "curation"
+PROBLEM_SCHEMA = {**RAW_SCHEMA, **ANNOTATION_SCHEMA}
+DEFAULT_PRIORITY = ["math_test", "mmlu_dev_val", "arc", "mathematics_dataset"]
+
+
+class AnnotateConfig(dg.Config):
+    seed: int = 0
+    max_per_class: int = 2000
+    """Rows per class used to fit each classifier (larger classes are subsampled)."""
+    min_confidence: float = 0.5
+    """Classifier labels below this confidence are flagged needs_llm_label."""
+    allow_missing_sources: bool = False
+    """By default every raw_problems partition must be materialized; True annotates what exists."""
+
+
+@dg.asset(deps=["raw_problems"], group_name=GROUP, code_version="1", kinds={"scikit-learn", "parquet"})
+def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig, lake: LakeResource) -> dg.MaterializeResult:
+    """Domain, difficulty (1-5), answer type and validity per problem, each with provenance
+    (rule | classifier); classifier held-out accuracy in the metadata."""
+    from ops.curation.annotate import annotate
+
+    wanted = SOURCE_PARTITIONS.get_partition_keys()
+    present = set(lake.partitions("raw_problems"))
+    missing = [k for k in wanted if k not in present]
+    if missing and not config.allow_missing_sources:
+        raise SourceError(f"raw_problems partitions not materialized: {missing}; materialize them or set allow_missing_sources")
+    if missing:
+        context.log.warning(f"annotating without sources {missing}")
+    keys = [k for k in wanted if k in present]
+    raw = pl.concat([lake.read("raw_problems", k) for k in keys], how="vertical_relaxed") if keys else frame([], RAW_SCHEMA)
+    rows, report = annotate(raw.to_dicts(), seed=config.seed, max_per_class=config.max_per_class, min_confidence=config.min_confidence)
+    df = frame(rows, PROBLEM_SCHEMA).sort("problem_id")
+    path, version = lake.write(df, "annotated_problems")
+    by = df.group_by("source", "domain", "domain_provenance").len().sort("source", "domain")
+    domains = sorted(df["domain"].unique().to_list())
+    series = {p: [df.filter((pl.col("domain") == d) & (pl.col("domain_provenance") == p)).height for d in domains]
+              for p in sorted(df["domain_provenance"].unique().to_list())}
+    meta = {
+        "sources": dg.MetadataValue.json(keys),
+        "invalid": dg.MetadataValue.int(int((~df["is_valid"]).sum())),
+        "invalid_reasons": md_table(df.group_by("invalid_reason").len().sort("len", descending=True)),
+        "labels_by_source": md_table(by, 60),
+        "needs_llm_label": dg.MetadataValue.int(int(df["needs_llm_label"].sum())),
+        "figure": image(figures.grouped_bars(domains, series, "domain labels by provenance"), "domains"),
+    }
+    for name, rep in report.items():
+        meta[f"{name}_heldout_accuracy"] = dg.MetadataValue.float(rep["heldout_accuracy"])
+        meta[f"{name}_report"] = dg.MetadataValue.json(rep)
+    return table_result(None, path, version, raw.height, df.height, **meta)
+
+
+class DedupConfig(dg.Config):
+    threshold: float = 0.8
+    """Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH)."""
+    num_perm: int = 128
+    seed: int = 1
+    source_priority: list[str] = DEFAULT_PRIORITY
+    """Survivor rule after 'has a reference solution': earlier sources win; unlisted come last."""
+
+
+@dg.asset(deps=["annotated_problems"], group_name=GROUP, code_version="1", kinds={"polars", "parquet"})
+def exact_deduped_problems(config: DedupConfig, lake: LakeResource) -> dg.MaterializeResult:
+    """Valid problems with exact duplicates (MD5 of normalised text) removed."""
+    ann = lake.read("annotated_problems")
+    valid = ann.filter(pl.col("is_valid"))
+    kept, clusters = dedup.exact_dedup(valid, config.source_priority)
+    lake.write(clusters, "exact_deduped_problems", name="clusters.parquet")
+    path, version = lake.write(kept, "exact_deduped_problems")
+    stages = [("annotated", ann.height), ("valid", valid.height), ("exact-deduped", kept.height)]
+    return table_result(
+        None, path, version, ann.height, kept.height,
+        invalid_dropped=dg.MetadataValue.int(ann.height - valid.height),
+        exact_duplicates_removed=dg.MetadataValue.int(valid.height - kept.height),
+        figure=image(figures.funnel(stages, "exact dedup funnel"), "funnel"),
+    )
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("near_deduped_problems", deps=["exact_deduped_problems"], group_name=GROUP, code_version="1",
+                     kinds={"datasketch", "parquet"},
+                     description="MinHash-LSH near-duplicates removed, each verified against its survivor."),
+        dg.AssetSpec("dedup_clusters", deps=["exact_deduped_problems"], group_name=GROUP, code_version="1",
+                     kinds={"parquet"},
+                     description="Every dedup cluster (exact and near): its survivor and removed members."),
+    ]
+)
+def near_deduped_problems(config: DedupConfig, lake: LakeResource):
+    ex = lake.read("exact_deduped_problems")
+    exact_clusters = lake.read("exact_deduped_problems", name="clusters.parquet")
+    kept, near_clusters, stats = dedup.near_dedup_frame(
+        ex.drop("text_md5"), config.source_priority, threshold=config.threshold, num_perm=config.num_perm, seed=config.seed
+    )
+    clusters = merge_clusters(exact_clusters, near_clusters)
+    path, version = lake.write(kept, "near_deduped_problems")
+    cpath, cversion = lake.write(clusters, "dedup_clusters")
+    removed = near_clusters.filter(~pl.col("is_survivor"))
+    sims = removed["jaccard"].to_list()
+    yield table_result(
+        "near_deduped_problems", path, version, ex.height, kept.height,
+        near_duplicates_removed=dg.MetadataValue.int(ex.height - kept.height),
+        lsh=dg.MetadataValue.json({**stats, "threshold": config.threshold, "num_perm": config.num_perm}),
+        removed_by_source=md_table(removed.group_by("source").len().sort("len", descending=True)),
+        figure=image(figures.histogram(sims or [config.threshold], 20, "Jaccard of removed rows with their survivor", "exact Jaccard"), "jaccard"),
+    )
+    n_clusters = clusters.filter(pl.col("is_survivor")).height
+    yield table_result(
+        "dedup_clusters", cpath, cversion, clusters.height, clusters.height,
+        clusters=dg.MetadataValue.int(n_clusters),
+        by_stage=md_table(clusters.group_by("stage").len().sort("stage")),
+    )
+
+
+def merge_clusters(exact: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
+    """One cluster table over both stages, keyed by the *final* survivor.
+
+    A row removed as an exact duplicate of X belongs to X's final cluster: X itself, or the near
+    survivor that removed X. Each cluster has exactly one ``is_survivor`` row.
+    """
+    near_removed = near.filter(~pl.col("is_survivor")).select("problem_id", final="cluster_id")
+    ex_removed = (
+        exact.filter(~pl.col("is_survivor"))
+        .join(near_removed.rename({"problem_id": "matched_to"}), on="matched_to", how="left")
+        .with_columns(cluster_id=pl.coalesce("final", "matched_to"))
+        .drop("final")
+    )
+    nr = near.filter(~pl.col("is_survivor"))
+    removed = pl.concat([ex_removed.select(dedup.CLUSTER_SCHEMA.keys()), nr.select(dedup.CLUSTER_SCHEMA.keys())])
+    survivors = pl.concat(
+        [exact.filter(pl.col("is_survivor")), near.filter(pl.col("is_survivor"))]
+    ).unique("problem_id", keep="first")
+    survivors = survivors.filter(pl.col("problem_id").is_in(removed["cluster_id"].implode()))
+    survivors = survivors.with_columns(cluster_id=pl.col("problem_id"), matched_to=pl.col("problem_id"),
+                                       stage=pl.lit("survivor"), jaccard=pl.lit(1.0))
+    return pl.concat([survivors.select(dedup.CLUSTER_SCHEMA.keys()), removed]).sort("cluster_id", "is_survivor", "problem_id", descending=[False, True, False])
+
+
+class DecontaminationConfig(dg.Config):
+    """See ops/curation/decontam.py for each parameter's meaning."""
+
+    ngram: int = 8
+    short_words: int = 8
+    min_words: int = 3
+    max_benchmark_df: int = 4
+    max_train_df: int = 50
+    containment: float = 0.8
+    minhash_threshold: float = 0.75
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("decontaminated_problems", deps=["near_deduped_problems", "benchmark_problems"], group_name=GROUP,
+                     code_version="1", kinds={"parquet"},
+                     description="Problems with every benchmark overlap (exact, 8-gram, MinHash) removed."),
+        dg.AssetSpec("contamination_report", deps=["near_deduped_problems", "benchmark_problems"], group_name=GROUP,
+                     code_version="1", kinds={"parquet"},
+                     description="Each removed problem: the benchmark item it matched, the layer and the score."),
+    ]
+)
+def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
+    from ops import lake as lakeio
+    from ops.curation.decontam import DecontamConfig, Decontaminator, ground_truth_scores
+    from ops.curation.text import normalize
+
+    df = lake.read("near_deduped_problems")
+    bench = lake.read("benchmark_problems")
+    det = Decontaminator(bench.to_dicts(), DecontamConfig(**config.model_dump()))
+    flags = det.run(df["problem"].to_list())
+    mask = pl.Series([f is not None for f in flags])
+    flagged = [f or {} for f in flags]
+    report = df.select("problem_id", "source", "record", "problem").with_columns(
+        benchmark=pl.Series([f.get("benchmark") for f in flagged], dtype=pl.String),
+        item_id=pl.Series([f.get("item_id") for f in flagged], dtype=pl.String),
+        layer=pl.Series([f.get("layer") for f in flagged], dtype=pl.String),
+        score=pl.Series([f.get("score") for f in flagged], dtype=pl.Float64),
+    ).filter(mask)
+    report = report.join(bench.select("item_id", benchmark_problem="problem"), on="item_id", how="left")
+    kept = df.filter(~mask)
+    # ground truth: MATH-500 is a verbatim subset of the MATH test set
+    m500 = set(normalize(p) for p in bench.filter(pl.col("benchmark") == "math500")["problem"].to_list())
+    is_math = (df["source"] == "math_test").to_numpy()
+    truth = pl.Series([normalize(p) in m500 for p in df["problem"].to_list()]).to_numpy() & is_math
+    removed_m500 = pl.Series([bool(f) and f["benchmark"] == "math500" for f in flags]).to_numpy()
+    scores = ground_truth_scores(removed_m500[is_math], truth[is_math])
+    near_dups = report.filter((pl.col("source") == "math_test") & (pl.col("benchmark") == "math500")).filter(
+        ~pl.col("problem").map_elements(normalize, return_dtype=pl.String).is_in(list(m500))
+    )
+    path, version = lake.write(kept, "decontaminated_problems")
+    lakeio.write_json_atomic(config.model_dump(), lake.path("decontaminated_problems", name="config.json"))
+    rpath, rversion = lake.write(report, "contamination_report")
+    summary = report.group_by("source", "benchmark", "layer").len().sort("source", "benchmark", "layer")
+    yield table_result(
+        "decontaminated_problems", path, version, df.height, kept.height,
+        removed=dg.MetadataValue.int(int(mask.sum())),
+        math500_recall=dg.MetadataValue.float(scores["recall"]),
+        math500_precision=dg.MetadataValue.float(scores["precision"]),
+        math500_ground_truth=dg.MetadataValue.json(scores),
+        removed_by_layer=md_table(summary),
+        figure=image(figures.funnel([("near-deduped", df.height), ("decontaminated", kept.height)]
+                                    + [(f"- {b}", n) for b, n in report.group_by("benchmark").len().sort("benchmark").iter_rows()],
+                                    "decontamination"), "funnel"),
+    )
+    yield table_result(
+        "contamination_report", rpath, rversion, report.height, report.height,
+        summary=md_table(summary),
+        math_test_near_duplicates_of_math500=md_table(near_dups.select("problem_id", "record", "item_id", "layer", "score"), 50),
+    )
+
+
+class DistillConfig(dg.Config):
+    verify_timeout_s: float = 10.0
+    """Wall-clock seconds per verification (math-verify runs in worker processes)."""
+    workers: int = 2
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("distilled_problems", deps=["decontaminated_problems"], group_name=GROUP, code_version="1",
+                     kinds={"parquet"},
+                     description="Problems with a verified response (status verified; reference path) or "
+                     "status needs_teacher. Rows whose gold answer does not parse go to distilled_problems_quarantine."),
+        dg.AssetSpec("verification_report", deps=["decontaminated_problems"], group_name=GROUP, code_version="1",
+                     kinds={"parquet"}, description="Verification outcomes per source and domain."),
+    ]
+)
+def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig, lake: LakeResource):
+    from ops.curation.verify import VerifyItem, verify_many
+
+    df = lake.read("decontaminated_problems")
+    items = []
+    for r in df.select("problem_id", "answer", "solution", "answer_type").iter_rows(named=True):
+        has_solution = bool(r["solution"] and r["solution"].strip())
+        items.append(VerifyItem(r["problem_id"], r["answer"], r["solution"],
+                                r["solution"] if has_solution and r["answer_type"] != "multiple_choice" else None,
+                                r["answer_type"]))
+    results = verify_many(items, timeout_s=config.verify_timeout_s, workers=config.workers)
+    res = pl.DataFrame(results).select("key", "status", "gold_source").rename({"key": "problem_id", "status": "verify_status"})
+    out = df.join(res, on="problem_id", how="left").with_columns(
+        status=pl.when(pl.col("verify_status") == "verified").then(pl.lit("verified"))
+        .when(pl.col("verify_status") == "unparseable_gold").then(pl.lit("quarantined"))
+        .otherwise(pl.lit("needs_teacher"))
+    ).with_columns(
+        response=pl.when(pl.col("status") == "verified").then(pl.col("solution")),
+        response_source=pl.when(pl.col("status") == "verified").then(pl.lit("reference")),
+    )
+    quarantine = out.filter(pl.col("status") == "quarantined").with_columns(reason=pl.lit("gold answer does not parse"))
+    kept = out.filter(pl.col("status") != "quarantined")
+    lake.write(quarantine, "distilled_problems_quarantine")
+    path, version = lake.write(kept, "distilled_problems")
+    report = out.group_by("source", "domain", "verify_status", "gold_source").len().sort("source", "domain", "verify_status")
+    rpath, rversion = lake.write(report, "verification_report")
+    if quarantine.height:
+        context.log.warning(f"{quarantine.height} rows quarantined: gold answer does not parse")
+    n_ver = int((kept["status"] == "verified").sum())
+    statuses = out.group_by("verify_status").len().sort("verify_status")
+    yield table_result(
+        "distilled_problems", path, version, df.height, kept.height,
+        verified=dg.MetadataValue.int(n_ver),
+        needs_teacher=dg.MetadataValue.int(kept.height - n_ver),
+        quarantined=dg.MetadataValue.int(quarantine.height),
+        gold_from_solution_fallback=dg.MetadataValue.int(int((out["gold_source"] == "solution_boxed").sum())),
+        figure=image(figures.funnel(list(statuses.iter_rows()), "verification status"), "status"),
+    )
+    yield table_result("verification_report", rpath, rversion, report.height, report.height, report=md_table(report, 60))
+
+
+STRATA = ["domain", "difficulty", "answer_type"]
+SFT_COLUMNS = ["problem_id", "source", "record", "domain", "difficulty", "answer_type", "problem", "answer",
+               "response", "response_source"]
+
+
+class SftConfig(dg.Config):
+    target_size: int = 2000
+    """Rows in the SFT dataset (all verified rows when fewer)."""
+    stratum_floor: int = 20
+    """Minimum rows per stratum (domain x difficulty x answer type); smaller strata are kept whole."""
+    seed: int = 0
+    tolerance: float = 0.05
+    """Allowed relative deviation of a stratum from the plan (checked by a blocking asset check)."""
+
+
+def _card(df: pl.DataFrame, plan: dict, lineage: dict, context: dg.AssetExecutionContext) -> str:
+    strata = df.group_by(STRATA).len().sort(STRATA)
+    rows = "\n".join(f"| {d} | {k} | {a} | {n} |" for d, k, a, n in strata.iter_rows())
+    lin = "\n".join(f"| {name} | {v['data_version']} | {v['rows']} |" for name, v in lineage.items())
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.parquet
+license: other
+task_categories: [text-generation]
+---
+# Crucible STEM SFT dataset
+
+Verified responses to curated STEM problems (Logics-STEM curation: annotate, exact + MinHash dedup,
+benchmark decontamination, verified distillation, stratified sampling).
+Rows: {df.height}. Dagster run: `{context.run.run_id}`.
+
+Load: `datasets.load_dataset("parquet", data_dir="<this folder>")["train"]`
+
+## Lineage (upstream tables and their data versions)
+| table | data version | rows |
+|---|---|---|
+{lin}
+
+## Strata (domain x difficulty x answer type)
+| domain | difficulty | answer type | rows |
+|---|---|---|---|
+{rows}
+"""
+
+
+@dg.asset(deps=["distilled_problems"], group_name=GROUP, code_version="1", kinds={"huggingface", "parquet"})
+def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: LakeResource) -> dg.MaterializeResult:
+    """Stratified sample of verified problems, in the Hugging Face datasets layout with a card."""
+    from ops import lake as lakeio
+    from ops.curation.sampling import stratified_sample
+
+    dist = lake.read("distilled_problems")
+    verified = dist.filter(pl.col("status") == "verified")
+    sample, plan = stratified_sample(verified, STRATA, config.target_size, config.stratum_floor, seed=config.seed)
+    sample = sample.select(SFT_COLUMNS).with_columns(
+        messages=pl.concat_list(
+            pl.struct(role=pl.lit("user"), content=pl.col("problem")),
+            pl.struct(role=pl.lit("assistant"), content=pl.col("response")),
+        )
+    )
+    lineage = {}
+    for name in ("raw_problems", "annotated_problems", "exact_deduped_problems", "near_deduped_problems",
+                 "decontaminated_problems", "distilled_problems"):
+        if name == "raw_problems":
+            for k in lake.partitions(name):
+                p = lake.path(name, k)
+                lineage[f"raw_problems[{k}]"] = {"data_version": lakeio.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
+        else:
+            p = lake.path(name)
+            lineage[name] = {"data_version": lakeio.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
+    final = lake.base / "sft_dataset"
+    version = lakeio.write_hf_dataset(sample, final, _card(sample, plan, lineage, context))
+    lakeio.write_json_atomic({"plan": plan, "target_size": config.target_size, "stratum_floor": config.stratum_floor,
+                              "tolerance": config.tolerance}, lake.base / "sft_dataset.plan.json")
+    lake.refresh_view("sft_dataset", pattern=str(final / "data" / "*.parquet"))
+    before = verified.group_by(STRATA).len().sort(STRATA)
+    after = sample.group_by(STRATA).len()
+    joined = before.join(after, on=STRATA, how="left", suffix="_after").fill_null(0)
+    labels = ["|".join(str(x) for x in r[:3]) for r in joined.iter_rows()]
+    fig = figures.grouped_bars(labels, {"verified (before)": joined["len"].to_list(), "sft_dataset (after)": joined["len_after"].to_list()},
+                               "stratum histogram before / after sampling")
+    return table_result(
+        None, final, version, verified.height, sample.height,
+        strata=dg.MetadataValue.int(len(plan)),
+        plan=md_table(pl.DataFrame({"stratum": list(plan), "planned": list(plan.values())}), 60),
+        lineage=dg.MetadataValue.json(lineage),
+        load_with=dg.MetadataValue.md(f"```python\nimport datasets\nds = datasets.load_dataset('parquet', data_dir='{final}')['train']\n```"),
+        figure=image(fig, "strata"),
+    )

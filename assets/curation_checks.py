@@ -1,0 +1,103 @@
+"""Blocking asset checks on the curation hand-offs (ARCHITECTURE.md §2).
+
+A failed blocking check stops the run before any downstream asset reads the table.
+"""
+
+
+import json
+
+import dagster as dg
+import polars as pl
+
+from resources.lake import LakeResource
+
+from ._meta import md_table
+
+REQUIRED = ["problem_id", "source", "problem", "domain", "answer_type"]
+
+
+@dg.asset_check(asset="decontaminated_problems", blocking=True, description="No benchmark overlap is left: "
+                "the detector, re-run on the output, flags nothing.")
+def no_benchmark_overlap(lake: LakeResource) -> dg.AssetCheckResult:
+    from ops.curation.decontam import DecontamConfig, Decontaminator
+
+    df = lake.read("decontaminated_problems")
+    cfg_path = lake.path("decontaminated_problems", name="config.json")
+    cfg = DecontamConfig(**json.loads(cfg_path.read_text())) if cfg_path.exists() else DecontamConfig()
+    det = Decontaminator(lake.read("benchmark_problems").to_dicts(), cfg)
+    flags = det.run(df["problem"].to_list())
+    hits = [(pid, f["benchmark"], f["item_id"], f["layer"]) for pid, f in zip(df["problem_id"].to_list(), flags) if f]
+    return dg.AssetCheckResult(
+        passed=not hits,
+        metadata={"overlapping_rows": len(hits),
+                  "examples": md_table(pl.DataFrame(hits[:20], schema=["problem_id", "benchmark", "item_id", "layer"], orient="row"))},
+    )
+
+
+@dg.asset_check(asset="dedup_clusters", blocking=True, description="Every dedup cluster keeps exactly one "
+                "member: one survivor per cluster, present in near_deduped_problems; removed members absent.")
+def one_survivor_per_cluster(lake: LakeResource) -> dg.AssetCheckResult:
+    clusters = lake.read("dedup_clusters")
+    kept = set(lake.read("near_deduped_problems")["problem_id"].to_list())
+    per = clusters.group_by("cluster_id").agg(survivors=pl.col("is_survivor").sum())
+    bad_counts = per.filter(pl.col("survivors") != 1)
+    survivors = clusters.filter(pl.col("is_survivor"))["problem_id"].to_list()
+    removed = clusters.filter(~pl.col("is_survivor"))["problem_id"].to_list()
+    missing_survivors = [p for p in survivors if p not in kept]
+    leaked = [p for p in removed if p in kept]
+    passed = bad_counts.is_empty() and not missing_survivors and not leaked
+    return dg.AssetCheckResult(
+        passed=passed,
+        metadata={
+            "clusters": per.height,
+            "clusters_without_exactly_one_survivor": bad_counts.height,
+            "survivors_missing_from_output": len(missing_survivors),
+            "removed_rows_still_in_output": len(leaked),
+        },
+    )
+
+
+def _required_fields(df: pl.DataFrame, cols: list[str]) -> dg.AssetCheckResult:
+    empty = {c: int(df.select((pl.col(c).is_null() | (pl.col(c).cast(pl.String).str.strip_chars() == "")).sum()).item())
+             for c in cols}
+    dup_ids = df.height - df["problem_id"].n_unique()
+    return dg.AssetCheckResult(
+        passed=all(v == 0 for v in empty.values()) and dup_ids == 0,
+        metadata={"empty_by_field": empty, "duplicate_problem_ids": dup_ids, "rows": df.height},
+    )
+
+
+@dg.asset_check(asset="annotated_problems", blocking=True, description="Required fields non-empty; problem_id unique.")
+def annotated_required_fields(lake: LakeResource) -> dg.AssetCheckResult:
+    return _required_fields(lake.read("annotated_problems"), REQUIRED + ["difficulty"])
+
+
+@dg.asset_check(asset="distilled_problems", blocking=True, description="Required fields non-empty; every "
+                "verified row has a response.")
+def distilled_required_fields(lake: LakeResource) -> dg.AssetCheckResult:
+    df = lake.read("distilled_problems")
+    res = _required_fields(df, REQUIRED + ["status"])
+    verified = df.filter(pl.col("status") == "verified")
+    no_resp = int((verified["response"].is_null() | (verified["response"].str.strip_chars() == "")).sum())
+    return dg.AssetCheckResult(passed=res.passed and no_resp == 0,
+                               metadata={**res.metadata, "verified_without_response": no_resp})
+
+
+@dg.asset_check(asset="sft_dataset", blocking=True, description="Required fields and responses non-empty; "
+                "each stratum within tolerance of the sampling plan.")
+def sft_strata_match_plan(lake: LakeResource) -> dg.AssetCheckResult:
+    df = pl.read_parquet(lake.base / "sft_dataset" / "data" / "*.parquet")
+    spec = json.loads((lake.base / "sft_dataset.plan.json").read_text())
+    plan, tol = spec["plan"], spec["tolerance"]
+    actual = {"|".join(str(x) for x in r[:3]): r[3] for r in df.group_by("domain", "difficulty", "answer_type").len().iter_rows()}
+    off = []
+    for k in sorted(set(plan) | set(actual)):
+        want, got = plan.get(k, 0), actual.get(k, 0)
+        if abs(got - want) > max(1.0, tol * want):
+            off.append((k, want, got))
+    fields = _required_fields(df, REQUIRED + ["response"])
+    return dg.AssetCheckResult(
+        passed=not off and fields.passed,
+        metadata={**fields.metadata, "strata": len(plan), "strata_out_of_tolerance": len(off),
+                  "out_of_tolerance": md_table(pl.DataFrame(off, schema=["stratum", "planned", "actual"], orient="row"))},
+    )

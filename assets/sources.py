@@ -1,0 +1,86 @@
+"""Source assets: the raw problems (one partition per source) and the benchmark references."""
+
+
+from typing import Optional
+
+import dagster as dg
+import polars as pl
+
+from ops.curation import sources as src
+from resources.lake import LakeResource
+from resources.sources import SourcesResource, source_partition_keys
+
+from ._meta import md_table, table_result
+from .frames import QUARANTINE_SCHEMA, RAW_SCHEMA, frame
+
+SOURCE_PARTITIONS = dg.StaticPartitionsDefinition(source_partition_keys())
+
+
+class RawProblemsConfig(dg.Config):
+    """Run config of ``raw_problems`` (visible in the Launchpad)."""
+
+    mathematics_dataset_per_module: int = 20
+    """Generated problems per (module, difficulty): 56 modules x 3 difficulties x this."""
+    mathematics_dataset_seed: int = 0
+    limit: Optional[int] = None
+    """Keep at most this many rows per source (smoke runs and tests); None keeps all."""
+
+
+@dg.asset(
+    partitions_def=SOURCE_PARTITIONS,
+    group_name="sources",
+    code_version="1",
+    kinds={"polars", "parquet"},
+    description="Problems from one source (partition): MATH test, generated mathematics_dataset, "
+    "MMLU dev+validation, ARC validation, or a user's JSONL/Parquet file. Bad user rows go to "
+    "raw_problems_quarantine with file, line and reason.",
+)
+def raw_problems(
+    context: dg.AssetExecutionContext, config: RawProblemsConfig, lake: LakeResource, sources: SourcesResource
+) -> dg.MaterializeResult:
+    key = context.partition_key
+    quarantine: list[dict] = []
+    if key == "math_test":
+        rows = src.math_test()
+    elif key == "mathematics_dataset":
+        rows = src.mathematics_dataset(config.mathematics_dataset_per_module, seed=config.mathematics_dataset_seed)
+    elif key == "mmlu_dev_val":
+        rows = src.mmlu_dev_val()
+    elif key == "arc":
+        rows = src.arc()
+    else:
+        user = sources.user_sources()
+        if key not in user:
+            raise src.SourceError(f"raw_problems partition {key!r} is not a built-in source nor declared in the sources file")
+        rows, quarantine = src.read_user_source(user[key])
+    read = len(rows) + len(quarantine)
+    if config.limit is not None:
+        rows = rows[: config.limit]
+    df = frame(rows, RAW_SCHEMA).sort("problem_id")
+    qdf = frame(quarantine, QUARANTINE_SCHEMA)
+    lake.write(qdf, "raw_problems_quarantine", key)
+    path, version = lake.write(df, "raw_problems", key)
+    if quarantine:
+        context.log.warning(f"{len(quarantine)} rows of source {key!r} quarantined; see raw_problems_quarantine/{key}")
+    reasons = qdf.group_by("reason").len().sort("len", descending=True) if quarantine else qdf
+    return table_result(
+        None, path, version, read, df.height,
+        quarantined=dg.MetadataValue.int(len(quarantine)),
+        quarantine_reasons=md_table(reasons),
+        sample=md_table(df.select("problem_id", "record", "problem", "answer").head(5)),
+    )
+
+
+@dg.asset(
+    group_name="sources",
+    code_version="1",
+    kinds={"polars", "parquet"},
+    description="Decontamination references: MATH-500, GSM8K test, MMLU test, ARC-Challenge test, HumanEval.",
+)
+def benchmark_problems(lake: LakeResource) -> dg.MaterializeResult:
+    items = src.benchmark_items()
+    df = pl.DataFrame(items, schema={"benchmark": pl.String, "item_id": pl.String, "problem": pl.String,
+                                     "answer": pl.String, "solution": pl.String})
+    path, version = lake.write(df, "benchmark_problems")
+    counts = df.group_by("benchmark").len().sort("benchmark")
+    return table_result(None, path, version, df.height, df.height, per_benchmark=md_table(counts))

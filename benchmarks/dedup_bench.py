@@ -1,0 +1,872 @@
+"""Side-by-side near-duplicate detection benchmark: Crucible vs datasketch loop vs datatrove.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/dedup_bench.py [--n 100000] [--out benchmarks/results/dedup.json]
+
+What it does (details in benchmarks/README.md):
+
+1. builds an ``--n`` problem corpus from the real readers in ``ops/curation/sources.py`` (all distinct
+   real texts), DeepMind ``mathematics_dataset`` problems, and seeded *planted* near-duplicates (light
+   word/punctuation/case edits of real texts), shuffled with a fixed seed;
+2. computes the ground truth -- every pair with exact shingle Jaccard >= 0.8 -- with an exact
+   prefix-filtering set-similarity join over Crucible's own shingle hashes (``minhash.shingle_batch``);
+3. times, each in a fresh subprocess on the same texts in the same order:
+   * Crucible's stage ``ops.curation.dedup.near_dedup`` (shingling + signatures + banding + verification),
+   * a plain per-document ``datasketch.MinHash`` + ``MinHashLSH`` loop,
+   * datatrove 0.10.1's four-stage MinHash pipeline on a ``LocalPipelineExecutor`` (tasks/workers = 2),
+     run with ``.venv-bench/bin/python`` (see ``benchmarks/datatrove_runner.py``);
+4. scores every method against the ground truth and writes one JSON file.
+
+Nothing under ops/ is modified; intermediate files go to ``benchmarks/.work/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BENCH = ROOT / "benchmarks"
+THRESHOLD = 0.8
+NUM_PERM = 128
+SEED = 1  # MinHash seed (datasketch default; Crucible default)
+WORD_N = 5
+
+
+# ------------------------------------------------------------------------------------------ utils
+
+
+def _rss_mb(field: str = "VmHWM") -> float | None:
+    """This process's peak (VmHWM) or current (VmRSS) resident set size in MiB, from /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ corpus
+
+FILLER = ["the", "a", "of", "and", "then", "also", "now", "is", "to", "in", "that", "value", "number"]
+
+
+def worker_mathgen(result: Path, per_module: int, seed: int, part: int, procs: int) -> None:
+    """Generate the modules ``names[part::procs]`` (run as a subprocess, one per core)."""
+    from ops.curation import mathgen
+
+    names = mathgen.module_names()[part::procs]
+    rows = list(mathgen.generate(per_module, seed=seed, modules=names))
+    result.write_text(json.dumps(rows))
+
+
+def generated_problems(per_module: int, seed: int, workdir: Path, procs: int = 2) -> tuple[list[str], dict]:
+    """``mathematics_dataset`` questions, ``per_module`` per (difficulty, module), cached on disk.
+
+    Generation is split over ``procs`` processes by module; each (difficulty, module) stream is seeded
+    from its own name, so the result equals one sequential ``mathgen.generate(per_module, seed)``.
+    """
+    cache = workdir / f"mathgen_pm{per_module}_seed{seed}.json"
+    info = {"per_module": per_module, "seed": seed, "cache": str(cache.relative_to(ROOT))}
+    if cache.exists():
+        data = json.loads(cache.read_text())
+        info.update(cached=True, generation_seconds=data["seconds"])
+        return data["questions"], info
+    from ops.curation import mathgen
+
+    names = mathgen.module_names()
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    outs = [workdir / f"mathgen_part{k}.json" for k in range(procs)]
+    jobs = [
+        subprocess.Popen([sys.executable, str(BENCH / "dedup_bench.py"), "--worker", "mathgen", "--result", str(o),
+                          "--limit", str(per_module), "--seed", str(seed), "--part", f"{k}/{procs}"], cwd=ROOT)
+        for k, o in enumerate(outs)
+    ]
+    for j in jobs:
+        if j.wait(timeout=900) != 0:
+            raise SystemExit("mathematics_dataset generation failed")
+    parts = [json.loads(o.read_text()) for o in outs]
+    for o in outs:
+        o.unlink()
+    secs = time.perf_counter() - t0
+    diff_order = {d: i for i, d in enumerate(mathgen.DIFFICULTIES)}
+    mod_order = {m: i for i, m in enumerate(names)}
+    rows = sorted((g for p in parts for g in p), key=lambda g: (diff_order[g["difficulty"]], mod_order[g["module"]], g["index"]))
+    questions = [g["question"] for g in rows]
+    workdir.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"seconds": secs, "questions": questions}))
+    info.update(cached=False, generation_seconds=secs)
+    return questions, info
+
+
+_WS_SPLIT = re.compile(r"(\s+)")
+
+
+def perturb(text: str, rng: random.Random) -> tuple[str, list[str]]:
+    """A light random edit of ``text``: 1-3 word-level edits (delete, insert, swap, replace, typo,
+    punctuation) plus optional cosmetic case/whitespace changes. Never returns ``text`` itself.
+
+    Returns:
+        (edited text, list of the operations applied).
+    """
+    parts = _WS_SPLIT.split(text)  # words at even positions, whitespace at odd positions
+    words = parts[0::2]
+    seps = parts[1::2]
+    if not any(words):
+        return text + " ?", ["append"]
+    ops: list[str] = []
+    n_edits = rng.choices([0, 1, 2, 3], weights=[0.08, 0.50, 0.27, 0.15])[0]
+    for _ in range(n_edits):
+        idx = [i for i, w in enumerate(words) if w]
+        if not idx:
+            break
+        op = rng.choices(["delete", "insert", "swap", "replace", "typo", "punct"], weights=[3, 3, 2, 1, 1, 2])[0]
+        i = rng.choice(idx)
+        if op == "delete" and len(idx) > 1:
+            words[i] = ""
+        elif op == "insert":
+            words[i] = words[i] + " " + rng.choice(FILLER)
+        elif op == "swap":
+            j = idx[min(idx.index(i) + 1, len(idx) - 1)]
+            if j == i:
+                continue
+            words[i], words[j] = words[j], words[i]
+        elif op == "replace":
+            words[i] = rng.choice(FILLER)
+        elif op == "typo":
+            w = words[i]
+            k = rng.randrange(len(w))
+            words[i] = w[:k] + rng.choice("aeioustnr") + w[k + 1 :]
+        else:  # punct: add or drop trailing punctuation
+            w = words[i]
+            words[i] = w[:-1] if w[-1] in ".,;:?!" and len(w) > 1 else w + rng.choice([",", ".", ";"])
+            op = "punct"
+        ops.append(op)
+    # cosmetic changes (normalised away by Crucible): case and whitespace
+    if rng.random() < 0.3 or not ops:
+        idx = [i for i, w in enumerate(words) if w]
+        i = rng.choice(idx)
+        words[i] = words[i].upper() if rng.random() < 0.5 else words[i].capitalize()
+        ops.append("case")
+    if rng.random() < 0.2 and seps:
+        k = rng.randrange(len(seps))
+        seps[k] = seps[k] + " "
+        ops.append("whitespace")
+    out = []
+    for k, w in enumerate(words):
+        if w:
+            out.append(w)
+            if k < len(seps):
+                out.append(seps[k])
+        elif k < len(seps) and out and not out[-1].isspace():
+            out.append(seps[k])
+    edited = "".join(out).strip()
+    if edited == text:
+        edited = text + " ."
+        ops.append("append-dot")
+    return edited, ops
+
+
+def build_corpus(n: int, seed: int, plant_frac: float, workdir: Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+    """The benchmark corpus. Returns (texts, kind, origin, info).
+
+    kind: 0 real, 1 generated, 2 planted near-duplicate; origin: for planted rows the corpus index
+    of the real text that was edited, else -1. The corpus is shuffled (seeded) so that a planted copy
+    may come before its original in input order.
+    """
+    from ops.curation import sources
+    from ops.curation.text import normalize
+
+    t0 = time.perf_counter()
+    readers = {
+        "math_test": [r["problem"] for r in sources.math_test()],
+        "mmlu_dev_val": [r["problem"] for r in sources.mmlu_dev_val()],
+        "arc": [r["problem"] for r in sources.arc()],
+    }
+    bench: dict[str, list[str]] = {}
+    for it in sources.benchmark_items():
+        bench.setdefault(it["benchmark"], []).append(it["problem"])
+    readers.update({f"benchmark_items/{k}": v for k, v in bench.items()})
+    seen: set[str] = set()
+    real: list[str] = []
+    real_counts = {}
+    for name, texts in readers.items():
+        kept = 0
+        for t in texts:
+            key = normalize(t)
+            if not key or key in seen:
+                continue
+            seen.add(key)
+            real.append(t)
+            kept += 1
+        real_counts[name] = {"read": len(texts), "distinct_kept": kept}
+    n_plant = int(round(plant_frac * n))
+    n_gen = n - len(real) - n_plant
+    if n_gen < 0:
+        raise SystemExit(f"--n {n} is too small for {len(real)} real texts + {n_plant} planted")
+    # generated problems: enough per module (56 modules x 3 difficulties) after exact dedup
+    from ops.curation import mathgen
+
+    n_streams = 3 * len(mathgen.module_names())
+    per_module = max(1, math.ceil(n_gen * 1.06 / n_streams))
+    questions, gen_info = generated_problems(per_module, seed, workdir)
+    gen: list[str] = []
+    gen_dups = 0
+    for q in questions:
+        key = normalize(q)
+        if key in seen:
+            gen_dups += 1
+            continue
+        seen.add(key)
+        gen.append(q)
+    if len(gen) < n_gen:
+        raise SystemExit(f"only {len(gen)} distinct generated problems, need {n_gen}; raise per_module")
+    rng = random.Random(seed)
+    gen = rng.sample(gen, n_gen)
+    # planted near-duplicates of real texts (a real text may get more than one)
+    src = [rng.randrange(len(real)) for _ in range(n_plant)]
+    planted, op_counts = [], {}
+    for s in src:
+        e, ops = perturb(real[s], rng)
+        planted.append(e)
+        for o in ops:
+            op_counts[o] = op_counts.get(o, 0) + 1
+    texts = real + gen + planted
+    kind = np.array([0] * len(real) + [1] * len(gen) + [2] * len(planted), dtype=np.int8)
+    origin = np.array([-1] * (len(real) + len(gen)) + src, dtype=np.int64)
+    perm = np.random.default_rng(seed).permutation(len(texts))
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(len(perm))
+    texts = [texts[i] for i in perm]
+    kind = kind[perm]
+    origin = np.where(origin[perm] >= 0, inv[np.maximum(origin[perm], 0)], -1)
+    norm_dups = len(texts) - len({normalize(t) for t in texts})
+    info = {
+        "n": len(texts),
+        "seed": seed,
+        "real_distinct": len(real),
+        "real_sources": real_counts,
+        "real_exact_dedup": "texts kept once per normalize() key (NFKC, lowercase, collapsed whitespace)",
+        "generated": n_gen,
+        "generated_source": {
+            **gen_info,
+            "produced": len(questions),
+            "dropped_exact_duplicates": gen_dups,
+            "sampled": n_gen,
+            "generator": "ops.curation.mathgen.generate (DeepMind mathematics_dataset, 56 modules x 3 difficulties)",
+        },
+        "planted": n_plant,
+        "planted_recipe": (
+            "copy of a uniformly drawn real text (with replacement) with 0-3 word edits "
+            "(P = .08/.50/.27/.15; ops delete/insert filler word/swap adjacent/replace with filler/"
+            "one-letter typo/add-or-drop trailing punctuation, weights 3/3/2/1/1/2) plus, with P .3 "
+            "(always when no word edit), a case change and, with P .2, extra whitespace"
+        ),
+        "planted_op_counts": op_counts,
+        "planted_identical_after_normalize": int(norm_dups),
+        "shuffled": "np.random.default_rng(seed).permutation; input order = rank for every method",
+    }
+    info["build_seconds_total"] = round(time.perf_counter() - t0, 2)
+    return texts, kind, origin, info
+
+
+# ------------------------------------------------------------------------------------------ ground truth
+
+
+class ShingleSets:
+    """Per-document *sets* of Crucible's 64-bit shingle hashes, as rare-first token ids.
+
+    Attributes:
+        tok: shape (S,) int64 token ids; id order = (global document frequency, hash) ascending.
+        off: shape (n+1,) int64; doc i's sorted set is tok[off[i]:off[i+1]].
+        size: shape (n,) int64 set sizes.
+        key: shape (S,) int64 = doc * ntok + tok, globally sorted (for membership tests).
+    """
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray):
+        n = len(offsets) - 1
+        doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+        order = np.lexsort((values, doc))
+        v, d = values[order], doc[order]
+        first = np.ones(len(v), dtype=bool)
+        first[1:] = (v[1:] != v[:-1]) | (d[1:] != d[:-1])
+        v, d = v[first], d[first]
+        uniq, inv, cnt = np.unique(v, return_inverse=True, return_counts=True)
+        rank = np.empty(len(uniq), dtype=np.int64)
+        rank[np.lexsort((uniq, cnt))] = np.arange(len(uniq))
+        t = rank[inv]
+        o = np.lexsort((t, d))
+        self.tok, d = t[o], d[o]
+        self.ntok = len(uniq)
+        self.size = np.bincount(d, minlength=n).astype(np.int64)
+        self.off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(self.size, out=self.off[1:])
+        self.doc = d
+        self.key = d * self.ntok + self.tok
+        self.n = n
+        self.token_df = cnt  # document frequency of every distinct shingle
+
+    def intersections(self, pairs: np.ndarray, chunk: int = 4_000_000) -> np.ndarray:
+        """|A ∩ B| for every row (a, b) of ``pairs`` (vectorised: each token of the smaller set is
+        looked up in the other set's slice of the globally sorted ``key`` array)."""
+        out = np.zeros(len(pairs), dtype=np.int64)
+        if len(pairs) == 0:
+            return out
+        a, b = pairs[:, 0].copy(), pairs[:, 1].copy()
+        swap = self.size[a] > self.size[b]
+        a[swap], b[swap] = b[swap], a[swap]
+        la = self.size[a]
+        cum = np.cumsum(la)
+        start = 0
+        while start < len(pairs):
+            base = cum[start - 1] if start else 0
+            stop = int(np.searchsorted(cum, base + chunk, side="right"))
+            stop = max(stop, start + 1)
+            sl = slice(start, stop)
+            lens = la[sl]
+            pid = np.repeat(np.arange(stop - start), lens)
+            within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            toks = self.tok[self.off[a[sl]][pid] + within]
+            q = b[sl][pid] * self.ntok + toks
+            pos = np.searchsorted(self.key, q)
+            pos = np.minimum(pos, len(self.key) - 1)
+            hit = self.key[pos] == q
+            out[sl] = np.bincount(pid[hit], minlength=stop - start)
+            start = stop
+        return out
+
+    def jaccard(self, pairs: np.ndarray) -> np.ndarray:
+        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        inter = self.intersections(pairs)
+        union = self.size[pairs[:, 0]] + self.size[pairs[:, 1]] - inter
+        return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
+
+
+def prefix_join(ss: ShingleSets, t: float) -> tuple[np.ndarray, np.ndarray, dict]:
+    """All pairs (i < j) with exact Jaccard >= t: prefix-filtering set-similarity join.
+
+    With tokens ordered by global frequency (rarest first), two sets with J >= t must share a token
+    in their prefixes of length |s| - ceil(t*|s|) + 1 (Chaudhuri et al. 2006; Bayardo et al. 2007).
+    Candidates = pairs sharing a prefix token that also pass the length filter
+    t*max(|a|,|b|) <= min(|a|,|b|); every candidate is then verified exactly.
+
+    Returns:
+        (pairs shape (p, 2) int64 sorted, jaccard shape (p,), stats).
+    """
+    t0 = time.perf_counter()
+    size = ss.size
+    need = np.ceil(t * size - 1e-9).astype(np.int64)  # min overlap with itself-size bound
+    plen = size - need + 1
+    pos = np.arange(len(ss.tok)) - ss.off[ss.doc]
+    inpre = pos < plen[ss.doc]
+    pt, pd = ss.tok[inpre], ss.doc[inpre]
+    o = np.lexsort((pd, pt))
+    pt, pd = pt[o], pd[o]
+    # group id per prefix entry; emit pairs (entry i, entry i+k) within a group, k = 1, 2, ...
+    new = np.ones(len(pt), dtype=bool)
+    new[1:] = pt[1:] != pt[:-1]
+    gid = np.cumsum(new) - 1
+    gstart = np.flatnonzero(new)
+    gsize = np.diff(np.append(gstart, len(pt)))
+    in_big = gsize[gid] > 1
+    idx = np.flatnonzero(in_big)
+    cands = []
+    raw = 0
+    k = 1
+    while len(idx):
+        # entries whose group still has a member k positions further
+        rem = gstart[gid[idx]] + gsize[gid[idx]] - idx  # members from idx to group end (incl.)
+        idx = idx[rem > k]
+        if not len(idx):
+            break
+        i, j = pd[idx], pd[idx + k]
+        raw += len(i)
+        si, sj = size[i], size[j]
+        ok = t * np.maximum(si, sj) <= np.minimum(si, sj) + 1e-9
+        if ok.any():
+            lo, hi = np.minimum(i[ok], j[ok]), np.maximum(i[ok], j[ok])
+            cands.append(lo * ss.n + hi)
+        k += 1
+    cand = np.unique(np.concatenate(cands)) if cands else np.zeros(0, dtype=np.int64)
+    pairs = np.stack((cand // ss.n, cand % ss.n), axis=1)
+    t1 = time.perf_counter()
+    jac = ss.jaccard(pairs)
+    good = jac >= t - 1e-12
+    stats = {
+        "prefix_entries": int(len(pt)),
+        "largest_prefix_posting_list": int(gsize.max()) if len(gsize) else 0,
+        "raw_candidate_pairs": int(raw),
+        "candidates_after_length_filter_and_dedup": int(len(cand)),
+        "verified_pairs": int(good.sum()),
+        "candidate_seconds": round(t1 - t0, 3),
+        "verify_seconds": round(time.perf_counter() - t1, 3),
+    }
+    return pairs[good], jac[good], stats
+
+
+def brute_force_check(ss: ShingleSets, gt_pairs: np.ndarray, t: float, sample: int, seed: int) -> dict:
+    """Cross-check the join on a subset by brute force (sparse doc x shingle product, all pairs)."""
+    from scipy import sparse
+
+    rng = np.random.default_rng(seed + 7)
+    pick = set(rng.choice(ss.n, size=min(sample, ss.n), replace=False).tolist())
+    # add both ends of a sample of ground-truth pairs so the subset holds many true pairs
+    if len(gt_pairs):
+        rows = rng.choice(len(gt_pairs), size=min(sample // 2, len(gt_pairs)), replace=False)
+        pick.update(gt_pairs[rows].ravel().tolist())
+    sub = np.array(sorted(pick), dtype=np.int64)
+    loc = {d: i for i, d in enumerate(sub.tolist())}
+    lens = ss.size[sub]
+    cols = np.concatenate([ss.tok[ss.off[d] : ss.off[d + 1]] for d in sub])
+    rowi = np.repeat(np.arange(len(sub)), lens)
+    m = sparse.csr_matrix((np.ones(len(cols), dtype=np.int32), (rowi, cols)), shape=(len(sub), ss.ntok))
+    inter = (m @ m.T).tocoo()
+    r, c, v = inter.row, inter.col, inter.data
+    upper = r < c
+    r, c, v = r[upper], c[upper], v[upper]
+    jac = v / (lens[r] + lens[c] - v)
+    bf = {(int(sub[a]), int(sub[b])) for a, b in zip(r[jac >= t - 1e-12], c[jac >= t - 1e-12])}
+    inset = np.isin(gt_pairs[:, 0], sub) & np.isin(gt_pairs[:, 1], sub) if len(gt_pairs) else np.zeros(0, bool)
+    join = {(int(a), int(b)) for a, b in gt_pairs[inset]}
+    return {
+        "subset_docs": int(len(sub)),
+        "pairs_brute_force": len(bf),
+        "pairs_prefix_join": len(join),
+        "identical": bf == join,
+    }
+
+
+# ------------------------------------------------------------------------------------------ workers
+
+
+def _load_texts(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def worker_crucible(corpus: Path, result: Path, repeats: int) -> None:
+    """Time ``near_dedup`` end to end (in a fresh process), then profile its parts separately."""
+    from ops.curation import dedup, minhash
+
+    texts = _load_texts(corpus)
+    n = len(texts)
+    rank = np.arange(n, dtype=np.int64)
+    minhash.lsh_params(THRESHOLD, NUM_PERM)  # import datasketch once, outside the timer (the loop does too)
+    base_rss = _rss_mb("VmRSS")
+    times = []
+    res = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = dedup.near_dedup(texts, rank, threshold=THRESHOLD, num_perm=NUM_PERM, seed=SEED)
+        times.append(time.perf_counter() - t0)
+    peak = _rss_mb("VmHWM")
+    # profile: the same steps near_dedup runs, timed one by one
+    prof = {}
+    t0 = time.perf_counter()
+    batch = minhash.shingle_batch(texts)
+    prof["shingling"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    bands, rows = minhash.lsh_params(THRESHOLD, NUM_PERM)
+    sig = minhash.signatures(batch, num_perm=NUM_PERM, seed=SEED)
+    prof["signatures"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cand = minhash.band_candidates(sig, bands, rows)
+    prof["banding"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    nb: dict[int, list[int]] = {}
+    for i, j in cand.tolist():
+        nb.setdefault(i, []).append(j)
+        nb.setdefault(j, []).append(i)
+    prof["verification_adjacency"] = time.perf_counter() - t0
+    # verification = the rest of the end-to-end time
+    prof["verification_star_clustering (end-to-end minus the above)"] = min(times) - sum(prof.values())
+    np.savez(
+        result,
+        keep=res.keep,
+        survivor=res.survivor,
+        similarity=res.similarity,
+        times=np.array(times),
+        meta=np.array(json.dumps({"stats": res.stats, "profile_seconds": prof, "base_rss_mb": base_rss,
+                                  "peak_rss_mb": peak, "shingles_total": int(len(batch.values))})),
+    )
+
+
+def worker_datasketch(corpus: Path, result: Path, limit: int) -> None:
+    """The plain per-document loop: MinHash + update_batch + MinHashLSH query/insert."""
+    from datasketch import MinHash, MinHashLSH
+
+    from ops.curation.text import shingles
+
+    texts = _load_texts(corpus)[:limit]
+    base_rss = _rss_mb("VmRSS")
+    n = len(texts)
+    removed_to = np.full(n, -1, dtype=np.int64)
+    t0 = time.perf_counter()
+    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
+    for i, text in enumerate(texts):
+        m = MinHash(num_perm=NUM_PERM)
+        m.update_batch([s.encode("utf-8") for s in shingles(text, word_n=WORD_N)])
+        hits = lsh.query(m)
+        if hits:
+            removed_to[i] = min(hits)  # the earliest inserted candidate (query order is a set's)
+        else:
+            lsh.insert(i, m)
+    secs = time.perf_counter() - t0
+    np.savez(result, removed_to=removed_to, secs=np.array(secs),
+             meta=np.array(json.dumps({"base_rss_mb": base_rss, "peak_rss_mb": _rss_mb("VmHWM"),
+                                       "bands_rows": [lsh.b, lsh.r]})))
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+
+def score(keep: np.ndarray, mapped: dict[int, list[int]], ss: ShingleSets, gt: np.ndarray, limit: int | None = None) -> dict:
+    """Precision over removed docs (exact J >= t with the doc they were mapped to, or for clusters with
+    some kept doc of the cluster) and recall over ground-truth pairs (1 - share with both ends kept)."""
+    removed = np.flatnonzero(~keep)
+    src, dst = [], []
+    for r in removed.tolist():
+        for m in mapped.get(r, []):
+            src.append(r)
+            dst.append(m)
+    pairs = np.stack((np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)), axis=1) if src else np.zeros((0, 2), np.int64)
+    jac = ss.jaccard(pairs)
+    best = np.zeros(ss.n)
+    if len(pairs):
+        np.maximum.at(best, pairs[:, 0], jac)
+    good = best[removed] >= THRESHOLD - 1e-12
+    g = gt
+    if limit is not None:
+        g = gt[(gt[:, 0] < limit) & (gt[:, 1] < limit)]
+    both_kept = keep[g[:, 0]] & keep[g[:, 1]] if len(g) else np.zeros(0, bool)
+    return {
+        "removed": int(len(removed)),
+        "removed_with_exact_J_ge_threshold": int(good.sum()),
+        "precision": float(good.mean()) if len(removed) else 1.0,
+        "ground_truth_pairs": int(len(g)),
+        "ground_truth_pairs_both_kept": int(both_kept.sum()),
+        "recall": float(1 - both_kept.mean()) if len(g) else 1.0,
+        "removed_jaccard_quantiles": (
+            {q: round(float(np.quantile(best[removed], q)), 4) for q in (0.0, 0.01, 0.05, 0.5)} if len(removed) else {}
+        ),
+    }
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def machine_info() -> dict:
+    import importlib.metadata as md
+
+    vers = {}
+    for p in ("datasketch", "polars", "numpy", "scipy"):
+        try:
+            vers[p] = md.version(p)
+        except md.PackageNotFoundError:
+            vers[p] = None
+    cpu = None
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "sched_affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu": cpu,
+        "memory_gib": mem,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": vers,
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run_sub(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, float, str]:
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        return p.returncode, time.perf_counter() - t0, (p.stdout[-3000:] + p.stderr[-3000:])
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")[-3000:] if isinstance(e.stdout, bytes) else (e.stdout or "")[-3000:]
+        return -9, time.perf_counter() - t0, f"timed out after {timeout}s\n{out}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--out", type=Path, default=BENCH / "results" / "dedup.json")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plant-frac", type=float, default=0.30, help="share of the corpus that is planted near-duplicates")
+    ap.add_argument("--workdir", type=Path, default=BENCH / ".work")
+    ap.add_argument("--crucible-repeats", type=int, default=3)
+    ap.add_argument("--loop-limit", type=int, default=0,
+                    help="docs for the datasketch loop (0 = all); fewer are timed and extrapolated linearly")
+    ap.add_argument("--skip-datatrove", action="store_true")
+    ap.add_argument("--datatrove-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
+    ap.add_argument("--datatrove-defaults", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run datatrove with its own defaults (spaCy words, 14x8, numbers->0, no punctuation)")
+    ap.add_argument("--worker", choices=["crucible", "datasketch", "mathgen"], help=argparse.SUPPRESS)
+    ap.add_argument("--part", default="0/1", help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker == "crucible":
+        return worker_crucible(args.corpus, args.result, args.crucible_repeats)
+    if args.worker == "datasketch":
+        return worker_datasketch(args.corpus, args.result, args.limit)
+    if args.worker == "mathgen":
+        part, procs = map(int, args.part.split("/"))
+        return worker_mathgen(args.result, args.limit, args.seed, part, procs)
+
+    t_start = time.perf_counter()
+    work = args.workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict = {"benchmark": "near-duplicate detection", "command": "  ".join(sys.argv),
+                    "machine": machine_info(),
+                    "parameters": {"threshold": THRESHOLD, "num_perm": NUM_PERM, "minhash_seed": SEED,
+                                   "shingles": "word 5-grams of ops.curation.text.tokens (char 3-grams below 5 tokens)"}}
+
+    # ---- corpus
+    _log(f"building corpus n={args.n}")
+    texts, kind, origin, cinfo = build_corpus(args.n, args.seed, args.plant_frac, work)
+    n = len(texts)
+    corpus_path = work / f"corpus_{n}_{args.seed}.jsonl"
+    with open(corpus_path, "w", encoding="utf-8") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({"id": str(i), "text": t}) + "\n")
+    report["corpus"] = cinfo
+    report["corpus"]["file"] = str(corpus_path.relative_to(ROOT))
+    _log(f"corpus: {cinfo['real_distinct']} real, {cinfo['generated']} generated, {cinfo['planted']} planted")
+
+    # ---- ground truth
+    from ops.curation import minhash
+
+    t0 = time.perf_counter()
+    batch = minhash.shingle_batch(texts)
+    ss = ShingleSets(batch.values, batch.offsets)
+    t1 = time.perf_counter()
+    gt, gt_j, jstats = prefix_join(ss, THRESHOLD)
+    t_gt = time.perf_counter() - t0
+    planted = np.flatnonzero(kind == 2)
+    pj = ss.jaccard(np.stack((planted, origin[planted]), axis=1))
+    hist_edges = [0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0 + 1e-9]
+    hist = np.histogram(pj, bins=hist_edges)[0]
+    in_gt = set((gt[:, 0] * n + gt[:, 1]).tolist())
+    kind_pair = np.sort(np.stack((kind[gt[:, 0]], kind[gt[:, 1]]), axis=1), axis=1)
+    names = {0: "real", 1: "generated", 2: "planted"}
+    pair_kinds: dict[str, int] = {}
+    for a, b in kind_pair.tolist():
+        key = f"{names[a]}-{names[b]}"
+        pair_kinds[key] = pair_kinds.get(key, 0) + 1
+    report["ground_truth"] = {
+        "method": (
+            "exact prefix-filtering set-similarity join over the sets of Crucible's 64-bit shingle hashes "
+            "(ops.curation.minhash.shingle_batch). Tokens ordered by global document frequency, rarest first; "
+            "a pair with J >= t must share a token in the prefixes of length |s| - ceil(t|s|) + 1; candidates "
+            "sharing a prefix token and passing the length filter t*max <= min are verified by exact "
+            "intersection. Cross-checked against brute force on a subset (below)."
+        ),
+        "threshold": THRESHOLD,
+        "pairs": int(len(gt)),
+        "docs_in_pairs": int(len(np.unique(gt))),
+        "pairs_by_kind": pair_kinds,
+        "shingle_sets": {"total": int(len(ss.tok)), "distinct_shingles": int(ss.ntok),
+                         "mean_set_size": round(float(ss.size.mean()), 1),
+                         "docs_with_char_shingles(<5 tokens)": int((np.diff(minhash.token_hashes(texts)[1]) < WORD_N).sum())},
+        "join_stats": jstats,
+        "seconds_total_incl_shingling": round(t_gt, 2),
+        "seconds_join": round(time.perf_counter() - t1, 2),
+        "planted_pairs_jaccard_histogram": {
+            f"[{lo:g},{min(hi, 1):g}{']' if hi > 1 else ')'}": int(c) for lo, hi, c in zip(hist_edges[:-1], hist_edges[1:], hist)
+        },
+        "planted_pairs_at_or_above_threshold": int((pj >= THRESHOLD).sum()),
+        "planted_pairs_in_[0.7,0.8)": int(((pj >= 0.7) & (pj < THRESHOLD)).sum()),
+        "planted_pairs_total": int(len(pj)),
+        "planted_pairs_in_ground_truth": int(sum((min(a, b) * n + max(a, b)) in in_gt for a, b in zip(planted.tolist(), origin[planted].tolist()))),
+    }
+    _log(f"ground truth: {len(gt)} pairs in {t_gt:.1f}s ({jstats})")
+    report["ground_truth"]["brute_force_check"] = brute_force_check(ss, gt, THRESHOLD, 4000, args.seed)
+    _log(f"brute-force check: {report['ground_truth']['brute_force_check']}")
+
+    methods: dict[str, dict] = {}
+    py = sys.executable
+
+    # ---- Crucible
+    _log("Crucible near_dedup")
+    res_path = work / "crucible.npz"
+    rc, wall, out = run_sub([py, str(BENCH / "dedup_bench.py"), "--worker", "crucible", "--corpus", str(corpus_path),
+                             "--result", str(res_path), "--crucible-repeats", str(args.crucible_repeats)], timeout=600)
+    if rc != 0:
+        methods["crucible"] = {"error": out}
+    else:
+        r = np.load(res_path)
+        meta = json.loads(str(r["meta"]))
+        times = r["times"].tolist()
+        keep = r["keep"]
+        surv = r["survivor"]
+        mapped = {int(i): [int(surv[i])] for i in np.flatnonzero(~keep)}
+        sec = float(np.median(times))
+        methods["crucible"] = {
+            "what": "ops.curation.dedup.near_dedup(texts, rank=np.arange(n), threshold=0.8, num_perm=128, seed=1)",
+            "docs_timed": n,
+            "wall_seconds": round(sec, 3),
+            "wall_seconds_runs": [round(x, 3) for x in times],
+            "timing": f"median of {len(times)} runs in one fresh process; end-to-end (shingling, signatures, banding, verification)",
+            "throughput_per_s": round(n / sec, 1),
+            "peak_rss_mb": meta["peak_rss_mb"],
+            "rss_before_mb": meta["base_rss_mb"],
+            "stats": meta["stats"],
+            "profile_seconds": {k: round(v, 3) for k, v in meta["profile_seconds"].items()},
+            **score(keep, mapped, ss, gt),
+        }
+        _log(f"crucible: {methods['crucible']['wall_seconds']}s  P={methods['crucible']['precision']:.4f} R={methods['crucible']['recall']:.4f}")
+
+    # ---- plain datasketch loop
+    limit = args.loop_limit or n
+    _log(f"datasketch loop on {limit} docs")
+    res_path = work / "datasketch.npz"
+    rc, wall, out = run_sub([py, str(BENCH / "dedup_bench.py"), "--worker", "datasketch", "--corpus", str(corpus_path),
+                             "--result", str(res_path), "--limit", str(limit)], timeout=900)
+    if rc != 0:
+        methods["datasketch_loop"] = {"error": out}
+    else:
+        r = np.load(res_path)
+        meta = json.loads(str(r["meta"]))
+        secs = float(r["secs"])
+        rt = r["removed_to"]
+        keep = rt < 0
+        mapped = {int(i): [int(rt[i])] for i in np.flatnonzero(~keep)}
+        m = {
+            "what": "per doc: datasketch.MinHash(num_perm=128) (seed 1, default scheme), update_batch(utf-8 shingles from "
+                    "ops.curation.text.shingles), MinHashLSH(threshold=0.8, num_perm=128).query; a hit marks the doc "
+                    "removed (mapped to the smallest-index candidate), otherwise insert",
+            "bands_rows": meta["bands_rows"],
+            "docs_timed": int(limit),
+            "wall_seconds_measured": round(secs, 3),
+            "throughput_per_s": round(limit / secs, 1),
+            "peak_rss_mb": meta["peak_rss_mb"],
+            "rss_before_mb": meta["base_rss_mb"],
+        }
+        if limit < n:
+            m["wall_seconds"] = round(secs * n / limit, 3)
+            m["extrapolated"] = f"timed on the first {limit} docs, wall_seconds scaled linearly to {n}; quality on those {limit}"
+        else:
+            m["wall_seconds"] = round(secs, 3)
+            m["extrapolated"] = False
+        keep_full = np.ones(ss.n, dtype=bool)
+        keep_full[:limit] = keep
+        m.update(score(keep_full, mapped, ss, gt, limit=limit if limit < n else None))
+        methods["datasketch_loop"] = m
+        _log(f"datasketch: {m['wall_seconds']}s  P={m['precision']:.4f} R={m['recall']:.4f}")
+
+    # ---- datatrove
+    if args.skip_datatrove:
+        methods["datatrove"] = {"skipped": "--skip-datatrove"}
+    elif not args.datatrove_python.exists():
+        methods["datatrove"] = {"error": f"{args.datatrove_python} not found; see benchmarks/README.md for the venv"}
+    else:
+        configs = [("datatrove", "crucible")] + ([("datatrove_defaults", "defaults")] if args.datatrove_defaults else [])
+        for name, cfg in configs:
+            _log(f"datatrove ({cfg})")
+            dt_work = work / f"datatrove_{cfg}"
+            res = work / f"{name}.json"
+            rc, wall, out = run_sub([str(args.datatrove_python), str(BENCH / "datatrove_runner.py"), "--corpus", str(corpus_path),
+                                     "--work", str(dt_work), "--result", str(res), "--config", cfg, "--workers", "2"],
+                                    timeout=900, env={**os.environ, "PYTHONPATH": str(BENCH)})
+            if rc != 0 or not res.exists():
+                methods[name] = {"error": f"exit {rc}: {out}"}
+                continue
+            d = json.loads(res.read_text())
+            keep = np.ones(n, dtype=bool)
+            removed = np.array(d.pop("removed_ids"), dtype=np.int64)
+            keep[removed] = False
+            cluster_of = {int(k): int(v) for k, v in d.pop("cluster_of").items()}
+            kept_in = {}
+            for doc, c in cluster_of.items():
+                if keep[doc]:
+                    kept_in.setdefault(c, []).append(doc)
+            mapped = {int(r): kept_in.get(cluster_of.get(int(r), -1), []) for r in removed.tolist()}
+            sec = d["pipeline_seconds"]
+            methods[name] = {
+                **d,
+                "docs_timed": n,
+                "wall_seconds": round(sec, 3),
+                "throughput_per_s": round(n / sec, 1),
+                "subprocess_wall_seconds": round(wall, 3),
+                **score(keep, mapped, ss, gt),
+            }
+            _log(f"{name}: {sec:.1f}s  P={methods[name]['precision']:.4f} R={methods[name]['recall']:.4f}")
+
+    # ---- summary
+    report["methods"] = methods
+    cru = methods.get("crucible", {})
+    summary = {}
+    if "wall_seconds" in cru:
+        for peer in ("datasketch_loop", "datatrove", "datatrove_defaults"):
+            if "wall_seconds" in methods.get(peer, {}):
+                summary[f"speedup_vs_{peer}"] = round(methods[peer]["wall_seconds"] / cru["wall_seconds"], 2)
+        targets = {
+            "crucible_>=10x_datasketch_loop": summary.get("speedup_vs_datasketch_loop", 0) >= 10,
+            "crucible_faster_than_datatrove": summary.get("speedup_vs_datatrove", 0) > 1,
+            "crucible_precision_>=0.95": cru["precision"] >= 0.95,
+            "crucible_recall_>=0.95": cru["recall"] >= 0.95,
+        }
+        summary["targets"] = {k: ("pass" if v else "FAIL") for k, v in targets.items()}
+        if "wall_seconds" not in methods.get("datatrove", {}):
+            summary["targets"]["crucible_faster_than_datatrove"] = "not measured (datatrove did not run)"
+    report["summary"] = summary
+    report["total_benchmark_seconds"] = round(time.perf_counter() - t_start, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    # ---- table
+    print()
+    hdr = f"{'method':<20} {'docs':>7} {'wall s':>9} {'docs/s':>9} {'RSS MB':>8} {'removed':>8} {'precision':>9} {'recall':>7}"
+    print(hdr)
+    print("-" * len(hdr))
+    for k, m in methods.items():
+        if "wall_seconds" not in m:
+            print(f"{k:<20} {m.get('error', m.get('skipped', ''))[:80]}")
+            continue
+        rss = m.get("peak_rss_mb")
+        print(f"{k:<20} {m['docs_timed']:>7} {m['wall_seconds']:>9.2f} {m['throughput_per_s']:>9.0f} "
+              f"{(f'{rss:.0f}' if rss else '-'):>8} {m['removed']:>8} {m['precision']:>9.4f} {m['recall']:>7.4f}")
+    print(json.dumps(summary, indent=2))
+    print(f"ground truth: {len(gt)} pairs with J >= {THRESHOLD}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

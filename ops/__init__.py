@@ -1,0 +1,1 @@
+"""Crucible operations: plain Python (Polars, numpy, scikit-learn, datasketch); no Dagster import."""

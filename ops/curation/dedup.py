@@ -1,0 +1,213 @@
+"""Exact and near-duplicate removal of problems, with a deterministic content-based survivor rule.
+
+Source: Logics-STEM (arXiv 2601.01562) §2, stage 2: exact dedup on MD5 of normalised text, then
+MinHash near-dedup. Our defaults (SEEDS.md §1): word 5-grams (character 3-grams under 5 tokens),
+num_perm 128, Jaccard threshold 0.8 (9 bands x 13 rows), every LSH candidate verified by exact
+Jaccard against the cluster's *survivor* — never chained through a third text (star clustering).
+
+Survivor rule (never input order): a row with a reference solution first, then the source with the
+higher priority (earlier in ``source_priority``; unlisted sources after, alphabetically), then the
+smaller ``problem_id``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from . import minhash
+from .text import text_hash
+
+CLUSTER_SCHEMA = {
+    "cluster_id": pl.String,  # the survivor's problem_id
+    "problem_id": pl.String,
+    "source": pl.String,
+    "is_survivor": pl.Boolean,
+    "stage": pl.String,  # "exact" | "near" | "survivor"
+    "matched_to": pl.String,  # the problem_id this row was verified against
+    "jaccard": pl.Float64,
+}
+
+
+def survivor_rank(df: pl.DataFrame, source_priority: list[str]) -> np.ndarray:
+    """Rank of every row under the survivor rule (0 = keep first). Shape (n,) int64.
+
+    Requires columns ``problem_id``, ``source`` and ``solution`` (null or "" means none).
+    """
+    prio = {s: i for i, s in enumerate(source_priority)}
+    unlisted = sorted(set(df["source"].unique().to_list()) - set(prio))
+    for i, s in enumerate(unlisted):
+        prio[s] = len(source_priority) + i
+    keyed = df.select(
+        has_solution=(pl.col("solution").fill_null("").str.len_chars() > 0),
+        prio=pl.col("source").replace_strict(prio, return_dtype=pl.Int64),
+        problem_id=pl.col("problem_id"),
+    ).with_row_index("row")
+    order = keyed.sort(["has_solution", "prio", "problem_id"], descending=[True, False, False])["row"].to_numpy()
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
+def _clusters_frame(records: list[tuple]) -> pl.DataFrame:
+    return pl.DataFrame(records, schema=CLUSTER_SCHEMA, orient="row")
+
+
+def exact_dedup(df: pl.DataFrame, source_priority: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Drop rows whose normalised problem text is identical (MD5) to a higher-ranked row.
+
+    Returns:
+        (kept, clusters): ``kept`` has the input columns plus ``text_md5``; ``clusters`` has
+        :data:`CLUSTER_SCHEMA`, one row per member of each cluster with more than one member.
+    """
+    if df.is_empty():
+        return df.with_columns(text_md5=pl.lit(None, pl.String)), _clusters_frame([])
+    rank = survivor_rank(df, source_priority)
+    work = df.with_columns(
+        text_md5=pl.Series([text_hash(p) for p in df["problem"].to_list()], dtype=pl.String),
+        _rank=pl.Series(rank),
+    ).sort("_rank")
+    first = work.group_by("text_md5", maintain_order=True).agg(
+        survivor=pl.col("problem_id").first(), n=pl.len()
+    )
+    work = work.join(first, on="text_md5", how="left")
+    dup = work.filter(pl.col("n") > 1)
+    records = [
+        (s, pid, src, pid == s, "survivor" if pid == s else "exact", s, 1.0)
+        for s, pid, src in dup.select("survivor", "problem_id", "source").iter_rows()
+    ]
+    kept = work.filter(pl.col("problem_id") == pl.col("survivor")).sort("_rank").drop("_rank", "survivor", "n")
+    return kept, _clusters_frame(records)
+
+
+@dataclass
+class NearDedupResult:
+    """Output of :func:`near_dedup`.
+
+    Attributes:
+        keep: shape (n,) bool, True for survivors and for rows in no cluster.
+        survivor: shape (n,) int64, index of the row's survivor (itself when kept).
+        similarity: shape (n,) float64, exact Jaccard with the survivor (1.0 when kept).
+        stats: counters (candidate pairs, verified pairs, rejected candidates, bands, rows).
+    """
+
+    keep: np.ndarray
+    survivor: np.ndarray
+    similarity: np.ndarray
+    stats: dict = field(default_factory=dict)
+
+
+def near_dedup(
+    texts: list[str],
+    rank: np.ndarray,
+    threshold: float = 0.8,
+    num_perm: int = 128,
+    seed: int = 1,
+    word_n: int = 5,
+    char_n: int = 3,
+) -> NearDedupResult:
+    """MinHash-LSH near-duplicate detection with survivor verification (star clustering).
+
+    Texts are visited in ``rank`` order; an unassigned text becomes a survivor and absorbs every
+    unassigned LSH candidate whose *exact* shingle Jaccard with it is >= ``threshold``. So every
+    removed text is within the threshold of the survivor that replaced it, and no chain A~B~C can
+    merge A and C (case ``dedup-no-transitive-chain``). ``threshold == 1.0`` falls back to exact
+    shingle-set equality without LSH.
+
+    Args:
+        texts: n problem texts (non-empty).
+        rank: shape (n,) survivor ranks, 0 = most preferred (see :func:`survivor_rank`).
+        threshold: Jaccard threshold in (0, 1].
+        num_perm: MinHash permutations in [16, 8192].
+    Raises:
+        minhash.DedupConfigError: parameter outside its range (names the parameter).
+    """
+    minhash.validate_params(threshold, num_perm)
+    n = len(texts)
+    keep = np.ones(n, dtype=bool)
+    survivor = np.arange(n, dtype=np.int64)
+    sim = np.ones(n, dtype=np.float64)
+    if n == 0:
+        return NearDedupResult(keep, survivor, sim, {"candidate_pairs": 0, "verified_pairs": 0})
+    batch = minhash.shingle_batch(texts, word_n=word_n, char_n=char_n)
+    if threshold >= 1.0:
+        # exact shingle-set equality: group by the hash of the sorted set
+        keys = np.array([hash(np.unique(batch.doc(i)).tobytes()) for i in range(n)], dtype=np.int64)
+        order = np.lexsort((rank, keys))
+        ks = keys[order]
+        same = np.concatenate(([False], ks[1:] == ks[:-1]))
+        pairs = []
+        head = order[0]
+        for pos in range(1, n):
+            if same[pos]:
+                pairs.append((head, order[pos]))
+            else:
+                head = order[pos]
+        cand = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        bands = rows = 0
+    else:
+        bands, rows = minhash.lsh_params(threshold, num_perm)
+        sig = minhash.signatures(batch, num_perm=num_perm, seed=seed)
+        cand = minhash.band_candidates(sig, bands, rows)
+    # adjacency lists ordered by neighbour rank
+    neighbours: dict[int, list[int]] = {}
+    for i, j in cand.tolist():
+        neighbours.setdefault(i, []).append(j)
+        neighbours.setdefault(j, []).append(i)
+    assigned = np.zeros(n, dtype=bool)
+    verified = rejected = 0
+    for d in np.argsort(rank, kind="stable").tolist():
+        if assigned[d]:
+            continue
+        assigned[d] = True
+        nb = neighbours.get(d)
+        if not nb:
+            continue
+        sd = batch.doc(d)
+        for c in sorted(nb, key=lambda x: rank[x]):
+            if assigned[c]:
+                continue
+            j = minhash.jaccard(sd, batch.doc(c))
+            if j >= threshold:
+                assigned[c] = True
+                keep[c] = False
+                survivor[c] = d
+                sim[c] = j
+                verified += 1
+            else:
+                rejected += 1
+    stats = {
+        "candidate_pairs": int(len(cand)),
+        "verified_pairs": verified,
+        "rejected_candidates": rejected,
+        "bands": bands,
+        "rows": rows,
+    }
+    return NearDedupResult(keep, survivor, sim, stats)
+
+
+def near_dedup_frame(
+    df: pl.DataFrame, source_priority: list[str], **params
+) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
+    """:func:`near_dedup` over a problems frame. Returns (kept, clusters, stats).
+
+    ``clusters`` has :data:`CLUSTER_SCHEMA` (stage "near"); ``kept`` keeps the input columns.
+    """
+    if df.is_empty():
+        return df, _clusters_frame([]), {"candidate_pairs": 0, "verified_pairs": 0}
+    rank = survivor_rank(df, source_priority)
+    res = near_dedup(df["problem"].to_list(), rank, **params)
+    ids = df["problem_id"].to_list()
+    srcs = df["source"].to_list()
+    records = []
+    removed = np.flatnonzero(~res.keep)
+    heads = sorted(set(res.survivor[removed].tolist()))
+    for h in heads:
+        records.append((ids[h], ids[h], srcs[h], True, "survivor", ids[h], 1.0))
+    for r in removed.tolist():
+        s = int(res.survivor[r])
+        records.append((ids[s], ids[r], srcs[r], False, "near", ids[s], float(res.similarity[r])))
+    kept = df.filter(pl.Series(res.keep))
+    return kept, _clusters_frame(records), res.stats

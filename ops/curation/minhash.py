@@ -1,0 +1,248 @@
+"""Batched MinHash signatures and LSH banding, with datasketch's hash family.
+
+Source: Logics-STEM (arXiv 2601.01562) §2, stage 2 (near-duplicate removal with MinHash); Broder
+(1997) for MinHash; Leskovec et al., *Mining of Massive Datasets* §3.4 for banding.
+
+datasketch supplies the permutation family (``MinHash(num_perm, seed).permutations``) and the
+false-positive/false-negative optimal (bands, rows) for a Jaccard threshold (``MinHashLSH.b/.r``).
+What datasketch does one document and one shingle at a time in Python, this module does for a whole
+batch in numpy: a signature row here equals ``datasketch.MinHash(num_perm, seed)`` updated with the
+same 32-bit shingle hashes (tested), so rows can be wrapped in ``LeanMinHash`` when needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .text import TOKEN_PATTERN, normalize
+
+_MAX_HASH = np.uint64((1 << 32) - 1)
+SCHEME = "affine32"  # datasketch 2.0's permutation scheme: h -> a*fmix32(h) + b mod 2^32
+# MurmurHash3 32-bit finaliser constants (public, from MurmurHash3; datasketch pre-mixes with them)
+_FMIX32 = (np.uint32(16), np.uint32(0x85EBCA6B), np.uint32(13), np.uint32(0xC2B2AE35), np.uint32(16))
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant for polynomial n-gram hashing
+
+
+class DedupConfigError(ValueError):
+    """A near-dedup parameter is outside its allowed range (the message names it and the range)."""
+
+
+def validate_params(threshold: float, num_perm: int) -> None:
+    """Raise :class:`DedupConfigError` unless ``0 < threshold <= 1`` and ``16 <= num_perm <= 8192``.
+
+    ``threshold == 1.0`` is allowed and means exact shingle-set dedup (no LSH): datasketch cannot
+    build bands for it ("bands too small"), so Crucible falls back instead of passing it through.
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
+        raise DedupConfigError(f"near_dedup.threshold must be a number in (0, 1], got {threshold!r}")
+    if not 0.0 < float(threshold) <= 1.0:
+        raise DedupConfigError(
+            f"near_dedup.threshold (Jaccard threshold) must be in (0, 1], got {threshold}; "
+            "1.0 means exact shingle-set dedup"
+        )
+    if isinstance(num_perm, bool) or not isinstance(num_perm, (int, np.integer)):
+        raise DedupConfigError(f"near_dedup.num_perm must be an integer in [16, 8192], got {num_perm!r}")
+    if not 16 <= int(num_perm) <= 8192:
+        raise DedupConfigError(f"near_dedup.num_perm must be in [16, 8192], got {num_perm}")
+
+
+def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows) minimising datasketch's weighted FP+FN probability for ``threshold``.
+
+    For threshold 0.8 and num_perm 128 this is (9, 13). Raises DedupConfigError for bad input.
+    """
+    validate_params(threshold, num_perm)
+    if threshold >= 1.0:
+        raise DedupConfigError("near_dedup.threshold 1.0 uses exact shingle-set dedup, not LSH bands")
+    from datasketch import MinHashLSH
+
+    lsh = MinHashLSH(threshold=float(threshold), num_perm=int(num_perm))
+    return int(lsh.b), int(lsh.r)
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's (a, b) permutation parameters for :data:`SCHEME`, each shape (num_perm,) uint32."""
+    from datasketch import MinHash
+
+    perm = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
+    return perm[0].astype(np.uint32), perm[1].astype(np.uint32)
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    s1, m1, s2, m2, s3 = _FMIX32
+    h = h ^ (h >> s1)
+    h = h * m1
+    h = h ^ (h >> s2)
+    h = h * m2
+    return h ^ (h >> s3)
+
+
+@dataclass
+class ShingleBatch:
+    """Shingle hashes of a batch of texts, flattened.
+
+    Attributes:
+        values: shape (S,) uint64 — 64-bit shingle ids (for exact Jaccard).
+        offsets: shape (n+1,) int64 — shingles of text i are values[offsets[i]:offsets[i+1]].
+    Every text has at least one shingle (short texts use character n-grams).
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def doc(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def hash32(self) -> np.ndarray:
+        """32-bit shingle hashes (xor-folded), the values MinHash permutes. Shape (S,) uint64."""
+        v = self.values
+        return (v ^ (v >> np.uint64(32))) & _MAX_HASH
+
+
+def token_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenise (same rule as :func:`ops.curation.text.tokens`) and hash every token, in Polars.
+
+    Returns:
+        (hashes, offsets): hashes shape (T,) uint64 (Polars' seeded hash, stable for the pinned
+        Polars version); tokens of text i are hashes[offsets[i]:offsets[i+1]]; offsets shape (n+1,).
+    """
+    import polars as pl
+
+    toks = pl.Series(texts, dtype=pl.String).str.normalize("NFKC").str.to_lowercase().str.extract_all(TOKEN_PATTERN)
+    lengths = toks.list.len().fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = toks.explode().drop_nulls()
+    return flat.hash(seed=0x5EED).to_numpy().astype(np.uint64), offsets
+
+
+def shingle_batch(texts: list[str], word_n: int = 5, char_n: int = 3) -> ShingleBatch:
+    """Hash the shingles of every text: word ``word_n``-grams, char ``char_n``-grams below that.
+
+    Matches :func:`ops.curation.text.shingles` (as hashes; a text's slice may repeat a shingle,
+    which MinHash ignores and :func:`jaccard` removes). Shape contract in :class:`ShingleBatch`.
+    """
+    import polars as pl
+
+    n = len(texts)
+    th, toff = token_hashes(texts)
+    lengths = np.diff(toff)
+    long_doc = lengths >= word_n
+    # word n-grams for all positions of the flat token array, then keep those inside one text
+    m = max(len(th) - word_n + 1, 0)
+    g = np.zeros(m, dtype=np.uint64)
+    for j in range(word_n):
+        g = g * _MIX + th[j : j + m]
+    doc_of_pos = np.repeat(np.arange(n), lengths)[:m]
+    pos_in_doc = np.arange(m) - toff[:-1][doc_of_pos]
+    valid = pos_in_doc <= (lengths[doc_of_pos] - word_n)
+    word_vals = g[valid]
+    word_counts = np.where(long_doc, lengths - word_n + 1, 0)
+    # character n-grams for the short texts
+    short_idx = np.flatnonzero(~long_doc)
+    grams: list[str] = []
+    char_counts = np.zeros(n, dtype=np.int64)
+    for i in short_idx.tolist():
+        s = normalize(texts[i])
+        gs = [s] if len(s) <= char_n else [s[k : k + char_n] for k in range(len(s) - char_n + 1)]
+        grams.extend(gs)
+        char_counts[i] = len(gs)
+    char_vals = pl.Series(grams, dtype=pl.String).hash(seed=0xC4A2).to_numpy().astype(np.uint64) | np.uint64(1 << 63)
+    counts = word_counts + char_counts
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    values = np.empty(offsets[-1], dtype=np.uint64)
+    # scatter: word shingles are contiguous per long text, char shingles per short text
+    word_dst = np.repeat(offsets[:-1][long_doc], word_counts[long_doc]) + _ranges(word_counts[long_doc])
+    values[word_dst] = word_vals
+    if len(char_vals):
+        char_dst = np.repeat(offsets[:-1][short_idx], char_counts[short_idx]) + _ranges(char_counts[short_idx])
+        values[char_dst] = char_vals
+    return ShingleBatch(values=values, offsets=offsets)
+
+
+def _ranges(counts: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(c) for c in counts."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(total, dtype=np.int64) - starts
+
+
+def signatures(batch: ShingleBatch, num_perm: int = 128, seed: int = 1, chunk: int = 1 << 15) -> np.ndarray:
+    """MinHash signatures of every text in ``batch``.
+
+    Each row equals ``datasketch.MinHash(num_perm, seed, scheme="affine32")`` updated with that
+    text's ``batch.hash32()`` values. Returns shape (n, num_perm) uint32. Shingles are processed in
+    cache-sized chunks of about ``chunk``, one permutation at a time (a few MB of scratch memory).
+    """
+    n = len(batch.offsets) - 1
+    a, b = permutations(num_perm, seed)
+    hv = _fmix32(batch.hash32().astype(np.uint32))
+    sig = np.empty((n, num_perm), dtype=np.uint32)
+    offsets = batch.offsets
+    buf = np.empty(max(chunk, 1), dtype=np.uint32)
+    d0 = 0
+    while d0 < n:
+        lo = offsets[d0]
+        d1 = int(np.searchsorted(offsets, lo + chunk, side="right")) - 1
+        d1 = min(max(d1, d0 + 1), n)
+        hi = offsets[d1]
+        h = hv[lo:hi]
+        if len(buf) < len(h):
+            buf = np.empty(len(h), dtype=np.uint32)
+        scratch = buf[: len(h)]
+        starts = offsets[d0:d1] - lo
+        for j in range(num_perm):
+            np.multiply(h, a[j], out=scratch)  # wraps mod 2^32
+            np.add(scratch, b[j], out=scratch)
+            sig[d0:d1, j] = np.minimum.reduceat(scratch, starts)
+        d0 = d1
+    return sig
+
+
+def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """Candidate pairs: texts whose signatures agree on all ``rows`` rows of at least one band.
+
+    Args:
+        sig: shape (n, num_perm) unsigned ints with ``bands * rows <= num_perm``.
+    Returns:
+        shape (p, 2) int64, unique pairs (i, j) with i < j, sorted.
+    """
+    n = sig.shape[0]
+    if bands * rows > sig.shape[1]:
+        raise DedupConfigError(f"bands*rows = {bands * rows} exceeds num_perm = {sig.shape[1]}")
+    pairs: list[np.ndarray] = []
+    idx = np.arange(n, dtype=np.int64)
+    for band in range(bands):
+        block = sig[:, band * rows : (band + 1) * rows]
+        key = np.zeros(n, dtype=np.uint64)
+        for j in range(rows):
+            key = key * _MIX + block[:, j].astype(np.uint64)
+        order = np.argsort(key, kind="stable")
+        k = key[order]
+        same = k[1:] == k[:-1]
+        if not same.any():
+            continue
+        # group boundaries among equal runs
+        starts = np.flatnonzero(np.concatenate(([True], ~same)))
+        sizes = np.diff(np.concatenate((starts, [n])))
+        for s, size in zip(starts[sizes > 1], sizes[sizes > 1]):
+            members = np.sort(idx[order[s : s + size]])
+            ii, jj = np.triu_indices(size, k=1)
+            pairs.append(np.stack((members[ii], members[jj]), axis=1))
+    if not pairs:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.unique(np.concatenate(pairs), axis=0)
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact Jaccard similarity of two shingle-hash arrays taken as sets (0.0 for two empty sets)."""
+    a, b = np.unique(a), np.unique(b)
+    if len(a) == 0 and len(b) == 0:
+        return 0.0
+    inter = len(np.intersect1d(a, b, assume_unique=True))
+    return inter / (len(a) + len(b) - inter)

@@ -1,0 +1,264 @@
+"""Final-answer verification: math-verify with guards for its known wrong answers, letters for
+multiple choice, run in worker processes with a wall-clock timeout per item.
+
+Source: Logics-STEM (arXiv 2601.01562) §2, stage 4 — only responses whose final answer verifies
+against the reference are kept. math-verify (HF) does the parsing and symbolic comparison; this
+module adds what its 0.9.0 release gets wrong on real data:
+
+* gold answers without ``$...$``/``\\boxed{}`` parse to nothing -> wrap them, and also try them as a
+  plain expression (case ``verify-undelimited-gold``);
+* a gold answer that still does not parse (e.g. MATH-500's ``\\le(`` for ``\\left(``) -> take the
+  last ``\\boxed{}`` of the reference solution and record the fallback (``verify-corrupted-gold``);
+* two exact numbers are compared exactly, not after float rounding (``verify-tiny-values``);
+* two equations are equal only if ``lhs - rhs`` are proportional (``verify-distinct-equations``).
+
+math-verify uses SIGALRM, which fails outside a process's main thread: every call here runs in the
+main thread of a worker process, with an outer wall-clock timeout from Pebble.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LETTER_PATTERNS = [
+    re.compile(r"\\boxed\{\s*\(?([A-J])\)?\s*\}"),
+    re.compile(r"answer is:?\s*\(?([A-J])\)?\b", re.I),
+    re.compile(r"^\s*\(?([A-J])\)?[.)]?\s*$", re.M),
+]
+
+
+def last_boxed(text: str | None) -> str | None:
+    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` (braces balanced), else None."""
+    if not text:
+        return None
+    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if idx < 0:
+        return None
+    i = text.find("{", idx)
+    if i < 0:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip()
+    return None
+
+
+# plain-text constants in undelimited gold answers ("pi/2") -> LaTeX commands ("\\pi/2")
+_PLAIN_CONSTANTS = re.compile(r"(?<![\\A-Za-z])(pi|infty|sqrt|theta|alpha|beta)(?![A-Za-z])")
+
+
+_POW_GROUP = re.compile(r"\*\*\(([^()]*)\)")
+_POW_ATOM = re.compile(r"\*\*(-?[\w.]+)")
+_SQRT = re.compile(r"(?<!\\)sqrt\(([^()]*)\)")
+
+
+def _sympy_syntax_to_latex(a: str) -> str:
+    """Python/sympy answer syntax (DeepMind mathematics_dataset: ``x**(3/2)``, ``sqrt(7)/4``) to
+    LaTeX that math-verify parses. Pure text rewriting: user answers are never ``eval``-ed."""
+    if "\\" in a:
+        return a
+    a = _POW_GROUP.sub(r"^{(\1)}", a)
+    a = _POW_ATOM.sub(r"^{\1}", a)
+    a = _SQRT.sub(r"\\sqrt{\1}", a)
+    return a
+
+
+def _has_math(parsed: list) -> bool:
+    return any(not isinstance(p, str) for p in parsed)
+
+
+def parse_gold(answer: str | None, solution: str | None = None) -> tuple[list, str]:
+    """Parse a reference answer; fall back to the solution's last ``\\boxed{}``.
+
+    Returns:
+        (parsed, how): ``parsed`` is math-verify's list (empty when nothing parses); ``how`` is
+        ``"answer"``, ``"answer_wrapped"``, ``"solution_boxed"`` (the fallback) or ``"unparseable"``.
+    """
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    if answer is not None and str(answer).strip():
+        a = str(answer).strip().rstrip(".").strip()
+        delimited = "$" in a or "\\boxed" in a or "\\(" in a or "\\[" in a
+        if delimited:
+            parsed = parse(a)
+            if _has_math(parsed):
+                return parsed, "answer"
+        else:
+            latex = _PLAIN_CONSTANTS.sub(lambda m: "\\" + m.group(1), _sympy_syntax_to_latex(a))
+            parsed = parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
+            parsed = [p for p in parsed if not isinstance(p, str)]
+            parsed += [p for p in parse(a, extraction_config=[ExprExtractionConfig()]) if not isinstance(p, str)]
+            if parsed:
+                return parsed + [a], "answer_wrapped"
+    boxed = last_boxed(solution)
+    if boxed:
+        boxed = boxed.rstrip(".").strip()
+        parsed = parse(f"$\\boxed{{{boxed}}}$")
+        if _has_math(parsed):
+            return parsed, "solution_boxed"
+    return [], "unparseable"
+
+
+def _first_expr(parsed: list):
+    for p in parsed:
+        if not isinstance(p, str):
+            return p
+    return None
+
+
+def _guard(gold, pred) -> bool:
+    """Re-check a math-verify True on the two cases it gets wrong. Returns the corrected verdict."""
+    import sympy
+
+    if gold is None or pred is None:
+        return True
+    try:
+        if isinstance(gold, sympy.Eq) and isinstance(pred, sympy.Eq):
+            dg, dp = gold.lhs - gold.rhs, pred.lhs - pred.rhs
+            if dp == 0:
+                return bool(sympy.simplify(dg) == 0)
+            ratio = sympy.simplify(dg / dp)
+            return bool(ratio != 0 and not ratio.free_symbols and ratio.is_finite)
+        if isinstance(gold, sympy.Basic) and isinstance(pred, sympy.Basic):
+            if gold.is_number and pred.is_number:
+                if gold.has(sympy.Float) or pred.has(sympy.Float):
+                    g, p = sympy.N(gold, 50), sympy.N(pred, 50)
+                    scale = max(abs(g), abs(p), sympy.Float(1e-300))
+                    return bool(abs(g - p) <= sympy.Float(1e-9) * scale)
+                return bool(sympy.simplify(gold - pred) == 0)
+    except Exception:  # noqa: BLE001 - a guard that cannot decide keeps math-verify's verdict
+        return True
+    return True
+
+
+def verify_math(gold_parsed: list, prediction: str) -> bool:
+    """True when the prediction's final answer equals the parsed gold (math-verify + guards)."""
+    from math_verify import parse, verify
+
+    pred = parse(prediction)
+    if not gold_parsed or not pred:
+        return False
+    if not verify(gold_parsed, pred):
+        return False
+    return _guard(_first_expr(gold_parsed), _first_expr(pred))
+
+
+def extract_letter(prediction: str) -> str | None:
+    """The chosen option letter (A-J) in a multiple-choice response, or None."""
+    for pat in LETTER_PATTERNS:
+        found = pat.findall(prediction or "")
+        if found:
+            return found[-1].upper()
+    return None
+
+
+@dataclass
+class VerifyItem:
+    """One verification job. ``answer_type`` "multiple_choice" compares letters; anything else math.
+    ``prediction=None`` only checks that the gold answer parses (status ``gold_ok``)."""
+
+    key: str
+    answer: str | None
+    solution: str | None
+    prediction: str | None
+    answer_type: str = "numeric"
+
+
+def verify_one(item: VerifyItem) -> dict:
+    """Verify one item in this process. Returns ``{"key", "status", "gold_source"}`` where status is
+    ``verified``, ``wrong``, ``unparseable_prediction``, ``unparseable_gold`` or ``gold_ok``."""
+    if item.answer_type == "multiple_choice":
+        gold = (item.answer or "").strip().upper()
+        if len(gold) != 1 or gold not in "ABCDEFGHIJ":
+            return {"key": item.key, "status": "unparseable_gold", "gold_source": "unparseable"}
+        if item.prediction is None:
+            return {"key": item.key, "status": "gold_ok", "gold_source": "answer"}
+        letter = extract_letter(item.prediction)
+        if letter is None:
+            return {"key": item.key, "status": "unparseable_prediction", "gold_source": "answer"}
+        return {"key": item.key, "status": "verified" if letter == gold else "wrong", "gold_source": "answer"}
+    if item.answer_type == "text":
+        return _verify_text(item)
+    gold, how = parse_gold(item.answer, item.solution)
+    if not gold:
+        return {"key": item.key, "status": "unparseable_gold", "gold_source": how}
+    if item.prediction is None:
+        return {"key": item.key, "status": "gold_ok", "gold_source": how}
+    from math_verify import parse
+
+    if not parse(item.prediction):
+        return {"key": item.key, "status": "unparseable_prediction", "gold_source": how}
+    ok = verify_math(gold, item.prediction)
+    return {"key": item.key, "status": "verified" if ok else "wrong", "gold_source": how}
+
+
+def _verify_text(item: VerifyItem) -> dict:
+    """Word answers (True/False, names): case- and space-insensitive equality with the final answer
+    (last ``\\boxed{}``, else the last line of the response)."""
+    gold = " ".join((item.answer or "").split()).strip(" .$").lower()
+    if not gold:
+        return {"key": item.key, "status": "unparseable_gold", "gold_source": "unparseable"}
+    if item.prediction is None:
+        return {"key": item.key, "status": "gold_ok", "gold_source": "answer"}
+    final = last_boxed(item.prediction)
+    if final is None:
+        lines = [ln for ln in item.prediction.strip().splitlines() if ln.strip()]
+        final = lines[-1] if lines else ""
+    final = re.sub(r"\\text\{([^}]*)\}", r"\1", final)
+    pred = " ".join(final.split()).strip(" .$").lower()
+    if not pred:
+        return {"key": item.key, "status": "unparseable_prediction", "gold_source": "answer"}
+    return {"key": item.key, "status": "verified" if pred == gold else "wrong", "gold_source": "answer"}
+
+
+def _verify_chunk(items: list[VerifyItem]) -> list[dict]:
+    return [verify_one(it) for it in items]
+
+
+def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int = 2, chunk: int = 64) -> list[dict]:
+    """Verify items in a Pebble process pool; order of results follows ``items``.
+
+    A chunk that exceeds ``timeout_s * len(chunk)`` seconds is killed and its items are retried one
+    by one with ``timeout_s`` each; an item that still times out gets status ``timeout`` and a
+    worker crash gives ``error`` — neither is ever counted as verified or wrong.
+
+    Args:
+        timeout_s: wall-clock seconds allowed per item (> 0).
+        workers: worker processes (>= 1).
+    Raises:
+        ValueError: timeout_s <= 0 or workers < 1.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"verify.timeout_s must be > 0, got {timeout_s}")
+    if workers < 1:
+        raise ValueError(f"verify.workers must be >= 1, got {workers}")
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from pebble import ProcessPool
+
+    results: dict[str, dict] = {}
+    chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
+    retry: list[VerifyItem] = []
+    with ProcessPool(max_workers=workers) as pool:
+        futures = [(c, pool.schedule(_verify_chunk, args=(c,), timeout=timeout_s * len(c))) for c in chunks]
+        for c, fut in futures:
+            try:
+                for r in fut.result():
+                    results[r["key"]] = r
+            except (FutureTimeout, Exception):  # noqa: BLE001 - retry the chunk item by item
+                retry.extend(c)
+        singles = [(it, pool.schedule(verify_one, args=(it,), timeout=timeout_s)) for it in retry]
+        for it, fut in singles:
+            try:
+                results[it.key] = fut.result()
+            except FutureTimeout:
+                results[it.key] = {"key": it.key, "status": "timeout", "gold_source": None}
+            except Exception as e:  # noqa: BLE001
+                results[it.key] = {"key": it.key, "status": "error", "gold_source": None, "error": repr(e)[:300]}
+    return [results[it.key] for it in items]

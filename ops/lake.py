@@ -1,0 +1,91 @@
+"""The lake: Parquet tables under a root folder, written atomically, with content-hash versions.
+
+Layout: ``<root>/<asset>/data.parquet`` and, for partitioned assets,
+``<root>/<asset>/<partition>/data.parquet``; side tables sit beside them (``quarantine.parquet``).
+Writes go to a temporary file in the same folder, then ``os.replace`` — a reader never sees a
+half-written table and a failed step leaves the previous version in place (ARCHITECTURE.md §6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> str:
+    """Write ``df`` to ``path`` atomically (temp file + rename). Returns the data version
+    (first 16 hex digits of the file's SHA-256; same rows in the same order -> same version)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        df.write_parquet(tmp, compression="zstd", statistics=True)
+        version = file_sha256(tmp)[:16]
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return version
+
+
+def write_json_atomic(obj, path: str | Path) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+def replace_dir_atomic(build: Path, final: Path) -> None:
+    """Swap a fully built directory into place: the old one is renamed aside, then removed.
+
+    Between the two renames ``final`` is briefly absent, never partially written.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = final.with_name(f".{final.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(build, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def write_hf_dataset(df: pl.DataFrame, final_dir: str | Path, card: str) -> str:
+    """Write ``df`` in the Hugging Face ``datasets`` Parquet layout, atomically.
+
+    Layout: ``<final_dir>/data/train-00000-of-00001.parquet`` and ``<final_dir>/README.md`` (the
+    dataset card, YAML header with ``configs``). Loadable with
+    ``datasets.load_dataset("parquet", data_dir=final_dir)`` or ``load_dataset(final_dir)``.
+    Returns the data version of the Parquet file.
+    """
+    final = Path(final_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{final.name}.build.", dir=final.parent))
+    try:
+        version = write_parquet_atomic(df, build / "data" / "train-00000-of-00001.parquet")
+        (build / "README.md").write_text(card, encoding="utf-8")
+        replace_dir_atomic(build, final)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return version

@@ -1,0 +1,1 @@
+"""The Dagster code location ``crucible``: definitions, jobs, schedules."""

@@ -1,0 +1,1 @@
+"""Dagster resources: where data lives (lake), which user sources exist. Swapped per profile."""

