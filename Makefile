@@ -18,7 +18,7 @@ demo: setup
 
 ## Set up, then run the test suite (what .ci/run calls).
 test: setup
-	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) tests
+	$(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) tests
 
 ## Serve the Dagster UI on http://127.0.0.1:3000 over the same instance and lake.
 dev: setup

@@ -34,21 +34,24 @@ def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
     from resources.sources import source_partition_keys
 
     instance = dg.DagsterInstance.get()
-    sources_job = defs.get_job_def("sources_job")
-    curation_job = defs.get_job_def("curation_job")
+    sources_job = defs.resolve_job_def("sources_job")
+    curation_job = defs.resolve_job_def("curation_job")
     raw_cfg = {"mathematics_dataset_per_module": per_module, "limit": limit}
+    loggers = {"console": {"config": {"log_level": "INFO"}}}
     t0 = time.monotonic()
     for key in source_partition_keys():
         t = time.monotonic()
         res = sources_job.execute_in_process(
-            instance=instance, partition_key=key, run_config={"ops": {"raw_problems": {"config": raw_cfg}}}, raise_on_error=False
+            instance=instance, partition_key=key, run_config={"ops": {"raw_problems": {"config": raw_cfg}}, "loggers": loggers},
+            raise_on_error=False
         )
         print(f"raw_problems[{key}]: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
         if not res.success:
             return 1
     t = time.monotonic()
     res = curation_job.execute_in_process(
-        instance=instance, run_config={"ops": {"sft_dataset": {"config": {"target_size": target_size}}}}, raise_on_error=False
+        instance=instance, run_config={"ops": {"sft_dataset": {"config": {"target_size": target_size}}}, "loggers": loggers},
+        raise_on_error=False
     )
     print(f"curation graph: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
     if not res.success:

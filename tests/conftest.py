@@ -1,10 +1,34 @@
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# User sources for the tests, declared before any test imports the code location (partition keys
+# are read from $CRUCIBLE_SOURCES at load time).
+USER_DIR = Path(tempfile.mkdtemp(prefix="crucible-test-sources-"))
+BAD_LINES = [
+    json.dumps({"q": "A train travels 120 km in 1.5 hours. What is its average speed in km per hour?", "a": "80"}).encode(),
+    b'{"q": "broken json", ',
+    b'{"q": "bad \xff utf-8", "a": "1"}',
+    json.dumps({"question": "wrong field name"}).encode(),
+    json.dumps({"q": "", "a": "0"}).encode(),
+    json.dumps({"q": "y" * 1_000_000, "a": "1"}).encode(),
+    json.dumps({"q": "Compute $3 \\cdot 7$ and give the product.", "a": "21", "sol": "$3 \\cdot 7 = \\boxed{21}$"}).encode(),
+]
+(USER_DIR / "user_bad.jsonl").write_bytes(b"\n".join(BAD_LINES) + b"\n")
+(USER_DIR / "user_nodup.jsonl").write_text(
+    "\n".join(json.dumps({"q": f"What is {i} times {i + 3}?", "a": str(i * (i + 3))}) for i in range(1, 101)) + "\n"
+)
+(USER_DIR / "sources.yaml").write_text(
+    "sources:\n"
+    "  - {name: user_bad, path: user_bad.jsonl, fields: {problem: q, answer: a, solution: sol}}\n"
+    "  - {name: user_nodup, path: user_nodup.jsonl, fields: {problem: q, answer: a}}\n"
+)
+os.environ["CRUCIBLE_SOURCES"] = str(USER_DIR / "sources.yaml")
 
 
 def shared_dir() -> Path:

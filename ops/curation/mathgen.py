@@ -9,7 +9,11 @@ here:
 * ``ndarray.itemset`` was removed in numpy 2: the one module that calls it
   (``mathematics_dataset.sample.polynomials``) is loaded from its source with each
   ``arr.itemset(index, value)`` rewritten to ``arr[index] = value`` (same meaning for the full
-  tuple indices it passes).
+  tuple indices it passes);
+* determinism: ``util.composition`` draws variable letters with ``random.choice(list(a_set))``
+  (order depends on the per-process string hash seed) and orders entities through a set of
+  objects hashed by address. Both are rewritten to ordered equivalents (``sorted``,
+  ``dict.fromkeys``), so a seed gives the same problems in every process.
 
 Difficulty comes from the package's own train-easy / train-medium / train-hard entropy split.
 """
@@ -26,6 +30,11 @@ from collections.abc import Iterator
 
 _PATCHED = False
 _ITEMSET = re.compile(r"^(\s*)([\w.]+)\.itemset\((\w+), (.+)\)\s*$", re.M)
+_COMPOSITION_FIXES = (
+    ("symbol = random.choice(list(allowed))", "symbol = random.choice(sorted(allowed))"),
+    ("entities = set(context.child_entities)", "entities = dict.fromkeys(context.child_entities)"),
+    ("entities.add(maybe_entity)", "entities[maybe_entity] = None"),
+)
 DIFFICULTIES = ("train-easy", "train-medium", "train-hard")
 
 
@@ -46,19 +55,36 @@ def _install_shims() -> None:
     if not hasattr(pkg, "base_solution_linear"):
         sub = importlib.import_module("sympy.solvers.diophantine.diophantine")
         pkg.base_solution_linear = sub.base_solution_linear  # type: ignore[attr-defined]
-    name = "mathematics_dataset.sample.polynomials"
-    if name not in sys.modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ImportError("mathematics_dataset is not installed; run `make setup`")
-        source = open(spec.origin, encoding="utf-8").read()
+    def itemset(source: str) -> str:
         patched, count = _ITEMSET.subn(r"\1\2[\3] = \4", source)
-        if count == 0 and "itemset" in source:
-            raise ImportError(f"mathematics_dataset shim: could not rewrite itemset calls in {spec.origin}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        exec(compile(patched, spec.origin, "exec"), module.__dict__)
+        if count != 2:
+            raise ImportError(f"mathematics_dataset shim: expected 2 itemset calls, rewrote {count}")
+        return patched
+
+    def composition(source: str) -> str:
+        for old, new in _COMPOSITION_FIXES:
+            if source.count(old) != 1:
+                raise ImportError(f"mathematics_dataset shim: {old!r} not found once in util/composition.py")
+            source = source.replace(old, new)
+        return source
+
+    _load_rewritten("mathematics_dataset.sample.polynomials", itemset)
+    _load_rewritten("mathematics_dataset.util.composition", composition)
     _PATCHED = True
+
+
+def _load_rewritten(name: str, rewrite) -> None:
+    """Import module ``name`` from its source after ``rewrite(source)``, before anyone else does."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ImportError("mathematics_dataset is not installed; run `make setup`")
+    with open(spec.origin, encoding="utf-8") as f:
+        source = rewrite(f.read())
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    exec(compile(source, spec.origin, "exec"), module.__dict__)
 
 
 def module_names() -> list[str]:
@@ -108,6 +134,7 @@ def generate(per_module: int, seed: int = 0, modules: list[str] | None = None) -
         raise ValueError(f"mathematics_dataset.per_module must be >= 0, got {per_module}")
     _install_shims()
     import numpy as np
+    import sympy.core.random as sympy_random
     from mathematics_dataset import generate_settings
 
     for level, difficulty in enumerate(DIFFICULTIES):
@@ -121,6 +148,7 @@ def generate(per_module: int, seed: int = 0, modules: list[str] | None = None) -
             stream_seed = int.from_bytes(digest[:4], "little")
             random.seed(stream_seed)
             np.random.seed(stream_seed)
+            sympy_random.seed(stream_seed)  # sympy's randprime draws from its own generator
             produced = attempts = 0
             while produced < per_module and attempts < per_module * 20:
                 attempts += 1

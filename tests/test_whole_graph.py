@@ -1,0 +1,51 @@
+"""The whole curation graph on a small configuration of the real sources, checks included."""
+
+import dagster as dg
+import polars as pl
+
+from ops.curation.text import normalize
+from pipelines.definitions import defs
+from resources.lake import LakeResource
+from resources.sources import SourcesResource, source_partition_keys
+
+
+def test_whole_curation_graph_on_real_sources(tmp_path):
+    import datasets
+
+    lake = LakeResource(root=str(tmp_path / "lake"))
+    resources = {"lake": lake, "sources": SourcesResource()}
+    instance = dg.DagsterInstance.ephemeral()
+    raw_cfg = {"ops": {"raw_problems": {"config": {"mathematics_dataset_per_module": 1, "limit": 600}}}}
+    for key in source_partition_keys():
+        res = defs.resolve_job_def("sources_job").execute_in_process(
+            instance=instance, partition_key=key, run_config=raw_cfg, resources=resources
+        )
+        assert res.success, key
+    res = defs.resolve_job_def("curation_job").execute_in_process(
+        instance=instance, resources=resources,
+        run_config={"ops": {"sft_dataset": {"config": {"target_size": 300, "stratum_floor": 5}}}},
+    )
+    assert res.success
+    checks = [e for e in res.get_asset_check_evaluations()]
+    assert len(checks) == 5 and all(c.passed for c in checks)
+
+    bench = lake.read("benchmark_problems")
+    m500 = {normalize(p) for p in bench.filter(pl.col("benchmark") == "math500")["problem"].to_list()}
+    near = lake.read("near_deduped_problems")
+    in_math500 = [normalize(p) in m500 for p in near.filter(pl.col("source") == "math_test")["problem"].to_list()]
+    assert sum(in_math500) > 0  # the small slice of MATH test does contain MATH-500 problems...
+    decon = lake.read("decontaminated_problems")
+    assert not any(normalize(p) in m500 for p in decon["problem"].to_list())  # ...and none survive
+
+    sft = datasets.load_dataset("parquet", data_dir=str(tmp_path / "lake" / "sft_dataset"))["train"]
+    assert sft.num_rows == 300
+    assert not any(normalize(p) in m500 for p in sft["problem"])
+    assert all(m[1]["content"] for m in sft["messages"])
+    card = (tmp_path / "lake" / "sft_dataset" / "README.md").read_text()
+    assert "decontaminated_problems" in card and "Lineage" in card
+
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "lake" / "catalog.duckdb"), read_only=True)
+    assert con.execute("select count(*) from sft_dataset").fetchone()[0] == 300
+    assert con.execute("select count(*) from raw_problems_quarantine").fetchone()[0] == 5
