@@ -10,7 +10,9 @@ from ops.curation import sources as src
 from resources.lake import LakeResource
 from resources.sources import SourcesResource, source_partition_keys
 
-from ._meta import md_table, table_result
+from ops import figures
+
+from ._meta import image, md_table, table_result
 from .frames import QUARANTINE_SCHEMA, RAW_SCHEMA, frame
 
 SOURCE_PARTITIONS = dg.StaticPartitionsDefinition(source_partition_keys())
@@ -68,6 +70,8 @@ def raw_problems(
         quarantined=dg.MetadataValue.int(len(quarantine)),
         quarantine_reasons=md_table(reasons),
         sample=md_table(df.select("problem_id", "record", "problem", "answer").head(5)),
+        figure=image(figures.funnel([("read", read), ("quarantined", len(quarantine)), ("kept", df.height)],
+                                    f"raw_problems[{key}]"), "funnel"),
     )
 
 
@@ -83,4 +87,6 @@ def benchmark_problems(lake: LakeResource) -> dg.MaterializeResult:
                                      "answer": pl.String, "solution": pl.String})
     path, version = lake.write(df, "benchmark_problems")
     counts = df.group_by("benchmark").len().sort("benchmark")
-    return table_result(None, path, version, df.height, df.height, per_benchmark=md_table(counts))
+    fig = figures.funnel(list(counts.iter_rows()), "benchmark items")
+    return table_result(None, path, version, df.height, df.height, per_benchmark=md_table(counts),
+                        figure=image(fig, "benchmarks"))

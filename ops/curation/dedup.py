@@ -2,7 +2,7 @@
 
 Source: Logics-STEM (arXiv 2601.01562) §2, stage 2: exact dedup on MD5 of normalised text, then
 MinHash near-dedup. Our defaults (SEEDS.md §1): word 5-grams (character 3-grams under 5 tokens),
-num_perm 128, Jaccard threshold 0.8 (9 bands x 13 rows), every LSH candidate verified by exact
+num_perm 128, Jaccard threshold 0.8 (16 bands x 8 rows: recall-weighted, see minhash.lsh_params), every LSH candidate verified by exact
 Jaccard against the cluster's *survivor* — never chained through a third text (star clustering).
 
 Survivor rule (never input order): a row with a reference solution first, then the source with the

@@ -48,17 +48,25 @@ def validate_params(threshold: float, num_perm: int) -> None:
         raise DedupConfigError(f"near_dedup.num_perm must be in [16, 8192], got {num_perm}")
 
 
-def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
+# Every LSH candidate is verified by exact Jaccard, so a false positive costs one set
+# intersection while a false negative loses a duplicate for good: weight FN 19x FP.
+LSH_WEIGHTS = (0.05, 0.95)
+
+
+def lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = LSH_WEIGHTS) -> tuple[int, int]:
     """(bands, rows) minimising datasketch's weighted FP+FN probability for ``threshold``.
 
-    For threshold 0.8 and num_perm 128 this is (9, 13). Raises DedupConfigError for bad input.
+    With :data:`LSH_WEIGHTS` and threshold 0.8, num_perm 128 this is (16, 8): P(candidate) is
+    0.947 at J = 0.8 and 0.994 at 0.85. datasketch's equal weights give (9, 13), which finds only
+    40% of pairs at J = 0.8 (pair recall 0.88 on the benchmark corpus). Raises DedupConfigError
+    for bad input.
     """
     validate_params(threshold, num_perm)
     if threshold >= 1.0:
         raise DedupConfigError("near_dedup.threshold 1.0 uses exact shingle-set dedup, not LSH bands")
     from datasketch import MinHashLSH
 
-    lsh = MinHashLSH(threshold=float(threshold), num_perm=int(num_perm))
+    lsh = MinHashLSH(threshold=float(threshold), num_perm=int(num_perm), weights=weights)
     return int(lsh.b), int(lsh.r)
 
 
@@ -207,36 +215,42 @@ def signatures(batch: ShingleBatch, num_perm: int = 128, seed: int = 1, chunk: i
 def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """Candidate pairs: texts whose signatures agree on all ``rows`` rows of at least one band.
 
+    Fully vectorised: per band, rows are folded into one 64-bit key, sorted, and every pair inside
+    a run of equal keys is emitted; pairs from all bands are merged with one ``np.unique``.
+
     Args:
         sig: shape (n, num_perm) unsigned ints with ``bands * rows <= num_perm``.
     Returns:
         shape (p, 2) int64, unique pairs (i, j) with i < j, sorted.
+    Raises:
+        DedupConfigError: ``bands * rows`` exceeds num_perm.
     """
     n = sig.shape[0]
     if bands * rows > sig.shape[1]:
         raise DedupConfigError(f"bands*rows = {bands * rows} exceeds num_perm = {sig.shape[1]}")
-    pairs: list[np.ndarray] = []
-    idx = np.arange(n, dtype=np.int64)
+    codes: list[np.ndarray] = []
     for band in range(bands):
-        block = sig[:, band * rows : (band + 1) * rows]
         key = np.zeros(n, dtype=np.uint64)
-        for j in range(rows):
-            key = key * _MIX + block[:, j].astype(np.uint64)
+        for j in range(band * rows, (band + 1) * rows):
+            key = key * _MIX + sig[:, j].astype(np.uint64)
         order = np.argsort(key, kind="stable")
         k = key[order]
         same = k[1:] == k[:-1]
         if not same.any():
             continue
-        # group boundaries among equal runs
         starts = np.flatnonzero(np.concatenate(([True], ~same)))
-        sizes = np.diff(np.concatenate((starts, [n])))
-        for s, size in zip(starts[sizes > 1], sizes[sizes > 1]):
-            members = np.sort(idx[order[s : s + size]])
-            ii, jj = np.triu_indices(size, k=1)
-            pairs.append(np.stack((members[ii], members[jj]), axis=1))
-    if not pairs:
+        sizes = np.diff(np.append(starts, n))
+        run_end = np.repeat(starts + sizes, sizes)  # exclusive end of each position's run
+        later = run_end - np.arange(n) - 1  # members after this position in its run
+        left = np.repeat(np.arange(n), later)
+        right = left + _ranges(later) + 1
+        a, b = order[left], order[right]
+        lo, hi = np.minimum(a, b).astype(np.int64), np.maximum(a, b).astype(np.int64)
+        codes.append(lo * n + hi)
+    if not codes:
         return np.zeros((0, 2), dtype=np.int64)
-    return np.unique(np.concatenate(pairs), axis=0)
+    uniq = np.unique(np.concatenate(codes))
+    return np.stack((uniq // n, uniq % n), axis=1)
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:

@@ -33,8 +33,17 @@ def test_shingle_batch_matches_python_shingles():
         assert len(np.unique(batch.doc(i))) == len(shingles(t))
 
 
-def test_lsh_params_for_default_threshold():
-    assert minhash.lsh_params(0.8, 128) == (9, 13)
+def test_lsh_params_weight_recall_over_precision():
+    assert minhash.lsh_params(0.8, 128) == (16, 8)
+    assert minhash.lsh_params(0.8, 128, weights=(0.5, 0.5)) == (9, 13)  # datasketch's equal weights
+
+
+def test_band_candidates_emits_every_pair_of_a_bucket():
+    sig = np.array([[1, 1], [2, 2], [1, 1], [1, 1], [3, 3]], dtype=np.uint32)
+    pairs = minhash.band_candidates(sig, bands=1, rows=2)
+    assert pairs.tolist() == [[0, 2], [0, 3], [2, 3]]
+    sig2 = np.array([[1, 5], [1, 6], [2, 6]], dtype=np.uint32)  # band 0 pairs (0,1), band 1 pairs (1,2)
+    assert minhash.band_candidates(sig2, bands=2, rows=1).tolist() == [[0, 1], [1, 2]]
 
 
 def test_case_dedup_short_texts(curation_cases):
