@@ -11,8 +11,9 @@ run one after the other, each on a ``LocalPipelineExecutor`` with 2 workers. Wri
 shards is not timed; everything from the first executor's start to the last one's end is.
 
 Configs:
-  crucible  closest to Crucible: 5-gram words, 9 buckets x 13 hashes (= 117 hashes, Crucible's
-            9 bands x 13 rows of its 128), seed 1, 64-bit xxhash shingles, Crucible's word tokenizer
+  crucible  closest to Crucible: 5-gram words, --buckets x --rows hashes (dedup_bench.py passes
+            Crucible's own lsh_params(0.8, 128), e.g. 16 x 8 = 128 or 9 x 13 = 117 hashes), seed 1,
+            64-bit xxhash shingles, Crucible's word tokenizer
             (benchmarks/dt_crucible_tokenizer.py) and light normalisation (lowercase + whitespace only;
             numbers and punctuation kept, no diacritic stripping).
   defaults  datatrove's own defaults: MinhashConfig() (5-gram, 14 buckets x 8 hashes, seed 1,
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--result", type=Path, required=True)
     ap.add_argument("--config", choices=["crucible", "defaults"], default="crucible")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--buckets", type=int, default=9, help="crucible config: Crucible's LSH bands")
+    ap.add_argument("--rows", type=int, default=13, help="crucible config: Crucible's LSH rows")
     args = ap.parse_args()
 
     import datatrove
@@ -72,8 +75,8 @@ def main() -> None:
 
         config = MinhashConfig(
             n_grams=5,
-            num_buckets=9,
-            hashes_per_bucket=13,
+            num_buckets=args.buckets,
+            hashes_per_bucket=args.rows,
             seed=1,
             norm_config=TextNormConfig(
                 lowercase=True, norm_whitespace=True, remove_punctuation=False,

@@ -115,7 +115,10 @@ def generated_problems(per_module: int, seed: int, workdir: Path, procs: int = 2
     Generation is split over ``procs`` processes by module; each (difficulty, module) stream is seeded
     from its own name, so the result equals one sequential ``mathgen.generate(per_module, seed)``.
     """
-    cache = workdir / f"mathgen_pm{per_module}_seed{seed}.json"
+    import hashlib
+
+    code = hashlib.md5((ROOT / "ops/curation/mathgen.py").read_bytes()).hexdigest()[:10]
+    cache = workdir / f"mathgen_pm{per_module}_seed{seed}_{code}.json"  # keyed by the generator's source
     info = {"per_module": per_module, "seed": seed, "cache": str(cache.relative_to(ROOT))}
     if cache.exists():
         data = json.loads(cache.read_text())
@@ -508,15 +511,17 @@ def worker_crucible(corpus: Path, result: Path, repeats: int, bands_rows: str = 
     rank = np.arange(n, dtype=np.int64)
     if bands_rows:
         b, r = map(int, bands_rows.split("x"))
-        minhash.lsh_params = lambda threshold, num_perm: (b, r)
+        minhash.lsh_params = lambda threshold, num_perm, **kw: (b, r)
     minhash.lsh_params(THRESHOLD, NUM_PERM)  # import datasketch once, outside the timer (the loop does too)
     base_rss = _rss_mb("VmRSS")
-    times = []
+    times, cpu = [], []
     res = None
     for _ in range(repeats):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         res = dedup.near_dedup(texts, rank, threshold=THRESHOLD, num_perm=NUM_PERM, seed=SEED)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     peak = _rss_mb("VmHWM")
     # breakdown: wrap the module functions near_dedup looks up at call time
     spent: dict[str, float] = {}
@@ -558,12 +563,12 @@ def worker_crucible(corpus: Path, result: Path, repeats: int, bands_rows: str = 
         survivor=res.survivor,
         similarity=res.similarity,
         times=np.array(times),
-        meta=np.array(json.dumps({"stats": res.stats, "profile_seconds": prof, "jaccard_calls": calls.get("verification: exact jaccard calls", 0),
+        meta=np.array(json.dumps({"stats": res.stats, "profile_seconds": prof, "cpu_seconds": cpu, "jaccard_calls": calls.get("verification: exact jaccard calls", 0),
                                   "base_rss_mb": base_rss, "peak_rss_mb": peak})),
     )
 
 
-def worker_datasketch(corpus: Path, result: Path, limit: int) -> None:
+def worker_datasketch(corpus: Path, result: Path, limit: int, bands_rows: str = "") -> None:
     """The plain per-document loop: MinHash + update_batch + MinHashLSH query/insert."""
     from datasketch import MinHash, MinHashLSH
 
@@ -573,8 +578,10 @@ def worker_datasketch(corpus: Path, result: Path, limit: int) -> None:
     base_rss = _rss_mb("VmRSS")
     n = len(texts)
     removed_to = np.full(n, -1, dtype=np.int64)
+    c0 = time.process_time()
     t0 = time.perf_counter()
-    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
+    params = tuple(map(int, bands_rows.split("x"))) if bands_rows else None
+    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, params=params)
     for i, text in enumerate(texts):
         m = MinHash(num_perm=NUM_PERM)
         m.update_batch([s.encode("utf-8") for s in shingles(text, word_n=WORD_N)])
@@ -584,8 +591,9 @@ def worker_datasketch(corpus: Path, result: Path, limit: int) -> None:
         else:
             lsh.insert(i, m)
     secs = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     np.savez(result, removed_to=removed_to, secs=np.array(secs),
-             meta=np.array(json.dumps({"base_rss_mb": base_rss, "peak_rss_mb": _rss_mb("VmHWM"),
+             meta=np.array(json.dumps({"cpu_seconds": cpu, "base_rss_mb": base_rss, "peak_rss_mb": _rss_mb("VmHWM"),
                                        "bands_rows": [lsh.b, lsh.r]})))
 
 
@@ -683,6 +691,22 @@ QUIET_WAIT = 30.0
 LAST_MACHINE: dict = {}
 
 
+def code_fingerprint() -> dict:
+    """md5 of the Crucible files under test (ops/ is being edited concurrently; results belong to a version)."""
+    import hashlib
+
+    out = {}
+    for rel in ("ops/curation/dedup.py", "ops/curation/minhash.py", "ops/curation/text.py"):
+        path = ROOT / rel
+        out[rel] = {"md5": hashlib.md5(path.read_bytes()).hexdigest(),
+                    "mtime_utc": _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        out["git_head"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def run_sub(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, float, str]:
     """Run a benchmark subprocess after waiting for a quiet machine; LAST_MACHINE gets the machine
     state before and the busy share of all cores during the run (the subprocess's own use included)."""
@@ -711,11 +735,15 @@ def main() -> None:
     ap.add_argument("--plant-frac", type=float, default=0.30, help="share of the corpus that is planted near-duplicates")
     ap.add_argument("--workdir", type=Path, default=BENCH / ".work")
     ap.add_argument("--crucible-repeats", type=int, default=3)
-    ap.add_argument("--whatif", default="16x8",
-                    help="comma-separated bands x rows for extra, clearly labelled what-if runs of near_dedup ('' = none)")
+    ap.add_argument("--whatif", default="auto",
+                    help="comma-separated bands x rows (e.g. 16x8,9x13) for extra, clearly labelled what-if runs of "
+                         "near_dedup; 'auto' = datasketch's equal-weight (b, r) for 0.8/128 when it differs from "
+                         "Crucible's own lsh_params; '' = none")
     ap.add_argument("--bands-rows", default="", help=argparse.SUPPRESS)
     ap.add_argument("--loop-limit", type=int, default=0,
                     help="docs for the datasketch loop (0 = all); fewer are timed and extrapolated linearly")
+    ap.add_argument("--loop-matched", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the datasketch loop with Crucible's (bands, rows) when they differ from MinHashLSH's")
     ap.add_argument("--skip-datatrove", action="store_true")
     ap.add_argument("--datatrove-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
     ap.add_argument("--datatrove-defaults", action=argparse.BooleanOptionalAction, default=True,
@@ -725,7 +753,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--quiet-wait", type=float, default=30.0,
+    ap.add_argument("--quiet-wait", type=float, default=45.0,
                     help="before each timed method wait up to this many seconds for other processes to go idle")
     args = ap.parse_args()
     global QUIET_WAIT
@@ -734,7 +762,7 @@ def main() -> None:
     if args.worker == "crucible":
         return worker_crucible(args.corpus, args.result, args.crucible_repeats, args.bands_rows)
     if args.worker == "datasketch":
-        return worker_datasketch(args.corpus, args.result, args.limit)
+        return worker_datasketch(args.corpus, args.result, args.limit, args.bands_rows)
     if args.worker == "mathgen":
         part, procs = map(int, args.part.split("/"))
         return worker_mathgen(args.result, args.limit, args.seed, part, procs)
@@ -746,6 +774,17 @@ def main() -> None:
                     "machine": machine_info(),
                     "parameters": {"threshold": THRESHOLD, "num_perm": NUM_PERM, "minhash_seed": SEED,
                                    "shingles": "word 5-grams of ops.curation.text.tokens (char 3-grams below 5 tokens)"}}
+
+    from datasketch import MinHashLSH
+
+    from ops.curation import minhash
+
+    cru_br = tuple(minhash.lsh_params(THRESHOLD, NUM_PERM))
+    _ds = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
+    ds_br = (int(_ds.b), int(_ds.r))
+    report["parameters"]["crucible_bands_rows"] = list(cru_br)
+    report["parameters"]["datasketch_default_bands_rows"] = list(ds_br)
+    report["code_under_test"] = code_fingerprint()
 
     # ---- corpus
     _log(f"building corpus n={args.n}")
@@ -760,14 +799,13 @@ def main() -> None:
     _log(f"corpus: {cinfo['real_distinct']} real, {cinfo['generated']} generated, {cinfo['planted']} planted")
 
     # ---- ground truth
-    from ops.curation import minhash
-
     t0 = time.perf_counter()
     batch = minhash.shingle_batch(texts)
     ss = ShingleSets(batch.values, batch.offsets)
     t1 = time.perf_counter()
     gt, gt_j, jstats = prefix_join(ss, THRESHOLD)
     t_gt = time.perf_counter() - t0
+    t_join = time.perf_counter() - t1
     planted = np.flatnonzero(kind == 2)
     pj = ss.jaccard(np.stack((planted, origin[planted]), axis=1))
     hist_edges = [0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0 + 1e-9]
@@ -796,7 +834,7 @@ def main() -> None:
                          "docs_with_char_shingles(<5 tokens)": int((np.diff(minhash.token_hashes(texts)[1]) < WORD_N).sum())},
         "join_stats": jstats,
         "seconds_total_incl_shingling": round(t_gt, 2),
-        "seconds_join": round(time.perf_counter() - t1, 2),
+        "seconds_join_only": round(t_join, 2),
         "planted_pairs_jaccard_histogram": {
             f"[{lo:g},{min(hi, 1):g}{']' if hi > 1 else ')'}": int(c) for lo, hi, c in zip(hist_edges[:-1], hist_edges[1:], hist)
         },
@@ -813,7 +851,10 @@ def main() -> None:
     py = sys.executable
 
     # ---- Crucible (as shipped), then optional what-if (bands x rows) runs of the same stage
-    whatifs = [w for w in args.whatif.split(",") if w]
+    if args.whatif == "auto":
+        whatifs = [] if ds_br == cru_br else [f"{ds_br[0]}x{ds_br[1]}"]
+    else:
+        whatifs = [w for w in args.whatif.split(",") if w and w != f"{cru_br[0]}x{cru_br[1]}"]
     for label, br, repeats in [("crucible", "", args.crucible_repeats)] + [(f"whatif_crucible_{w}", w, 1) for w in whatifs]:
         _log(f"{label}: near_dedup{' with lsh_params -> ' + br if br else ''}")
         res_path = work / f"{label}.npz"
@@ -845,20 +886,25 @@ def main() -> None:
             "lsh_candidate_probability": lsh_curve(b_, r_),
             "profile_seconds (one extra instrumented run)": {k: round(v, 3) for k, v in meta["profile_seconds"].items()},
             "jaccard_calls": meta["jaccard_calls"],
+            "cpu_seconds_runs (process user+sys, all threads)": [round(x, 3) for x in meta["cpu_seconds"]],
             "machine_state": dict(LAST_MACHINE),
             **score(keep, mapped, ss, gt),
         }
         _log(f"{label}: {methods[label]['wall_seconds']}s  P={methods[label]['precision']:.4f} R={methods[label]['recall']:.4f}")
 
-    # ---- plain datasketch loop
+    # ---- plain datasketch loop (as specified: MinHashLSH's own (b, r)), and with Crucible's (b, r)
     limit = args.loop_limit or n
-    _log(f"datasketch loop on {limit} docs")
-    res_path = work / "datasketch.npz"
-    rc, wall, out = run_sub([py, str(BENCH / "dedup_bench.py"), "--worker", "datasketch", "--corpus", str(corpus_path),
-                             "--result", str(res_path), "--limit", str(limit)], timeout=900)
-    if rc != 0:
-        methods["datasketch_loop"] = {"error": out}
-    else:
+    loops = [("datasketch_loop", "")]
+    if args.loop_matched and cru_br != ds_br:
+        loops.append(("datasketch_loop_crucible_params", f"{cru_br[0]}x{cru_br[1]}"))
+    for name, params in loops:
+        _log(f"{name} on {limit} docs")
+        res_path = work / f"{name}.npz"
+        rc, wall, out = run_sub([py, str(BENCH / "dedup_bench.py"), "--worker", "datasketch", "--corpus", str(corpus_path),
+                                 "--result", str(res_path), "--limit", str(limit), "--bands-rows", params], timeout=900)
+        if rc != 0:
+            methods[name] = {"error": out}
+            continue
         r = np.load(res_path)
         meta = json.loads(str(r["meta"]))
         secs = float(r["secs"])
@@ -867,12 +913,14 @@ def main() -> None:
         mapped = {int(i): [int(rt[i])] for i in np.flatnonzero(~keep)}
         m = {
             "what": "per doc: datasketch.MinHash(num_perm=128) (seed 1, default scheme), update_batch(utf-8 shingles from "
-                    "ops.curation.text.shingles), MinHashLSH(threshold=0.8, num_perm=128).query; a hit marks the doc "
-                    "removed (mapped to the smallest-index candidate), otherwise insert",
+                    "ops.curation.text.shingles), MinHashLSH(threshold=0.8, num_perm=128"
+                    + (f", params=({params.replace('x', ', ')}))" if params else ")")
+                    + ".query; a hit marks the doc removed (mapped to the smallest-index candidate), otherwise insert",
             "bands_rows": meta["bands_rows"],
             "lsh_candidate_probability": lsh_curve(*meta["bands_rows"]),
             "docs_timed": int(limit),
             "wall_seconds_measured": round(secs, 3),
+            "cpu_seconds (process user+sys)": round(meta["cpu_seconds"], 3),
             "throughput_per_s": round(limit / secs, 1),
             "peak_rss_mb": meta["peak_rss_mb"],
             "rss_before_mb": meta["base_rss_mb"],
@@ -887,8 +935,8 @@ def main() -> None:
         keep_full = np.ones(ss.n, dtype=bool)
         keep_full[:limit] = keep
         m.update(score(keep_full, mapped, ss, gt, limit=limit if limit < n else None))
-        methods["datasketch_loop"] = m
-        _log(f"datasketch: {m['wall_seconds']}s  P={m['precision']:.4f} R={m['recall']:.4f}")
+        methods[name] = m
+        _log(f"{name}: {m['wall_seconds']}s  P={m['precision']:.4f} R={m['recall']:.4f}")
 
     # ---- datatrove
     if args.skip_datatrove:
@@ -902,7 +950,8 @@ def main() -> None:
             dt_work = work / f"datatrove_{cfg}"
             res = work / f"{name}.json"
             rc, wall, out = run_sub([str(args.datatrove_python), str(BENCH / "datatrove_runner.py"), "--corpus", str(corpus_path),
-                                     "--work", str(dt_work), "--result", str(res), "--config", cfg, "--workers", "2"],
+                                     "--work", str(dt_work), "--result", str(res), "--config", cfg, "--workers", "2",
+                                     "--buckets", str(cru_br[0]), "--rows", str(cru_br[1])],
                                     timeout=900, env={**os.environ, "PYTHONPATH": str(BENCH)})
             if rc != 0 or not res.exists():
                 methods[name] = {"error": f"exit {rc}: {out}"}
@@ -936,7 +985,7 @@ def main() -> None:
     cru = methods.get("crucible", {})
     summary = {}
     if "wall_seconds" in cru:
-        for peer in ("datasketch_loop", "datatrove", "datatrove_defaults"):
+        for peer in [k for k in methods if k != "crucible" and not k.startswith("whatif")]:
             if "wall_seconds" in methods.get(peer, {}):
                 summary[f"speedup_vs_{peer}"] = round(methods[peer]["wall_seconds"] / cru["wall_seconds"], 2)
         targets = {
@@ -946,7 +995,8 @@ def main() -> None:
             "crucible_recall_>=0.95": cru["recall"] >= 0.95,
         }
         summary["targets"] = {k: ("pass" if v else "FAIL") for k, v in targets.items()}
-        summary["targets_apply_to"] = "'crucible' (as shipped: lsh_params(0.8, 128) = 9 bands x 13 rows); what-if rows are not used"
+        summary["targets_apply_to"] = (f"'crucible' as found in ops/ (lsh_params(0.8, 128) = {cru_br[0]} bands x {cru_br[1]} rows) "
+                                       "vs 'datasketch_loop' and 'datatrove'; what-if and extra peer rows are not used")
         if "wall_seconds" not in methods.get("datatrove", {}):
             summary["targets"]["crucible_faster_than_datatrove"] = "not measured (datatrove did not run)"
     noisy = [k for k, m in methods.items() if m.get("machine_state") and not m["machine_state"].get("quiet", True)]
@@ -961,15 +1011,15 @@ def main() -> None:
 
     # ---- table
     print()
-    hdr = f"{'method':<20} {'docs':>7} {'wall s':>9} {'docs/s':>9} {'RSS MB':>8} {'removed':>8} {'precision':>9} {'recall':>7}"
+    hdr = f"{'method':<32} {'docs':>7} {'wall s':>9} {'docs/s':>9} {'RSS MB':>8} {'removed':>8} {'precision':>9} {'recall':>7}"
     print(hdr)
     print("-" * len(hdr))
     for k, m in methods.items():
         if "wall_seconds" not in m:
-            print(f"{k:<20} {m.get('error', m.get('skipped', ''))[:80]}")
+            print(f"{k:<32} {m.get('error', m.get('skipped', ''))[:80]}")
             continue
         rss = m.get("peak_rss_mb")
-        print(f"{k:<20} {m['docs_timed']:>7} {m['wall_seconds']:>9.2f} {m['throughput_per_s']:>9.0f} "
+        print(f"{k:<32} {m['docs_timed']:>7} {m['wall_seconds']:>9.2f} {m['throughput_per_s']:>9.0f} "
               f"{(f'{rss:.0f}' if rss else '-'):>8} {m['removed']:>8} {m['precision']:>9.4f} {m['recall']:>7.4f}")
     print(json.dumps(summary, indent=2))
     print(f"ground truth: {len(gt)} pairs with J >= {THRESHOLD}; wrote {args.out}")

@@ -134,7 +134,8 @@ def near_dedup(
     batch = minhash.shingle_batch(texts, word_n=word_n, char_n=char_n)
     if threshold >= 1.0:
         # exact shingle-set equality: group by the hash of the sorted set
-        keys = np.array([hash(np.unique(batch.doc(i)).tobytes()) for i in range(n)], dtype=np.int64)
+        sets = minhash.unique_sets(batch)
+        keys = np.array([hash(sets.doc(i).tobytes()) for i in range(n)], dtype=np.int64)
         order = np.lexsort((rank, keys))
         ks = keys[order]
         same = np.concatenate(([False], ks[1:] == ks[:-1]))
@@ -147,39 +148,39 @@ def near_dedup(
                 head = order[pos]
         cand = np.array(pairs, dtype=np.int64).reshape(-1, 2)
         bands = rows = 0
+        n_lsh = len(cand)
     else:
         bands, rows = minhash.lsh_params(threshold, num_perm)
         sig = minhash.signatures(batch, num_perm=num_perm, seed=seed)
         cand = minhash.band_candidates(sig, bands, rows)
-    # adjacency lists ordered by neighbour rank
-    neighbours: dict[int, list[int]] = {}
-    for i, j in cand.tolist():
-        neighbours.setdefault(i, []).append(j)
-        neighbours.setdefault(j, []).append(i)
+        n_lsh = len(cand)
+        # cheap screen: drop candidates whose MinHash estimate is far below the threshold
+        cand = cand[minhash.estimated_jaccard(sig, cand) >= threshold - minhash.estimate_margin(threshold, num_perm)]
+    # verify the rest at once (exact Jaccard), then star-cluster over verified edges only
+    sims = minhash.pair_jaccard(batch, cand)
+    ok = sims >= threshold
+    edges, edge_sim = cand[ok], sims[ok]
+    neighbours: dict[int, list[tuple[int, float]]] = {}
+    for (i, j), js in zip(edges.tolist(), edge_sim.tolist()):
+        neighbours.setdefault(i, []).append((j, js))
+        neighbours.setdefault(j, []).append((i, js))
     assigned = np.zeros(n, dtype=bool)
-    verified = rejected = 0
+    verified = 0
     for d in np.argsort(rank, kind="stable").tolist():
         if assigned[d]:
             continue
         assigned[d] = True
-        nb = neighbours.get(d)
-        if not nb:
-            continue
-        sd = batch.doc(d)
-        for c in sorted(nb, key=lambda x: rank[x]):
-            if assigned[c]:
-                continue
-            j = minhash.jaccard(sd, batch.doc(c))
-            if j >= threshold:
+        for c, js in neighbours.get(d, ()):
+            if not assigned[c]:
                 assigned[c] = True
                 keep[c] = False
                 survivor[c] = d
-                sim[c] = j
+                sim[c] = js
                 verified += 1
-            else:
-                rejected += 1
+    rejected = int((~ok).sum())
     stats = {
-        "candidate_pairs": int(len(cand)),
+        "candidate_pairs": int(n_lsh),
+        "screened_by_estimate": int(n_lsh - len(cand)),
         "verified_pairs": verified,
         "rejected_candidates": rejected,
         "bands": bands,

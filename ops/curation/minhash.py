@@ -118,7 +118,12 @@ def token_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """
     import polars as pl
 
-    toks = pl.Series(texts, dtype=pl.String).str.normalize("NFKC").str.to_lowercase().str.extract_all(TOKEN_PATTERN)
+    s = pl.Series(texts, dtype=pl.String)
+    # NFKC is the identity on ASCII: normalise only the (few) non-ASCII texts
+    df = pl.DataFrame({"s": s}).select(
+        pl.when(pl.col("s").str.contains(r"^[\x00-\x7F]*$")).then(pl.col("s")).otherwise(pl.col("s").str.normalize("NFKC"))
+    )
+    toks = df.to_series().str.to_lowercase().str.extract_all(TOKEN_PATTERN)
     lengths = toks.list.len().fill_null(0).to_numpy().astype(np.int64)
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -251,6 +256,68 @@ def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
         return np.zeros((0, 2), dtype=np.int64)
     uniq = np.unique(np.concatenate(codes))
     return np.stack((uniq // n, uniq % n), axis=1)
+
+
+def unique_sets(batch: ShingleBatch) -> ShingleBatch:
+    """The same batch with each text's shingles sorted and deduplicated (vectorised)."""
+    n = len(batch.offsets) - 1
+    doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(batch.offsets))
+    order = np.lexsort((batch.values, doc))
+    v, d = batch.values[order], doc[order]
+    keep = np.ones(len(v), dtype=bool)
+    keep[1:] = (v[1:] != v[:-1]) | (d[1:] != d[:-1])
+    counts = np.bincount(d[keep], minlength=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return ShingleBatch(values=v[keep], offsets=offsets)
+
+
+def pair_jaccard(batch: ShingleBatch, pairs: np.ndarray) -> np.ndarray:
+    """Exact Jaccard of many (i, j) pairs at once, on the texts' shingle *sets*.
+
+    Args:
+        batch: shingle hashes (duplicates within a text are ignored).
+        pairs: shape (p, 2) int64 indices into the batch.
+    Returns:
+        shape (p,) float64. Only the texts named in ``pairs`` are touched: a (text, shingle) key
+        table is deduplicated, every shingle of text i is probed for text j with one hash-set
+        membership test (Polars ``is_in``) — no per-pair Python.
+    """
+    import polars as pl
+
+    if len(pairs) == 0:
+        return np.zeros(0, dtype=np.float64)
+    involved = np.unique(pairs)
+    counts = np.diff(batch.offsets)[involved]
+    gather = np.repeat(batch.offsets[involved], counts) + _ranges(counts)
+    doc = np.repeat(involved, counts)
+    vals = batch.values[gather]
+    key = vals * _MIX + doc.astype(np.uint64)  # (text, shingle) -> one 64-bit key
+    first = pl.Series(key).is_first_distinct().to_numpy()  # drop repeats of a shingle in a text
+    doc, vals, key = doc[first], vals[first], key[first]
+    size = np.bincount(doc, minlength=len(batch.offsets) - 1)
+    probe = pl.DataFrame({"pair": np.arange(len(pairs)), "i": pairs[:, 0], "j": pairs[:, 1]}).join(
+        pl.DataFrame({"doc": doc, "v": vals}), left_on="i", right_on="doc"
+    )
+    probe_keys = probe["v"].to_numpy() * _MIX + probe["j"].to_numpy().astype(np.uint64)
+    hit = pl.Series(probe_keys).is_in(pl.Series(key).implode()).to_numpy()
+    inter = np.bincount(probe["pair"].to_numpy()[hit], minlength=len(pairs)).astype(np.float64)
+    union = size[pairs[:, 0]] + size[pairs[:, 1]] - inter
+    return np.divide(inter, union, out=np.zeros(len(pairs)), where=union > 0)
+
+
+def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """MinHash estimate of Jaccard for each pair: share of equal signature rows. Shape (p,)."""
+    if len(pairs) == 0:
+        return np.zeros(0, dtype=np.float64)
+    return (sig[pairs[:, 0]] == sig[pairs[:, 1]]).mean(axis=1)
+
+
+def estimate_margin(threshold: float, num_perm: int, z: float = 5.0) -> float:
+    """Candidates whose estimate is below ``threshold - margin`` are dropped before exact
+    verification: ``z`` standard deviations of the estimator at the threshold (sqrt(t(1-t)/k))
+    plus one row. With z = 5 a pair at exactly the threshold is dropped with probability < 3e-7."""
+    return z * float(np.sqrt(threshold * (1 - threshold) / num_perm)) + 1.0 / num_perm
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:

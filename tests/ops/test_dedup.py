@@ -135,3 +135,15 @@ def test_near_dedup_frame_clusters_point_at_survivor():
     assert sorted(kept["problem_id"].to_list()) == ["p2", "p3"]  # math_test outranks arc
     removed = clusters.filter(~pl.col("is_survivor")).row(0, named=True)
     assert removed["problem_id"] == "p1" and removed["cluster_id"] == "p2" and removed["jaccard"] >= 0.8
+
+
+def test_pair_jaccard_equals_set_jaccard():
+    rng = np.random.default_rng(0)
+    words = [f"w{k}" for k in range(40)]
+    texts = [" ".join(rng.choice(words, size=rng.integers(1, 30))) for _ in range(60)]
+    batch = minhash.shingle_batch(texts)
+    pairs = np.array([(i, j) for i in range(60) for j in range(i + 1, 60)], dtype=np.int64)
+    fast = minhash.pair_jaccard(batch, pairs)
+    for (i, j), f in zip(pairs.tolist(), fast.tolist()):
+        a, b = set(batch.doc(i).tolist()), set(batch.doc(j).tolist())
+        assert f == pytest.approx(len(a & b) / len(a | b))
