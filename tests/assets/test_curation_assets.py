@@ -7,6 +7,7 @@ import pytest
 from assets import curation, curation_checks, sources
 from resources.lake import LakeResource
 from resources.sources import SourcesResource
+from resources.teacher import TeacherResource
 
 ASSETS = [sources.raw_problems, sources.benchmark_problems, curation.annotated_problems, curation.exact_deduped_problems,
           curation.near_deduped_problems]
@@ -14,7 +15,8 @@ ASSETS = [sources.raw_problems, sources.benchmark_problems, curation.annotated_p
 
 def _mat(selection, lake, partition=None, run_config=None, assets=ASSETS):
     return dg.materialize(assets, selection=selection, partition_key=partition,
-                          resources={"lake": lake, "sources": SourcesResource()}, run_config=run_config or {})
+                          resources={"lake": lake, "sources": SourcesResource(), "teacher": TeacherResource()},
+                          run_config=run_config or {})
 
 
 def _meta(result, key):
@@ -36,7 +38,7 @@ def test_user_source_quarantine_and_no_duplicates_case(tmp_path):
     # case dedup-no-duplicates: 100 distinct problems -> 100 rows, zero clusters, 0 removed
     assert _mat(["raw_problems"], lake, "user_nodup").success
     res = _mat(["annotated_problems", "exact_deduped_problems", "near_deduped_problems", "dedup_clusters"], lake,
-               run_config={"ops": {"annotated_problems": {"config": {"allow_missing_sources": True}}}})
+               run_config={"ops": {"annotated_problems": {"config": {"allow_missing_sources": True, "llm_label_max_rows": 0}}}})
     assert res.success
     near = [m for m in res.asset_materializations_for_node("near_deduped_problems") if m.asset_key.path == ["near_deduped_problems"]][0]
     assert near.metadata["near_duplicates_removed"].value == 0
@@ -56,7 +58,7 @@ def test_near_dedup_config_error_is_clear(tmp_path):
     lake = LakeResource(root=str(tmp_path))
     _mat(["raw_problems"], lake, "user_nodup")
     _mat(["annotated_problems", "exact_deduped_problems"], lake,
-         run_config={"ops": {"annotated_problems": {"config": {"allow_missing_sources": True}}}})
+         run_config={"ops": {"annotated_problems": {"config": {"allow_missing_sources": True, "llm_label_max_rows": 0}}}})
     with pytest.raises(Exception, match=r"threshold.*must be in \(0, 1\]"):
         _mat(["near_deduped_problems", "dedup_clusters"], lake,
              run_config={"ops": {"near_deduped_problems": {"config": {"threshold": 1.5}}}})

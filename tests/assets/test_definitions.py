@@ -19,6 +19,7 @@ EXPECTED_DEPS = {
     "contamination_report": {"near_deduped_problems", "benchmark_problems"},
     "distilled_problems": {"decontaminated_problems"},
     "verification_report": {"decontaminated_problems"},
+    "teacher_responses": {"decontaminated_problems"},
     "sft_dataset": {"distilled_problems"},
 }
 

@@ -1,0 +1,182 @@
+"""Distillation (Logics-STEM §2, stage 4): the reference path and the teacher path.
+
+Reference path: a row's source solution is its response only if the solution's final answer
+verifies against the reference answer. Teacher path: for a slice of rows still ``needs_teacher``
+(optionally also rows with a reference), the teacher writes k samples; each is verified; the kept
+response is the shortest verified one (see ops/curation/distill.py). Every teacher response is
+cached as it arrives (SQLite under the lake), so a killed run resumes without re-asking.
+"""
+
+import dagster as dg
+import polars as pl
+
+from ops import figures
+from resources.lake import LakeResource
+from resources.teacher import TeacherResource
+
+from ._meta import image, md_table, table_result
+
+GROUP = "curation"
+
+
+class DistillConfig(dg.Config):
+    verify_timeout_s: float = 10.0
+    """Wall-clock seconds per verification (math-verify runs in worker processes)."""
+    workers: int = 2
+    teacher: bool = True
+    """Run the teacher path (False: reference path only)."""
+    teacher_max_rows: int = 12
+    """Rows sent to the teacher (a seeded slice); sized so the embedded teacher adds < 4 min."""
+    teacher_also_reference_rows: bool = False
+    """Also ask the teacher for rows that have a verified reference solution (long-CoT responses)."""
+    k_samples: int = 2
+    temperature: float = 0.7
+    max_tokens: int = 160
+    keep_per_problem: int = 1
+    """Verified teacher responses kept per problem in distilled_problems (all stay in teacher_responses)."""
+    seed: int = 0
+
+
+def _reference_path(df: pl.DataFrame, config: DistillConfig) -> pl.DataFrame:
+    from ops.curation.verify import VerifyItem, verify_many
+
+    items = []
+    for r in df.select("problem_id", "answer", "solution", "answer_type").iter_rows(named=True):
+        has_solution = bool(r["solution"] and r["solution"].strip())
+        items.append(VerifyItem(r["problem_id"], r["answer"], r["solution"],
+                                r["solution"] if has_solution and r["answer_type"] != "multiple_choice" else None,
+                                r["answer_type"]))
+    results = verify_many(items, timeout_s=config.verify_timeout_s, workers=config.workers)
+    res = pl.DataFrame(results).select("key", "status", "gold_source").rename({"key": "problem_id", "status": "verify_status"})
+    return df.join(res, on="problem_id", how="left").with_columns(
+        status=pl.when(pl.col("verify_status") == "verified").then(pl.lit("verified"))
+        .when(pl.col("verify_status") == "unparseable_gold").then(pl.lit("quarantined"))
+        .otherwise(pl.lit("needs_teacher"))
+    ).with_columns(
+        response=pl.when(pl.col("status") == "verified").then(pl.col("solution")),
+        response_source=pl.when(pl.col("status") == "verified").then(pl.lit("reference")),
+    )
+
+
+SAMPLE_SCHEMA = {"problem_id": pl.String, "sample_index": pl.Int64, "status": pl.String, "text": pl.String,
+                 "completion_tokens": pl.Int64, "chars": pl.Int64, "error": pl.String, "cached": pl.Boolean}
+
+
+def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeResource, teacher: TeacherResource):
+    from ops.curation.distill import build_requests, select_rows, summarize, verify_samples
+
+    eligible = out.filter(pl.col("status") == "needs_teacher")
+    if config.teacher_also_reference_rows:
+        eligible = out.filter(pl.col("status").is_in(["needs_teacher", "verified"]))
+    rows = select_rows(eligible.to_dicts(), config.teacher_max_rows, seed=config.seed)
+    if not rows or not config.teacher:
+        return out, pl.DataFrame(schema=SAMPLE_SCHEMA), {}
+    params = {"temperature": config.temperature, "max_tokens": config.max_tokens}
+    requests = build_requests(rows, config.k_samples, params)
+    done = {"n": 0}
+
+    def progress(res):
+        done["n"] += 1
+        if done["n"] % 5 == 0 or done["n"] == len(requests):
+            context.log.info(f"teacher: {done['n']}/{len(requests)} responses")
+
+    import time
+
+    t0 = time.monotonic()
+    with teacher.session(lake.base / "teacher" / "cache.sqlite", log=context.log) as client:
+        results = client.complete(requests, on_result=progress)
+        stats = {"http_requests": client.stats.http_requests, "retries": client.stats.retries,
+                 "cache_hits": client.stats.cache_hits, "failed": client.stats.failed}
+    stats["teacher_seconds"] = round(time.monotonic() - t0, 1)
+    samples = verify_samples(rows, results, timeout_s=config.verify_timeout_s, workers=config.workers)
+    per = summarize(samples, keep=config.keep_per_problem)
+    source = f"teacher:{teacher.model_name()}"
+    upd = pl.DataFrame(
+        [{"problem_id": pid, "n_samples": p["n_samples"], "n_verified": p["n_verified"], "n_failed": p["n_failed"],
+          "pass_rate": p["pass_rate"], "teacher_response": p["best"][0]["text"] if p["best"] else None}
+         for pid, p in per.items()],
+        schema={"problem_id": pl.String, "n_samples": pl.Int64, "n_verified": pl.Int64, "n_failed": pl.Int64,
+                "pass_rate": pl.Float64, "teacher_response": pl.String},
+    )
+    out = out.drop("n_samples", "n_verified", "n_failed", "pass_rate").join(upd, on="problem_id", how="left")
+    teacher_ok = pl.col("teacher_response").is_not_null()
+    out = out.with_columns(
+        response=pl.when(pl.col("status") == "verified").then(pl.col("response")).when(teacher_ok).then(pl.col("teacher_response")),
+        response_source=pl.when(pl.col("status") == "verified").then(pl.col("response_source")).when(teacher_ok).then(pl.lit(source)),
+        status=pl.when(teacher_ok).then(pl.lit("verified")).otherwise(pl.col("status")),
+    ).drop("teacher_response")
+    return out, pl.DataFrame(samples, schema=SAMPLE_SCHEMA), stats
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("distilled_problems", deps=["decontaminated_problems"], group_name=GROUP, code_version="2",
+                     kinds={"parquet"},
+                     description="Problems with a verified response (reference solution or teacher sample) or status "
+                     "needs_teacher; per row n_samples, n_verified, pass_rate. Unparseable gold answers go to "
+                     "distilled_problems_quarantine."),
+        dg.AssetSpec("verification_report", deps=["decontaminated_problems"], group_name=GROUP, code_version="2",
+                     kinds={"parquet"}, description="Verification outcomes per source, domain and path."),
+        dg.AssetSpec("teacher_responses", deps=["decontaminated_problems"], group_name=GROUP, code_version="1",
+                     kinds={"parquet"}, description="Every teacher sample with its verification status."),
+    ]
+)
+def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig, lake: LakeResource, teacher: TeacherResource):
+    df = lake.read("decontaminated_problems")
+    out = _reference_path(df, config).with_columns(
+        n_samples=pl.lit(None, pl.Int64), n_verified=pl.lit(None, pl.Int64), n_failed=pl.lit(None, pl.Int64),
+        pass_rate=pl.lit(None, pl.Float64),
+    )
+    quarantine = out.filter(pl.col("status") == "quarantined").with_columns(reason=pl.lit("gold answer does not parse"))
+    out = out.filter(pl.col("status") != "quarantined")
+    out, samples, tstats = _teacher_path(context, out, config, lake, teacher)
+    lake.write(quarantine, "distilled_problems_quarantine")
+    path, version = lake.write(out, "distilled_problems")
+    spath, sversion = lake.write(samples, "teacher_responses")
+    report = (
+        out.with_columns(path=pl.coalesce(pl.col("response_source"), pl.lit("none")))
+        .group_by("source", "domain", "difficulty", "path", "status").len()
+        .sort("source", "domain", "difficulty", "path", "status")
+    )
+    rpath, rversion = lake.write(report, "verification_report")
+    if quarantine.height:
+        context.log.warning(f"{quarantine.height} rows quarantined: gold answer does not parse")
+    n_ver = int((out["status"] == "verified").sum())
+    n_teacher = int(out["response_source"].fill_null("").str.starts_with("teacher:").sum())
+    meta = dict(
+        verified=dg.MetadataValue.int(n_ver),
+        verified_reference=dg.MetadataValue.int(int((out["response_source"] == "reference").sum())),
+        verified_teacher=dg.MetadataValue.int(n_teacher),
+        needs_teacher=dg.MetadataValue.int(out.height - n_ver),
+        quarantined=dg.MetadataValue.int(quarantine.height),
+        gold_from_solution_fallback=dg.MetadataValue.int(int((out["gold_source"] == "solution_boxed").sum())),
+        figure=image(figures.funnel(list(out.group_by("status").len().sort("status").iter_rows()), "distillation status"), "status"),
+    )
+    yield table_result("distilled_problems", path, version, df.height, out.height, **meta)
+    yield table_result("verification_report", rpath, rversion, report.height, report.height, report=md_table(report, 60))
+    yield _teacher_result(spath, sversion, samples, out, tstats)
+
+
+def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tstats: dict) -> dg.MaterializeResult:
+    answered = samples.filter(pl.col("status") != "failed")
+    acceptance = (
+        out.filter(pl.col("n_samples").is_not_null())
+        .group_by("source", "domain", "difficulty")
+        .agg(rows=pl.len(), samples=pl.col("n_samples").sum(), verified=pl.col("n_verified").sum(),
+             failed=pl.col("n_failed").sum(), rows_with_verified=(pl.col("n_verified") > 0).sum())
+        .with_columns(acceptance=pl.col("verified") / (pl.col("samples") - pl.col("failed")).clip(lower_bound=1))
+        .sort("source", "domain", "difficulty")
+    )
+    lengths = answered["completion_tokens"].drop_nulls().to_list()
+    meta = {
+        "samples": dg.MetadataValue.int(samples.height),
+        "samples_verified": dg.MetadataValue.int(int((samples["status"] == "verified").sum())),
+        "samples_failed": dg.MetadataValue.int(int((samples["status"] == "failed").sum())),
+        "acceptance_rate": dg.MetadataValue.float(float((answered["status"] == "verified").mean()) if answered.height else 0.0),
+        "acceptance_by_source_domain_difficulty": md_table(acceptance, 60),
+        "status_counts": md_table(samples.group_by("status").len().sort("status")),
+        "client": dg.MetadataValue.json(tstats),
+    }
+    if lengths:
+        meta["response_length_figure"] = image(figures.histogram(lengths, 20, "teacher response length", "completion tokens"), "lengths")
+    return table_result("teacher_responses", path, version, samples.height, samples.height, **meta)

@@ -1,0 +1,207 @@
+"""OpenAI-compatible chat-completions client: concurrency, per-request timeout, bounded retries with
+backoff, immediate failure on non-retryable 4xx, a request budget, and a persistent cache.
+
+One code path for every teacher: the embedded ``transformers serve``, vLLM, SGLang or a provider —
+only ``base_url``/``model``/``api_key`` change (Logics-STEM §2, stage 4: the teacher is a resource).
+
+Retry policy (per request): connection errors, timeouts, HTTP 408/429 and 5xx are retried up to
+``max_retries`` times with exponential backoff ``backoff_s * 2**attempt`` (plus up to 25% jitter;
+a ``Retry-After`` header wins when present); any other 4xx fails at once. Every HTTP attempt
+counts against ``request_budget``; when the budget is spent, remaining requests fail with
+``budget exhausted`` (recorded as failed, never as a wrong answer).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .cache import ResponseCache, request_key
+
+RETRYABLE = {408, 429}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One sample to generate.
+
+    Attributes:
+        messages: OpenAI chat messages (role/content dicts).
+        params: sampling parameters sent as-is (temperature, max_tokens, top_p, ...).
+        sample_index: which of the k samples of this prompt (part of the cache key).
+        tag: caller's id for the request (e.g. problem_id); not sent.
+    """
+
+    messages: tuple
+    params: tuple
+    sample_index: int = 0
+    tag: str = ""
+
+    @staticmethod
+    def make(messages: list[dict], params: dict, sample_index: int = 0, tag: str = "") -> "ChatRequest":
+        return ChatRequest(tuple((m["role"], m["content"]) for m in messages), tuple(sorted(params.items())), sample_index, tag)
+
+    def body(self, model: str) -> dict:
+        return {"model": model, "messages": [{"role": r, "content": c} for r, c in self.messages], **dict(self.params)}
+
+
+@dataclass
+class ChatResult:
+    """Outcome of one request. ``status`` is ``ok`` or ``failed`` (then ``error`` says why)."""
+
+    request: ChatRequest
+    status: str
+    text: str | None = None
+    error: str | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    attempts: int = 0
+    cached: bool = False
+
+
+@dataclass
+class ClientStats:
+    http_requests: int = 0
+    retries: int = 0
+    cache_hits: int = 0
+    failed: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+class BudgetExhausted(RuntimeError):
+    pass
+
+
+class TeacherClient:
+    """Chat-completions client for an OpenAI-compatible ``base_url`` (ending in ``/v1``).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000/v1``.
+        model: model name sent with each request; also part of the cache key.
+        api_key: bearer token (empty for local servers).
+        timeout_s: per-request wall-clock timeout (connect + read), > 0.
+        max_retries: retries after the first attempt (>= 0).
+        backoff_s: first backoff; doubles each retry.
+        concurrency: requests in flight (>= 1).
+        request_budget: maximum HTTP attempts over the client's life (>= 0).
+        cache: a :class:`ResponseCache`; finished responses are stored as they arrive.
+        cache_model: the model's name in cache keys (default ``model``); lets an embedded server
+            whose ``model`` is a local path share the cache across checkouts.
+    Raises:
+        ValueError: a parameter outside its range (named in the message).
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str = "", timeout_s: float = 60.0, max_retries: int = 3,
+                 backoff_s: float = 0.5, concurrency: int = 4, request_budget: int = 10_000,
+                 cache: ResponseCache | None = None, cache_model: str | None = None):
+        for name, value, ok in (("timeout_s", timeout_s, timeout_s > 0), ("max_retries", max_retries, max_retries >= 0),
+                                ("concurrency", concurrency, concurrency >= 1), ("request_budget", request_budget, request_budget >= 0),
+                                ("backoff_s", backoff_s, backoff_s >= 0)):
+            if not ok:
+                raise ValueError(f"teacher.{name} out of range: {value}")
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.concurrency = concurrency
+        self.request_budget = request_budget
+        self.cache = cache
+        self.cache_model = cache_model or model
+        self.stats = ClientStats()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s),
+                                  limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _spend(self) -> None:
+        with self.stats.lock:
+            if self.stats.http_requests >= self.request_budget:
+                raise BudgetExhausted(f"request budget of {self.request_budget} exhausted")
+            self.stats.http_requests += 1
+
+    def _post(self, req: ChatRequest) -> ChatResult:
+        import httpx
+
+        attempt = 0
+        t0 = time.monotonic()
+        while True:
+            try:
+                self._spend()
+            except BudgetExhausted as e:
+                return ChatResult(req, "failed", error=str(e), attempts=attempt)
+            attempt += 1
+            retry_after = None
+            try:
+                resp = self._http.post("/chat/completions", json=req.body(self.model))
+                if resp.status_code == 200:
+                    data = resp.json()
+                    choice = data["choices"][0]
+                    text = choice["message"].get("content") or ""
+                    usage = data.get("usage") or {}
+                    return ChatResult(req, "ok", text=text, completion_tokens=usage.get("completion_tokens"),
+                                      latency_s=time.monotonic() - t0, attempts=attempt)
+                error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                retryable = resp.status_code in RETRYABLE or resp.status_code >= 500
+                ra = resp.headers.get("retry-after")
+                retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                error, retryable = f"{type(e).__name__}: {e}"[:300], True
+            except (KeyError, IndexError, ValueError) as e:
+                error, retryable = f"malformed response: {e!r}"[:300], False
+            if not retryable or attempt > self.max_retries:
+                return ChatResult(req, "failed", error=error, latency_s=time.monotonic() - t0, attempts=attempt)
+            with self.stats.lock:
+                self.stats.retries += 1
+            delay = retry_after if retry_after is not None else self.backoff_s * (2 ** (attempt - 1))
+            time.sleep(min(delay * (1 + 0.25 * random.random()), 60.0))
+
+    def complete(self, requests: Iterable[ChatRequest], on_result: Callable[[ChatResult], None] | None = None) -> list[ChatResult]:
+        """Run every request (cache first), ``concurrency`` at a time; results in request order.
+
+        Each finished response is written to the cache before ``on_result`` is called, so a
+        killed run loses at most the requests in flight.
+        """
+        requests = list(requests)
+        results: list[ChatResult | None] = [None] * len(requests)
+        todo = []
+        for idx, req in enumerate(requests):
+            hit = self.cache.get(request_key(self.cache_model, req)) if self.cache else None
+            if hit is not None:
+                results[idx] = ChatResult(req, "ok", text=hit["text"], completion_tokens=hit["completion_tokens"],
+                                          latency_s=hit["latency_s"], cached=True)
+                with self.stats.lock:
+                    self.stats.cache_hits += 1
+                if on_result:
+                    on_result(results[idx])
+            else:
+                todo.append(idx)
+
+        def run(idx: int) -> None:
+            res = self._post(requests[idx])
+            if self.cache:
+                self.cache.put(request_key(self.cache_model, res.request), self.cache_model, res)
+            if res.status != "ok":
+                with self.stats.lock:
+                    self.stats.failed += 1
+            results[idx] = res
+            if on_result:
+                on_result(res)
+
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            list(pool.map(run, todo))
+        return results  # type: ignore[return-value]

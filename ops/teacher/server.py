@@ -1,0 +1,133 @@
+"""Lifecycle of the embedded teacher server: ``transformers serve`` on 127.0.0.1.
+
+Start in its own process group, wait for ``GET /health`` (bounded), fail clearly when the port is
+taken or the process dies (with the tail of its log), stop the whole group at the end (SIGTERM,
+then SIGKILL after a grace period — some sandboxes ignore SIGTERM).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class TeacherServerError(RuntimeError):
+    """The local server could not start or died (message carries the reason and log tail)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+class LocalTeacherServer:
+    """``transformers serve <model_dir>`` as a context manager.
+
+    Args:
+        model_dir: a Hugging Face model directory (see :mod:`ops.teacher.convert`).
+        port: TCP port on 127.0.0.1; 0 picks a free one.
+        startup_timeout_s: how long to wait for ``/health``.
+        continuous_batching: pass ``--continuous-batching`` (better throughput with concurrency).
+    Raises:
+        TeacherServerError: missing model dir, port taken, process exit or health timeout.
+    """
+
+    def __init__(self, model_dir: str | Path, port: int = 0, startup_timeout_s: float = 180.0,
+                 continuous_batching: bool = False, log_path: str | Path | None = None):
+        self.model_dir = Path(model_dir)
+        self.port = port or free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.continuous_batching = continuous_batching
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="teacher-server-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        """The model name requests must carry (the served directory)."""
+        return str(self.model_dir)
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def start(self) -> "LocalTeacherServer":
+        if not (self.model_dir / "config.json").exists():
+            raise TeacherServerError(f"teacher model directory {self.model_dir} has no config.json; run `make setup`")
+        if port_in_use(self.port):
+            raise TeacherServerError(f"port {self.port} on 127.0.0.1 is already in use; choose another teacher port")
+        exe = Path(sys.executable).with_name("transformers")
+        cmd = [str(exe), "serve", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu"]
+        if self.continuous_batching:
+            cmd.append("--continuous-batching")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        self._wait_healthy()
+        return self
+
+    def _wait_healthy(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise TeacherServerError(f"teacher server exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TeacherServerError(f"teacher server not healthy after {self.startup_timeout_s}s:\n{self.log_tail()}")
+
+    def check_alive(self) -> None:
+        """Raise TeacherServerError if the server process has died."""
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise TeacherServerError(f"teacher server is not running (exit code {code}):\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> "LocalTeacherServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,92 @@
+"""The teacher resource: one OpenAI-compatible client for every teacher.
+
+Embedded default (``base_url`` empty): the resource starts ``transformers serve`` on 127.0.0.1 with
+SmolLM2-135M-Instruct (converted at setup into ``$CRUCIBLE_MODELS``), checks its health, and stops
+it when the step's session ends. Production: set ``base_url`` (vLLM, SGLang, a provider), ``model``
+and the API key's environment variable — the asset code does not change.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+
+
+def default_model_dir() -> str:
+    return str(Path(os.environ.get("CRUCIBLE_MODELS", Path.cwd() / ".models")) / "SmolLM2-135M-Instruct")
+
+
+class TeacherResource(dg.ConfigurableResource):
+    """Where the teacher is and how to call it.
+
+    Attributes:
+        base_url: OpenAI-compatible endpoint ending in ``/v1``; empty starts the embedded server.
+        model: model name sent to the endpoint (embedded default: the served directory).
+        api_key_env: environment variable holding the API key (never the key itself).
+        model_dir: embedded server's model directory (default ``$CRUCIBLE_MODELS/SmolLM2-135M-Instruct``).
+        port: embedded server port on 127.0.0.1 (0 = a free port).
+        timeout_s / max_retries / backoff_s / concurrency / request_budget: see ``TeacherClient``.
+        startup_timeout_s: wait for the embedded server's health check.
+        continuous_batching: embedded server batches concurrent requests.
+    """
+
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    model_dir: str = ""
+    port: int = 0
+    timeout_s: float = 180.0
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    concurrency: int = 4
+    request_budget: int = 5000
+    startup_timeout_s: float = 180.0
+    continuous_batching: bool = True
+
+    @property
+    def embedded(self) -> bool:
+        return not self.base_url
+
+    def model_name(self) -> str:
+        """The name recorded in ``response_source`` (``teacher:<name>``)."""
+        if self.model:
+            return self.model
+        return Path(self.model_dir or default_model_dir()).name if self.embedded else "unknown"
+
+    @contextmanager
+    def session(self, cache_path: str | Path, log: object = None) -> Iterator[object]:
+        """Yield a ready ``TeacherClient`` (starting and stopping the embedded server if needed)."""
+        from ops.teacher.cache import ResponseCache
+        from ops.teacher.client import TeacherClient
+        from ops.teacher.server import LocalTeacherServer
+
+        cache = ResponseCache(cache_path)
+        server = None
+        try:
+            if self.embedded:
+                server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
+                                            startup_timeout_s=self.startup_timeout_s,
+                                            continuous_batching=self.continuous_batching)
+                server.start()
+                if log:
+                    log.info(f"embedded teacher server on {server.base_url} (log {server.log_path})")
+                base_url, model = server.base_url, self.model or server.model
+            else:
+                base_url, model = self.base_url, self.model
+                if not model:
+                    raise ValueError("teacher.model must be set when teacher.base_url is set")
+            client = TeacherClient(base_url, model, api_key=os.environ.get(self.api_key_env, ""), timeout_s=self.timeout_s,
+                                   max_retries=self.max_retries, backoff_s=self.backoff_s, concurrency=self.concurrency,
+                                   request_budget=self.request_budget, cache=cache, cache_model=self.model_name())
+            try:
+                yield client
+                if server is not None:
+                    server.check_alive()  # responses that failed because the server died: say so
+            finally:
+                client.close()
+        finally:
+            if server is not None:
+                server.stop()
+            cache.close()

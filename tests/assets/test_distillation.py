@@ -1,0 +1,93 @@
+"""The distillation asset: a killed teacher run resumes from the response cache; failures are
+recorded as failed, never as wrong answers."""
+
+import sqlite3
+import subprocess
+import sys
+import time
+
+import dagster as dg
+import polars as pl
+
+from assets.distillation import distilled_problems
+from resources.lake import LakeResource
+from resources.teacher import TeacherResource
+from tests.conftest import ROOT
+from tests.stub_openai import StubOpenAI
+
+ROWS = 8
+K = 2
+
+
+def _seed_lake(root) -> LakeResource:
+    lake = LakeResource(root=str(root))
+    rows = [{"problem_id": f"p{i}", "source": "user", "record": str(i), "problem": f"What is {i} + {i}?", "solution": None,
+             "answer": str(2 * i), "choices": None, "subject": None, "level": None, "split": "user", "domain": "math",
+             "difficulty": 1, "answer_type": "numeric", "text_md5": None} for i in range(ROWS)]
+    lake.write(pl.DataFrame(rows, schema_overrides={"choices": pl.List(pl.String)}), "decontaminated_problems")
+    return lake
+
+
+def _run_config():
+    return {"ops": {"distilled_problems": {"config": {"teacher_max_rows": ROWS, "k_samples": K, "workers": 1}}}}
+
+
+def _cached_ok(path) -> int:
+    try:
+        with sqlite3.connect(path, timeout=5) as db:
+            return db.execute("select count(*) from responses where status = 'ok'").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_killed_run_resumes_without_asking_again(tmp_path):
+    lake = _seed_lake(tmp_path)
+    cache = lake.base / "teacher" / "cache.sqlite"
+    with StubOpenAI(delay_s=0.3, reply="so the answer is \\boxed{0}") as stub:
+        script = (
+            "import dagster as dg\n"
+            "from assets.distillation import distilled_problems\n"
+            "from resources.lake import LakeResource\n"
+            "from resources.teacher import TeacherResource\n"
+            f"dg.materialize([distilled_problems], resources={{'lake': LakeResource(root={str(tmp_path)!r}),"
+            f" 'teacher': TeacherResource(base_url={stub.base_url!r}, model='stub', concurrency=1)}},"
+            f" run_config={_run_config()!r})\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 90
+        while _cached_ok(cache) < 5 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait(timeout=30)
+        cached = _cached_ok(cache)
+        assert 5 <= cached < ROWS * K, cached
+        assert not lake.path("distilled_problems").exists()  # killed mid-way: nothing half-written
+        before = stub.requests
+        res = dg.materialize([distilled_problems], run_config=_run_config(), resources={
+            "lake": lake, "teacher": TeacherResource(base_url=stub.base_url, model="stub", concurrency=2)})
+        assert res.success
+        asked = stub.requests - before
+    assert asked == ROWS * K - cached
+    teacher = [m for m in res.asset_materializations_for_node("distilled_problems") if m.asset_key.path == ["teacher_responses"]][0]
+    client = teacher.metadata["client"].value
+    assert client["http_requests"] == ROWS * K - cached and client["cache_hits"] == cached
+    samples = lake.read("teacher_responses")
+    assert samples.height == ROWS * K
+    # the stub always answers 0: only p0 (0 + 0) verifies
+    out = lake.read("distilled_problems")
+    assert out.filter(pl.col("status") == "verified")["problem_id"].to_list() == ["p0"]
+    assert out.filter(pl.col("problem_id") == "p0")["response_source"].item() == "teacher:stub"
+    assert out.filter(pl.col("problem_id") == "p1")["pass_rate"].item() == 0.0
+
+
+def test_failed_requests_are_failed_not_wrong(tmp_path):
+    lake = _seed_lake(tmp_path)
+    with StubOpenAI(default=503) as stub:
+        res = dg.materialize([distilled_problems], run_config=_run_config(), resources={
+            "lake": lake, "teacher": TeacherResource(base_url=stub.base_url, model="stub", max_retries=1, backoff_s=0.01)})
+    assert res.success
+    samples = lake.read("teacher_responses")
+    assert set(samples["status"].to_list()) == {"failed"}
+    out = lake.read("distilled_problems")
+    assert set(out["status"].to_list()) == {"needs_teacher"}
+    assert out["n_failed"].to_list() == [K] * ROWS and out["pass_rate"].null_count() == ROWS
