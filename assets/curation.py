@@ -106,18 +106,28 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
     return table_result(None, path, version, raw.height, df.height, **meta)
 
 
-class DedupConfig(dg.Config):
-    threshold: float = 0.8
-    """Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH)."""
-    num_perm: int = 128
-    seed: int = 1
+class ExactDedupConfig(dg.Config):
     source_priority: list[str] = DEFAULT_PRIORITY
     """Survivor rule after 'has a reference solution': earlier sources win; unlisted come last."""
 
 
+class DedupConfig(ExactDedupConfig):
+    threshold: float = 0.8
+    """Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH)."""
+    num_perm: int = 128
+    seed: int = 1
+
+
+def _check_priority(context, priority: list[str]) -> None:
+    unknown = [s for s in priority if s not in SOURCE_PARTITIONS.get_partition_keys()]
+    if unknown:
+        context.log.warning(f"source_priority names unknown sources {unknown}; known: {SOURCE_PARTITIONS.get_partition_keys()}")
+
+
 @dg.asset(deps=["annotated_problems"], group_name=GROUP, code_version="1", kinds={"polars", "parquet"})
-def exact_deduped_problems(config: DedupConfig, lake: LakeResource) -> dg.MaterializeResult:
+def exact_deduped_problems(context: dg.AssetExecutionContext, config: ExactDedupConfig, lake: LakeResource) -> dg.MaterializeResult:
     """Valid problems with exact duplicates (MD5 of normalised text) removed."""
+    _check_priority(context, config.source_priority)
     ann = lake.read("annotated_problems")
     valid = ann.filter(pl.col("is_valid"))
     kept, clusters = dedup.exact_dedup(valid, config.source_priority)
@@ -142,7 +152,11 @@ def exact_deduped_problems(config: DedupConfig, lake: LakeResource) -> dg.Materi
                      description="Every dedup cluster (exact and near): its survivor and removed members."),
     ]
 )
-def near_deduped_problems(config: DedupConfig, lake: LakeResource):
+def near_deduped_problems(context: dg.AssetExecutionContext, config: DedupConfig, lake: LakeResource):
+    from ops.curation.minhash import validate_params
+
+    validate_params(config.threshold, config.num_perm)
+    _check_priority(context, config.source_priority)
     ex = lake.read("exact_deduped_problems")
     exact_clusters = lake.read("exact_deduped_problems", name="clusters.parquet")
     kept, near_clusters, stats = dedup.near_dedup_frame(
@@ -278,6 +292,13 @@ class SftConfig(dg.Config):
     tolerance: float = 0.05
     """Allowed relative deviation of a stratum from the plan (checked by a blocking asset check)."""
 
+    def validate_ranges(self) -> None:
+        for name, ok in (("target_size", self.target_size >= 1), ("stratum_floor", self.stratum_floor >= 0),
+                         ("tolerance", 0.0 <= self.tolerance <= 0.5)):
+            if not ok:
+                raise ValueError(f"sft_dataset.{name} out of range: {getattr(self, name)} "
+                                 "(target_size >= 1, stratum_floor >= 0, 0 <= tolerance <= 0.5)")
+
 
 def _card(df: pl.DataFrame, plan: dict, lineage: dict, context: dg.AssetExecutionContext) -> str:
     strata = df.group_by(STRATA).len().sort(STRATA)
@@ -318,8 +339,13 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
     from ops import lake as lakeio
     from ops.curation.sampling import stratified_sample
 
+    config.validate_ranges()
     dist = lake.read("distilled_problems")
     verified = dist.filter(pl.col("status") == "verified")
+    if verified.is_empty():
+        raise ValueError("sft_dataset: distilled_problems has no verified row; nothing to publish")
+    if verified.height < config.target_size:
+        context.log.warning(f"sft_dataset: target_size {config.target_size} > {verified.height} verified rows; publishing all of them")
     sample, plan = stratified_sample(verified, STRATA, config.target_size, config.stratum_floor, seed=config.seed)
     sample = sample.select(SFT_COLUMNS).with_columns(
         messages=pl.concat_list(
@@ -351,6 +377,8 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
     return table_result(
         None, final, version, verified.height, sample.height,
         strata=dg.MetadataValue.int(len(plan)),
+        target_size=dg.MetadataValue.int(config.target_size),
+        shortfall=dg.MetadataValue.int(max(0, config.target_size - sample.height)),
         plan=md_table(pl.DataFrame({"stratum": list(plan), "planned": list(plan.values())}), 60),
         lineage=dg.MetadataValue.json(lineage),
         load_with=dg.MetadataValue.md(f"```python\nimport datasets\nds = datasets.load_dataset('parquet', data_dir='{final}')['train']\n```"),

@@ -96,8 +96,9 @@ def sft_strata_match_plan(lake: LakeResource) -> dg.AssetCheckResult:
         if abs(got - want) > max(1.0, tol * want):
             off.append((k, want, got))
     fields = _required_fields(df, REQUIRED + ["response"])
+    planned_total = sum(plan.values())
     return dg.AssetCheckResult(
-        passed=not off and fields.passed,
-        metadata={**fields.metadata, "strata": len(plan), "strata_out_of_tolerance": len(off),
+        passed=not off and fields.passed and df.height > 0 and df.height == planned_total,
+        metadata={**fields.metadata, "strata": len(plan), "strata_out_of_tolerance": len(off), "planned_rows": planned_total,
                   "out_of_tolerance": md_table(pl.DataFrame(off, schema=["stratum", "planned", "actual"], orient="row"))},
     )

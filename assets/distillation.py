@@ -38,7 +38,15 @@ class DistillConfig(dg.Config):
 
 
 def _reference_path(df: pl.DataFrame, config: DistillConfig) -> pl.DataFrame:
-    from ops.curation.verify import VerifyItem, verify_many
+    """Verify each source solution's final answer against the reference answer.
+
+    A solution cannot verify itself: when the answer field does not parse and the gold falls back
+    to the solution's own last ``\\boxed{}``, the row counts as verified only if the answer field
+    says the same thing textually (e.g. a list MATH writes without delimiters). Otherwise the row
+    is quarantined (a present but corrupt answer) or left to the teacher (no answer field at all),
+    whose samples are then checked against the solution's boxed answer.
+    """
+    from ops.curation.verify import VerifyItem, answers_agree, last_boxed, verify_many
 
     items = []
     for r in df.select("problem_id", "answer", "solution", "answer_type").iter_rows(named=True):
@@ -48,14 +56,32 @@ def _reference_path(df: pl.DataFrame, config: DistillConfig) -> pl.DataFrame:
                                 r["answer_type"]))
     results = verify_many(items, timeout_s=config.verify_timeout_s, workers=config.workers)
     res = pl.DataFrame(results).select("key", "status", "gold_source").rename({"key": "problem_id", "status": "verify_status"})
-    return df.join(res, on="problem_id", how="left").with_columns(
-        status=pl.when(pl.col("verify_status") == "verified").then(pl.lit("verified"))
-        .when(pl.col("verify_status") == "unparseable_gold").then(pl.lit("quarantined"))
-        .otherwise(pl.lit("needs_teacher"))
+    out = df.join(res, on="problem_id", how="left")
+    reasons = []
+    for r in out.select("verify_status", "gold_source", "answer", "solution").iter_rows(named=True):
+        if r["verify_status"] == "unparseable_gold":
+            reasons.append("no parseable gold answer (answer field, nor the solution's \\boxed{})")
+        elif r["verify_status"] == "verified" and r["gold_source"] == "solution_boxed":
+            answer = (r["answer"] or "").strip()
+            if not answer:
+                reasons.append("self")  # nothing independent to check the solution against
+            elif answers_agree(answer, last_boxed(r["solution"]) or ""):
+                reasons.append(None)
+            else:
+                reasons.append("answer field does not parse and disagrees with the solution's \\boxed{}")
+        else:
+            reasons.append(None)
+    out = out.with_columns(_reason=pl.Series(reasons, dtype=pl.String))
+    return out.with_columns(
+        status=pl.when(pl.col("_reason") == "self").then(pl.lit("needs_teacher"))
+        .when(pl.col("_reason").is_not_null()).then(pl.lit("quarantined"))
+        .when(pl.col("verify_status") == "verified").then(pl.lit("verified"))
+        .otherwise(pl.lit("needs_teacher")),
+        reason=pl.when(pl.col("_reason") != "self").then(pl.col("_reason")),
     ).with_columns(
         response=pl.when(pl.col("status") == "verified").then(pl.col("solution")),
         response_source=pl.when(pl.col("status") == "verified").then(pl.lit("reference")),
-    )
+    ).drop("_reason")
 
 
 SAMPLE_SCHEMA = {"problem_id": pl.String, "sample_index": pl.Int64, "status": pl.String, "text": pl.String,
@@ -127,8 +153,8 @@ def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig,
         n_samples=pl.lit(None, pl.Int64), n_verified=pl.lit(None, pl.Int64), n_failed=pl.lit(None, pl.Int64),
         pass_rate=pl.lit(None, pl.Float64),
     )
-    quarantine = out.filter(pl.col("status") == "quarantined").with_columns(reason=pl.lit("gold answer does not parse"))
-    out = out.filter(pl.col("status") != "quarantined")
+    quarantine = out.filter(pl.col("status") == "quarantined")
+    out = out.filter(pl.col("status") != "quarantined").drop("reason")
     out, samples, tstats = _teacher_path(context, out, config, lake, teacher)
     lake.write(quarantine, "distilled_problems_quarantine")
     path, version = lake.write(out, "distilled_problems")
@@ -140,7 +166,7 @@ def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig,
     )
     rpath, rversion = lake.write(report, "verification_report")
     if quarantine.height:
-        context.log.warning(f"{quarantine.height} rows quarantined: gold answer does not parse")
+        context.log.warning(f"{quarantine.height} rows quarantined (no trustworthy gold answer); see distilled_problems_quarantine")
     n_ver = int((out["status"] == "verified").sum())
     n_teacher = int(out["response_source"].fill_null("").str.starts_with("teacher:").sum())
     meta = dict(

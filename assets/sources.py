@@ -26,6 +26,9 @@ class RawProblemsConfig(dg.Config):
     mathematics_dataset_seed: int = 0
     limit: Optional[int] = None
     """Keep at most this many rows per source (smoke runs and tests); None keeps all."""
+    max_quarantine_fraction: float = 0.5
+    """Fail the partition when more than this share of a user file's rows is quarantined (likely a
+    wrong field mapping); the quarantine table is still written for inspection."""
 
 
 @dg.asset(
@@ -60,10 +63,21 @@ def raw_problems(
         rows = rows[: config.limit]
     df = frame(rows, RAW_SCHEMA).sort("problem_id")
     qdf = frame(quarantine, QUARANTINE_SCHEMA)
-    lake.write(qdf, "raw_problems_quarantine", key)
-    path, version = lake.write(df, "raw_problems", key)
+    lake.write(qdf, "raw_problems_quarantine", key, refresh=False)
     if quarantine:
         context.log.warning(f"{len(quarantine)} rows of source {key!r} quarantined; see raw_problems_quarantine/{key}")
+        if len(quarantine) > config.max_quarantine_fraction * read or not rows:
+            top = qdf.group_by("reason").len().sort("len", descending=True).head(3).rows()
+            raise src.SourceError(
+                f"source {key!r} ({quarantine[0]['file']}): {len(quarantine)} of {read} rows quarantined "
+                f"(> max_quarantine_fraction {config.max_quarantine_fraction}); top reasons: "
+                + "; ".join(f"{r} x{n}" for r, n in top) + f". Check the field mapping; rows are in raw_problems_quarantine/{key}"
+            )
+    path, version = lake.write(df, "raw_problems", key, refresh=False)
+    # views over the *declared* sources only: a source removed from the YAML leaves the catalog
+    current = [k for k in SOURCE_PARTITIONS.get_partition_keys() if lake.path("raw_problems", k).exists()]
+    for asset in ("raw_problems", "raw_problems_quarantine"):
+        lake.refresh_view(asset, files=[str(lake.path(asset, k)) for k in current if lake.path(asset, k).exists()])
     reasons = qdf.group_by("reason").len().sort("len", descending=True) if quarantine else qdf
     return table_result(
         None, path, version, read, df.height,

@@ -27,6 +27,17 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish_mode(path: Path, directory: bool = False) -> None:
+    """Give a temp file/dir the permissions a normal create would (mkstemp/mkdtemp use 0600/0700)."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> str:
     """Write ``df`` to ``path`` atomically (temp file + rename). Returns the data version
     (first 16 hex digits of the file's SHA-256; same rows in the same order -> same version)."""
@@ -35,6 +46,7 @@ def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        _publish_mode(Path(tmp))
         df.write_parquet(tmp, compression="zstd", statistics=True)
         version = file_sha256(tmp)[:16]
         os.replace(tmp, path)
@@ -51,6 +63,7 @@ def write_json_atomic(obj, path: str | Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    _publish_mode(Path(tmp))
     os.replace(tmp, path)
 
 
@@ -81,9 +94,11 @@ def write_hf_dataset(df: pl.DataFrame, final_dir: str | Path, card: str) -> str:
     final = Path(final_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{final.name}.build.", dir=final.parent))
+    _publish_mode(build, directory=True)
     try:
         version = write_parquet_atomic(df, build / "data" / "train-00000-of-00001.parquet")
         (build / "README.md").write_text(card, encoding="utf-8")
+        _publish_mode(build / "data", directory=True)
         replace_dir_atomic(build, final)
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)

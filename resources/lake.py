@@ -21,11 +21,12 @@ class LakeResource(dg.ConfigurableResource):
 
     Attributes:
         root: lake root folder; defaults to ``$CRUCIBLE_HOME`` or ``./.crucible``.
-        catalog_lock_timeout_s: how long to retry when another process holds the catalog's lock.
+        catalog_lock_timeout_s: how long to retry when another process holds the catalog's lock
+            (then the view refresh is skipped with a warning; the data is already written).
     """
 
     root: str = ""
-    catalog_lock_timeout_s: float = 30.0
+    catalog_lock_timeout_s: float = 5.0
 
     @property
     def base(self) -> Path:
@@ -36,11 +37,12 @@ class LakeResource(dg.ConfigurableResource):
         p = self.base / asset
         return (p / partition / name) if partition else (p / name)
 
-    def write(self, df: pl.DataFrame, asset: str, partition: str | None = None, name: str = "data.parquet") -> tuple[Path, str]:
-        """Atomically write a table; refresh the asset's catalog view. Returns (path, data_version)."""
+    def write(self, df: pl.DataFrame, asset: str, partition: str | None = None, name: str = "data.parquet",
+              refresh: bool = True) -> tuple[Path, str]:
+        """Atomically write a table; make sure the asset's catalog view exists. Returns (path, data_version)."""
         target = self.path(asset, partition, name)
         version = lake.write_parquet_atomic(df, target)
-        if name == "data.parquet":
+        if name == "data.parquet" and refresh:
             self.refresh_view(asset, partitioned=partition is not None)
         return target, version
 
@@ -59,26 +61,46 @@ class LakeResource(dg.ConfigurableResource):
             return []
         return sorted(p.name for p in d.iterdir() if (p / "data.parquet").exists())
 
-    def refresh_view(self, asset: str, partitioned: bool = False, pattern: str | None = None) -> None:
-        """(Re)create the DuckDB view ``<asset>`` over the asset's Parquet file(s).
+    def refresh_view(self, asset: str, partitioned: bool = False, pattern: str | None = None,
+                     files: list[str] | None = None) -> bool:
+        """Make sure the DuckDB view ``<asset>`` reads the asset's Parquet file(s).
 
-        The catalog is the only DuckDB file Crucible writes; a concurrent writer holding its lock
-        is retried until ``catalog_lock_timeout_s``, then the error is raised.
+        Views read through globs, so new data needs no refresh; the catalog is only written when a
+        view is missing or its definition changed (tagged by a hash in the view's comment). DuckDB
+        allows one writer and no writer beside readers: if someone holds the catalog open, the
+        refresh is retried for ``catalog_lock_timeout_s`` and then skipped with a warning —
+        a catalog view never fails a materialization. Returns True when the view is current.
         """
+        import hashlib
+
         import duckdb
 
-        pattern = pattern or str(self.base / asset / ("*/data.parquet" if partitioned else "data.parquet"))
-        sql = f"CREATE OR REPLACE VIEW \"{asset}\" AS SELECT * FROM read_parquet('{pattern}', union_by_name = true)"
+        if files is not None:
+            src = "[" + ", ".join(f"'{f}'" for f in files) + "]" if files else None
+        else:
+            src = "'" + (pattern or str(self.base / asset / ("*/data.parquet" if partitioned else "data.parquet"))) + "'"
+        if src is None:
+            return True
+        sql = f'CREATE OR REPLACE VIEW "{asset}" AS SELECT * FROM read_parquet({src}, union_by_name = true)'
+        tag = hashlib.sha1(sql.encode()).hexdigest()[:16]
+        path = self.base / "catalog.duckdb"
         deadline = time.monotonic() + self.catalog_lock_timeout_s
         while True:
             try:
-                con = duckdb.connect(str(self.base / "catalog.duckdb"))
-                try:
+                if path.exists():
+                    with duckdb.connect(str(path), read_only=True) as con:
+                        row = con.execute("select comment from duckdb_views() where view_name = ?", [asset]).fetchone()
+                    if row and row[0] == tag:
+                        return True
+                with duckdb.connect(str(path)) as con:
                     con.execute(sql)
-                finally:
-                    con.close()
-                return
-            except duckdb.IOException:
+                    con.execute(f"COMMENT ON VIEW \"{asset}\" IS '{tag}'")
+                return True
+            except duckdb.IOException as e:
                 if time.monotonic() > deadline:
-                    raise
+                    dg.get_dagster_logger().warning(
+                        f"catalog view {asset!r} not refreshed: {path} is locked by another process ({e}); "
+                        "the data is written; the view is created on the next run"
+                    )
+                    return False
                 time.sleep(0.2)

@@ -18,7 +18,8 @@ BAD_LINES = [
     json.dumps({"q": "", "a": "0"}).encode(),
     json.dumps({"q": "y" * 1_000_000, "a": "1"}).encode(),
     json.dumps({"q": "Compute $3 \\cdot 7$ and give the product.", "a": "21", "sol": "$3 \\cdot 7 = \\boxed{21}$"}).encode(),
-]
+] + [json.dumps({"q": f"A box holds {n} red and {n + 2} blue marbles. How many marbles are in the box?", "a": str(2 * n + 2)}).encode()
+     for n in range(3, 7)]
 (USER_DIR / "user_bad.jsonl").write_bytes(b"\n".join(BAD_LINES) + b"\n")
 (USER_DIR / "user_nodup.jsonl").write_text(
     "\n".join(json.dumps({"q": f"What is {i} times {i + 3}?", "a": str(i * (i + 3))}) for i in range(1, 101)) + "\n"
@@ -27,6 +28,7 @@ BAD_LINES = [
     "sources:\n"
     "  - {name: user_bad, path: user_bad.jsonl, fields: {problem: q, answer: a, solution: sol}}\n"
     "  - {name: user_nodup, path: user_nodup.jsonl, fields: {problem: q, answer: a}}\n"
+    "  - {name: user_wrongmap, path: user_nodup.jsonl, fields: {problem: prompt}}\n"
 )
 os.environ["CRUCIBLE_SOURCES"] = str(USER_DIR / "sources.yaml")
 

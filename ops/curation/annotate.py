@@ -41,6 +41,27 @@ _MMLU_DOMAIN = {
     "engineering": ("electrical_engineering",),
 }
 MMLU_SUBJECT_DOMAIN = {s: d for d, subs in _MMLU_DOMAIN.items() for s in subs}
+# Subject words a user's ``subject`` field may carry (case-insensitive), besides the taxonomy's own
+# names, MMLU subject names and the MATH subjects.
+SUBJECT_SYNONYMS = {
+    "mathematics": "math", "maths": "math", "algebra": "math", "calculus": "math", "geometry": "math",
+    "statistics": "math", "probability": "math", "number_theory": "math", "combinatorics": "math",
+    "counting_and_probability": "math", "intermediate_algebra": "math", "prealgebra": "math", "precalculus": "math",
+    "trigonometry": "math", "linear_algebra": "math",
+    "biology": "biology_medicine", "medicine": "biology_medicine", "genetics": "biology_medicine",
+    "chem": "chemistry", "organic_chemistry": "chemistry",
+    "computer_science": "computer_science", "cs": "computer_science", "programming": "computer_science",
+    "mechanics": "physics", "electromagnetism": "physics", "thermodynamics": "physics",
+    "engineering": "engineering", "electrical_engineering": "engineering",
+}
+
+
+def subject_domain(subject: str | None) -> str | None:
+    """Domain for a user-supplied subject (taxonomy name, MMLU/MATH subject or a known synonym)."""
+    key = (subject or "").strip().lower().replace(" ", "_").replace("-", "_")
+    if key in DOMAINS:
+        return key
+    return MMLU_SUBJECT_DOMAIN.get(key) or SUBJECT_SYNONYMS.get(key)
 _NUMERIC = re.compile(r"^\s*-?\s*(\d+(\.\d+)?|\.\d+|\\[dt]?frac\{-?\d+\}\{\d+\}|-?\d+/\d+|\d{1,3}(,\d{3})+)\s*$")
 _PROOF = re.compile(r"\b(prove|show that|demonstrate that)\b", re.I)
 
@@ -91,11 +112,8 @@ def rule_labels(row: dict) -> dict:
         out["difficulty"] = _mmlu_difficulty(subject)
     elif src == "arc":
         out["difficulty"] = 1 if subject == "ARC-Easy" else 2
-    else:  # user sources: a mapped subject/level is used when it names our taxonomy
-        if subject in DOMAINS:
-            out["domain"] = subject
-        elif subject in MMLU_SUBJECT_DOMAIN:
-            out["domain"] = MMLU_SUBJECT_DOMAIN[subject]
+    else:  # user sources: a mapped subject is used when it names a known subject (subject_domain)
+        out["domain"] = subject_domain(subject)
         if str(level).strip() in {"1", "2", "3", "4", "5"}:
             out["difficulty"] = int(str(level).strip())
     out["answer_type"] = answer_type_of(row.get("answer"), row.get("choices"), row.get("problem", ""), row.get("solution"))

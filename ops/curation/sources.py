@@ -279,7 +279,13 @@ def read_user_source(src: UserSource) -> tuple[list[dict], list[dict]]:
             bad(line, f"missing mapped field {src.fields['problem']!r}", fld=src.fields["problem"], raw=raw)
             continue
         problem = obj.get(src.fields["problem"])
-        if not isinstance(problem, str) or not problem.strip():
+        if problem is None:
+            bad(line, "problem is null", fld=src.fields["problem"], raw=raw)
+            continue
+        if not isinstance(problem, str):
+            bad(line, f"problem is not a string ({type(problem).__name__})", fld=src.fields["problem"], raw=raw)
+            continue
+        if not problem.strip():
             bad(line, "empty problem", fld=src.fields["problem"], raw=raw)
             continue
         if len(problem) > src.max_problem_chars:
@@ -306,7 +312,7 @@ def _jsonl_records(path: Path, src: UserSource):
             if not raw.strip():
                 continue
             try:
-                text = raw.decode("utf-8")
+                text = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # tolerate a byte-order mark
             except UnicodeDecodeError as e:
                 yield i, None, f"invalid UTF-8 at byte {e.start}", raw.decode("utf-8", "replace")
                 continue

@@ -69,6 +69,16 @@ def _sympy_syntax_to_latex(a: str) -> str:
     return a
 
 
+def answers_agree(a: str, b: str) -> bool:
+    """Textual agreement of two answer strings, ignoring spacing, ``$``, ``\\left``/``\\right``,
+    ``\\!``/``\\,`` spacing commands, ``\\dfrac``/``\\tfrac`` and a final dot."""
+    def norm(x: str) -> str:
+        x = re.sub(r"\\(left|right)(?![A-Za-z])|\\[!,;: ]|\$|\s", "", x or "")
+        return x.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").rstrip(".")
+
+    return bool(norm(a)) and norm(a) == norm(b)
+
+
 def _has_math(parsed: list) -> bool:
     return any(not isinstance(p, str) for p in parsed)
 

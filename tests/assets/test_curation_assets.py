@@ -31,9 +31,9 @@ def test_user_source_quarantine_and_no_duplicates_case(tmp_path):
     q = lake.read("raw_problems_quarantine", "user_bad")
     assert sorted(q["line"].to_list()) == [2, 3, 4, 5, 6]
     assert set(q["file"].to_list()) == {str(SourcesResource().user_sources()["user_bad"].path)}
-    assert lake.read("raw_problems", "user_bad").height == 2
+    assert lake.read("raw_problems", "user_bad").height == 6
     mat = res.asset_materializations_for_node("raw_problems")[0]
-    assert mat.metadata["quarantined"].value == 5 and mat.metadata["rows_in"].value == 7
+    assert mat.metadata["quarantined"].value == 5 and mat.metadata["rows_in"].value == 11
 
     # case dedup-no-duplicates: 100 distinct problems -> 100 rows, zero clusters, 0 removed
     assert _mat(["raw_problems"], lake, "user_nodup").success
@@ -45,6 +45,14 @@ def test_user_source_quarantine_and_no_duplicates_case(tmp_path):
     kept = lake.read("near_deduped_problems")
     assert kept.filter(pl.col("source") == "user_nodup").height == 100
     assert lake.read("dedup_clusters").height == 0
+
+
+def test_a_wrong_field_mapping_fails_the_partition_naming_file_and_reason(tmp_path):
+    lake = LakeResource(root=str(tmp_path))
+    with pytest.raises(Exception, match=r"user_wrongmap.*user_nodup.jsonl.*100 of 100 rows quarantined.*missing mapped field 'prompt'"):
+        _mat(["raw_problems"], lake, "user_wrongmap")
+    assert lake.read("raw_problems_quarantine", "user_wrongmap").height == 100  # kept for inspection
+    assert not lake.path("raw_problems", "user_wrongmap").exists()
 
 
 def test_missing_partitions_fail_with_their_names(tmp_path):

@@ -54,4 +54,4 @@ def test_definitions_validate_and_keep_the_asset_graph_contract():
 def test_partitions_are_builtin_sources_then_user_sources():
     from assets.sources import SOURCE_PARTITIONS
 
-    assert SOURCE_PARTITIONS.get_partition_keys() == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc", "user_bad", "user_nodup"]
+    assert SOURCE_PARTITIONS.get_partition_keys() == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc", "user_bad", "user_nodup", "user_wrongmap"]

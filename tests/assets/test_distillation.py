@@ -91,3 +91,25 @@ def test_failed_requests_are_failed_not_wrong(tmp_path):
     out = lake.read("distilled_problems")
     assert set(out["status"].to_list()) == {"needs_teacher"}
     assert out["n_failed"].to_list() == [K] * ROWS and out["pass_rate"].null_count() == ROWS
+
+
+def test_reference_path_never_lets_a_solution_verify_itself(tmp_path):
+    lake = LakeResource(root=str(tmp_path))
+    base = {"source": "user", "record": "r", "choices": None, "subject": None, "level": None, "split": "user",
+            "domain": "math", "difficulty": 1, "answer_type": "numeric", "text_md5": None}
+    rows = [
+        dict(base, problem_id="good", problem="What is 3+4?", answer="7", solution="$3+4=\\boxed{7}$"),
+        dict(base, problem_id="corrupt", problem="What is 3+4?", answer="\\frac{", solution="$3+4=\\boxed{8}$"),
+        dict(base, problem_id="no_answer", problem="What is 3+5?", answer=None, solution="$3+5=\\boxed{8}$"),
+        dict(base, problem_id="wrong", problem="What is 3+6?", answer="9", solution="$3+6=\\boxed{10}$"),
+    ]
+    lake.write(pl.DataFrame(rows, schema_overrides={"choices": pl.List(pl.String)}), "decontaminated_problems")
+    res = dg.materialize([distilled_problems], resources={"lake": lake, "teacher": TeacherResource()},
+                         run_config={"ops": {"distilled_problems": {"config": {"teacher": False, "workers": 1}}}})
+    assert res.success
+    out = {r["problem_id"]: r for r in lake.read("distilled_problems").iter_rows(named=True)}
+    assert out["good"]["status"] == "verified" and out["good"]["response_source"] == "reference"
+    assert out["no_answer"]["status"] == "needs_teacher" and out["no_answer"]["response"] is None
+    assert out["wrong"]["status"] == "needs_teacher"
+    q = lake.read("distilled_problems_quarantine")
+    assert q["problem_id"].to_list() == ["corrupt"] and "disagrees" in q["reason"].item()

@@ -36,3 +36,31 @@ def test_hf_dataset_layout_loads_with_datasets(tmp_path):
     assert ds["problem"] == ["p1", "p2"]
     lake.write_hf_dataset(df.head(1), tmp_path / "ds", "# v2\n")  # replace in place
     assert datasets.load_dataset("parquet", data_dir=str(tmp_path / "ds"))["train"].num_rows == 1
+
+
+def test_a_locked_catalog_never_fails_a_write(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path), catalog_lock_timeout_s=0.5)
+    lake.write(pl.DataFrame({"a": [1]}), "first")  # creates the catalog
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(tmp_path / 'catalog.duckdb')!r}); print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        t = time.monotonic()
+        path, _ = lake.write(pl.DataFrame({"b": [2]}), "second")  # needs a new view: catalog is locked
+        assert time.monotonic() - t < 10
+        assert pl.read_parquet(path)["b"].to_list() == [2]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lake.refresh_view("second") is True  # created once the lock is gone
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True) as con:
+        assert con.execute('select b from "second"').fetchone() == (2,)
