@@ -25,7 +25,7 @@ class DistillConfig(dg.Config):
     workers: int = 2
     teacher: bool = True
     """Run the teacher path (False: reference path only)."""
-    teacher_max_rows: int = 12
+    teacher_max_rows: int = 24
     """Rows sent to the teacher (a seeded slice); sized so the embedded teacher adds < 4 min."""
     teacher_also_reference_rows: bool = False
     """Also ask the teacher for rows that have a verified reference solution (long-CoT responses)."""

@@ -55,6 +55,8 @@ def raw_problems(
         rows = src.arc()
     else:
         user = sources.user_sources()
+        if sources.source_error(key):
+            raise src.SourceError(sources.source_error(key))
         if key not in user:
             raise src.SourceError(f"raw_problems partition {key!r} is not a built-in source nor declared in the sources file")
         rows, quarantine = src.read_user_source(user[key])

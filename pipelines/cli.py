@@ -25,6 +25,19 @@ def ensure_dagster_home() -> Path:
     return home
 
 
+def _failure_summary(res) -> str:
+    """One line per failed step: the step and its error message (no traceback)."""
+    lines = []
+    for ev in res.all_events:
+        if ev.event_type_value == "STEP_FAILURE":
+            err = ev.step_failure_data.error if ev.step_failure_data else None
+            msg = err.message.strip() if err else ev.message
+            if err and err.cause:
+                msg = err.cause.message.strip() or msg
+            lines.append(f"  {ev.step_key}: {msg}")
+    return "\n".join(lines) or "  (no step failure recorded; see the run in the UI)"
+
+
 def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
     home = ensure_dagster_home()
     import dagster as dg
@@ -47,6 +60,7 @@ def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
         )
         print(f"raw_problems[{key}]: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
         if not res.success:
+            print(f"\nraw_problems[{key}] failed:\n{_failure_summary(res)}", file=sys.stderr)
             return 1
     t = time.monotonic()
     res = curation_job.execute_in_process(
@@ -55,9 +69,7 @@ def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
     )
     print(f"curation graph: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
     if not res.success:
-        for ev in res.all_events:
-            if ev.is_failure:
-                print(ev.message, file=sys.stderr)
+        print(f"\ncuration graph failed:\n{_failure_summary(res)}", file=sys.stderr)
         return 1
     root = Path(default_root()).resolve()
     print(f"\nmain job done in {time.monotonic() - t0:.1f}s")

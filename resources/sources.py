@@ -22,15 +22,18 @@ import dagster as dg
 from ops.curation.sources import BUILTIN_SOURCES, SourceError, UserSource
 
 
-def load_user_sources(path: str | os.PathLike | None) -> list[UserSource]:
-    """Parse a sources YAML file. No path -> no user sources.
+def parse_sources_file(path: str | os.PathLike | None) -> tuple[dict[str, UserSource], dict[str, str]]:
+    """Parse a sources YAML leniently: (valid sources by name, error message by name).
+
+    An entry with a usable ``name`` but a bad rest (no ``path``, no ``problem`` mapping, ...) is
+    reported under its name, so only that partition fails when materialized; the file itself
+    being missing or not YAML raises.
 
     Raises:
-        SourceError: the file is missing, not a mapping with a ``sources`` list, an entry lacks
-        ``name``/``path``, or names repeat (the message names the file and the entry).
+        SourceError: the file is missing, not YAML, or not a mapping with a ``sources`` list.
     """
     if not path:
-        return []
+        return {}, {}
     import yaml
 
     p = Path(path).expanduser()
@@ -43,25 +46,40 @@ def load_user_sources(path: str | os.PathLike | None) -> list[UserSource]:
     entries = doc.get("sources") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise SourceError(f"{p}: expected a mapping with a 'sources' list")
-    out, seen = [], set()
+    good: dict[str, UserSource] = {}
+    errors: dict[str, str] = {}
     for i, e in enumerate(entries):
-        if not isinstance(e, dict) or "name" not in e or "path" not in e:
-            raise SourceError(f"{p}: sources[{i}] needs 'name' and 'path'")
-        if e["name"] in seen:
-            raise SourceError(f"{p}: sources[{i}]: duplicate name {e['name']!r}")
-        seen.add(e["name"])
-        src_path = Path(e["path"]).expanduser()
-        if not src_path.is_absolute():
-            src_path = (p.parent / src_path).resolve()
-        out.append(
-            UserSource(
-                name=e["name"],
-                path=str(src_path),
-                fields=dict(e.get("fields") or {"problem": "problem"}),
-                max_problem_chars=int(e.get("max_problem_chars", 20_000)),
-            )
-        )
-    return out
+        name = e.get("name") if isinstance(e, dict) else None
+        if not isinstance(name, str) or not name:
+            errors[f"<sources[{i}]>"] = f"{p}: sources[{i}] has no 'name'"
+            continue
+        if name in good or name in errors:
+            errors[name] = f"{p}: sources[{i}]: duplicate name {name!r}"
+            good.pop(name, None)
+            continue
+        try:
+            if "path" not in e:
+                raise SourceError(f"sources[{i}] ({name!r}) needs 'path'")
+            src_path = Path(e["path"]).expanduser()
+            if not src_path.is_absolute():
+                src_path = (p.parent / src_path).resolve()
+            good[name] = UserSource(name=name, path=str(src_path), fields=dict(e.get("fields") or {"problem": "problem"}),
+                                    max_problem_chars=int(e.get("max_problem_chars", 20_000)))
+        except (SourceError, ValueError, TypeError) as err:
+            errors[name] = f"{p}: {err}"
+    return good, errors
+
+
+def load_user_sources(path: str | os.PathLike | None) -> list[UserSource]:
+    """Parse a sources YAML strictly: every entry must be valid.
+
+    Raises:
+        SourceError: the first problem found, naming the file and the entry.
+    """
+    good, errors = parse_sources_file(path)
+    if errors:
+        raise SourceError(next(iter(errors.values())))
+    return list(good.values())
 
 
 def configured_sources_file() -> str:
@@ -69,8 +87,13 @@ def configured_sources_file() -> str:
 
 
 def source_partition_keys(path: str | None = None) -> list[str]:
-    """Built-in sources, then the user's, in file order."""
-    return list(BUILTIN_SOURCES) + [s.name for s in load_user_sources(path if path is not None else configured_sources_file())]
+    """Built-in sources, then the user's (every entry with a valid name, in file order). A bad
+    entry still gets its partition, which fails with the entry's error when materialized."""
+    import re
+
+    good, errors = parse_sources_file(path if path is not None else configured_sources_file())
+    names = [n for n in list(good) + list(errors) if re.fullmatch(r"[A-Za-z0-9_-]+", n) and n not in BUILTIN_SOURCES]
+    return list(BUILTIN_SOURCES) + names
 
 
 class SourcesResource(dg.ConfigurableResource):
@@ -79,4 +102,9 @@ class SourcesResource(dg.ConfigurableResource):
     config_file: str = ""
 
     def user_sources(self) -> dict[str, UserSource]:
-        return {s.name: s for s in load_user_sources(self.config_file or configured_sources_file())}
+        """Valid user sources by name (see :meth:`source_error` for the others)."""
+        return parse_sources_file(self.config_file or configured_sources_file())[0]
+
+    def source_error(self, name: str) -> str | None:
+        """Why the entry ``name`` is unusable, or None."""
+        return parse_sources_file(self.config_file or configured_sources_file())[1].get(name)

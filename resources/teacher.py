@@ -28,6 +28,8 @@ class TeacherResource(dg.ConfigurableResource):
         model_dir: embedded server's model directory (default ``$CRUCIBLE_MODELS/SmolLM2-135M-Instruct``).
         port: embedded server port on 127.0.0.1 (0 = a free port).
         timeout_s / max_retries / backoff_s / concurrency / request_budget: see ``TeacherClient``.
+            Concurrency 16 with continuous batching: 45.7 completion tokens/s on 2 CPU cores vs 13.3
+            at 4 and 5.5 at 1 (benchmarks/results/teacher.json).
         startup_timeout_s: wait for the embedded server's health check.
         continuous_batching: embedded server batches concurrent requests.
     """
@@ -40,7 +42,7 @@ class TeacherResource(dg.ConfigurableResource):
     timeout_s: float = 180.0
     max_retries: int = 3
     backoff_s: float = 0.5
-    concurrency: int = 4
+    concurrency: int = 16
     request_budget: int = 5000
     startup_timeout_s: float = 180.0
     continuous_batching: bool = True
@@ -68,7 +70,8 @@ class TeacherResource(dg.ConfigurableResource):
             if self.embedded:
                 server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
                                             startup_timeout_s=self.startup_timeout_s,
-                                            continuous_batching=self.continuous_batching)
+                                            continuous_batching=self.continuous_batching,
+                                            log_path=Path(cache_path).parent / "server.log")
                 server.start()
                 if log:
                     log.info(f"embedded teacher server on {server.base_url} (log {server.log_path})")

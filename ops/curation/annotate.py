@@ -248,7 +248,8 @@ def annotate(rows: list[dict], seed: int = 0, max_per_class: int = 2000, min_con
             difficulty_provenance=lab["difficulty_provenance"] or "default",
             answer_type_provenance="rule",
             domain_confidence=lab["domain_confidence"],
-            needs_llm_label=lab["domain_provenance"] == "classifier" and lab["domain_confidence"] < min_confidence,
+            needs_llm_label=lab["domain"] is None
+            or (lab["domain_provenance"] == "classifier" and lab["domain_confidence"] < min_confidence),
             is_valid=ok,
             invalid_reason=reason,
         )

@@ -12,10 +12,19 @@ TEMPLATES = {
     "proof": "{problem}\n\nWrite a complete, rigorous proof. End with \\boxed{{\\text{{QED}}}}.",
     "multiple_choice": "{problem}\n\nThink step by step, then answer with the letter of the correct option in \\boxed{{}}, e.g. \\boxed{{B}}.",
 }
+LABEL_SYSTEM = "You label exam questions by school subject. Reply with the subject name only, never the answer."
 LABEL_PROMPT = (
-    "Classify the following question into exactly one domain from this list: {domains}.\n"
-    "Answer with the domain name only.\n\nQuestion:\n{problem}"
+    "Question:\n{problem}\n\nDo not answer the question. Which subject is it from? "
+    "Choose one of: {domains}.\nSubject:"
 )
+# reply words -> taxonomy domain (small models answer "Biology", "Earth science", ...)
+LABEL_WORDS = {
+    "math": "math", "mathematics": "math", "algebra": "math", "geometry": "math", "statistics": "math",
+    "physics": "physics", "astronomy": "physics", "chemistry": "chemistry", "biology": "biology_medicine",
+    "medicine": "biology_medicine", "anatomy": "biology_medicine", "computer": "computer_science",
+    "programming": "computer_science", "engineering": "engineering", "earth": "other", "geology": "other",
+    "other": "other",
+}
 
 
 def solve_messages(problem: str, answer_type: str) -> list[dict]:
@@ -31,13 +40,17 @@ def solve_messages(problem: str, answer_type: str) -> list[dict]:
 
 def label_messages(problem: str, domains: list[str]) -> list[dict]:
     """Chat messages asking for the domain label of ``problem`` (the ``llm`` annotation path)."""
-    return [{"role": "user", "content": LABEL_PROMPT.format(domains=", ".join(domains), problem=problem[:2000])}]
+    names = ", ".join(d.replace("_medicine", "").replace("_", " ") for d in domains)
+    return [{"role": "system", "content": LABEL_SYSTEM},
+            {"role": "user", "content": LABEL_PROMPT.format(domains=names, problem=problem[:2000])}]
 
 
 def parse_label(text: str, domains: list[str]) -> str | None:
-    """The first domain name mentioned in the reply (longest names first), else None."""
-    low = (text or "").lower().replace(" ", "_")
-    for d in sorted(domains, key=len, reverse=True):
-        if d in low:
-            return d
-    return None
+    """The domain named by the reply's *first* word (see LABEL_WORDS), else None. Strict on
+    purpose: a reply that answers the question instead ("A. Do algae consume other organisms?")
+    must not be read as the label "other"."""
+    import re
+
+    words = re.findall(r"[a-z]+", (text or "").lower())
+    label = LABEL_WORDS.get(words[0]) if words else None
+    return label if label in domains else None

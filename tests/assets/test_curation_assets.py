@@ -96,3 +96,33 @@ def test_merge_clusters_repoints_exact_members_to_the_final_survivor():
     assert set(merged["cluster_id"].to_list()) == {"z"}
     assert merged.filter(pl.col("is_survivor"))["problem_id"].to_list() == ["z"]
     assert sorted(merged["problem_id"].to_list()) == ["x", "y", "z"]
+
+
+def test_one_bad_source_entry_fails_only_its_own_partition(tmp_path):
+    from resources.sources import parse_sources_file, source_partition_keys
+
+    (tmp_path / "a.jsonl").write_text('{"problem": "What is 1 + 1?", "answer": "2"}\n')
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("sources:\n  - {name: fine, path: a.jsonl}\n  - {name: broken, path: a.jsonl, fields: {answer: a}}\n")
+    assert source_partition_keys(str(cfg))[-2:] == ["fine", "broken"]
+    good, errors = parse_sources_file(str(cfg))
+    assert list(good) == ["fine"] and "no 'problem' entry" in errors["broken"]
+    res = SourcesResource(config_file=str(cfg))
+    assert res.source_error("broken") and res.source_error("fine") is None
+
+
+def test_llm_label_path_sets_provenance_from_the_teacher_reply(tmp_path):
+    from tests.stub_openai import StubOpenAI
+
+    lake = LakeResource(root=str(tmp_path))
+    assert _mat(["raw_problems"], lake, "user_nodup").success
+    with StubOpenAI(reply="Physics") as stub:
+        teacher = TeacherResource(base_url=stub.base_url, model="stub")
+        res = dg.materialize(ASSETS, selection=["annotated_problems"], resources={"lake": lake, "sources": SourcesResource(), "teacher": teacher},
+                             run_config={"ops": {"annotated_problems": {"config": {"allow_missing_sources": True, "llm_label_max_rows": 3,
+                                                                                     "min_confidence": 1.01}}}})
+    assert res.success
+    ann = lake.read("annotated_problems")
+    llm = ann.filter(pl.col("domain_provenance") == "llm")
+    assert llm.height == 3 and set(llm["domain"].to_list()) == {"physics"}
+    assert stub.requests == 3

@@ -78,3 +78,13 @@ def test_cache_key_covers_params_and_sample_index(tmp_path):
 def test_bad_parameters_are_named(kw):
     with pytest.raises(ValueError, match=f"teacher.{list(kw)[0]}"):
         TeacherClient("http://127.0.0.1:1/v1", "m", **kw)
+
+
+def test_label_parsing_is_strict():
+    from ops.curation.annotate import DOMAINS
+    from ops.teacher.prompts import parse_label
+
+    assert parse_label("Physics.", list(DOMAINS)) == "physics"
+    assert parse_label(" Biology", list(DOMAINS)) == "biology_medicine"
+    assert parse_label("A. Do algae consume other organisms?", list(DOMAINS)) is None
+    assert parse_label("", list(DOMAINS)) is None
