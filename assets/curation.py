@@ -12,6 +12,7 @@ import polars as pl
 
 from ops import figures
 from ops.curation import dedup
+from ops.curation.decontam import DecontamConfig
 from ops.curation.sources import BUILTIN_SOURCES, SourceError
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
@@ -21,6 +22,7 @@ from .frames import ANNOTATION_SCHEMA, RAW_SCHEMA, frame
 from .sources import SOURCE_PARTITIONS
 
 GROUP = "curation"
+_DECONTAM = DecontamConfig()
 PROBLEM_SCHEMA = {**RAW_SCHEMA, **ANNOTATION_SCHEMA}
 DEFAULT_PRIORITY = ["math_test", "mmlu_dev_val", "arc", "mathematics_dataset"]
 
@@ -207,15 +209,15 @@ def merge_clusters(exact: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
 
 
 class DecontaminationConfig(dg.Config):
-    """See ops/curation/decontam.py for each parameter's meaning."""
+    """The Launchpad face of ops.curation.decontam.DecontamConfig (meanings and defaults there)."""
 
-    ngram: int = 8
-    short_words: int = 8
-    min_words: int = 3
-    max_benchmark_df: int = 4
-    max_train_df: int = 50
-    containment: float = 0.8
-    minhash_threshold: float = 0.75
+    ngram: int = _DECONTAM.ngram
+    short_words: int = _DECONTAM.short_words
+    min_words: int = _DECONTAM.min_words
+    max_benchmark_df: int = _DECONTAM.max_benchmark_df
+    max_train_df: int = _DECONTAM.max_train_df
+    containment: float = _DECONTAM.containment
+    minhash_threshold: float = _DECONTAM.minhash_threshold
 
 
 @dg.multi_asset(
