@@ -89,14 +89,14 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
     llm = _llm_labels(context, rows, config, lake, teacher) if config.llm_label_max_rows > 0 else {"asked": 0}
     df = frame(rows, PROBLEM_SCHEMA).sort("problem_id")
     path, version = lake.write(df, "annotated_problems")
-    by = df.group_by("source", "domain", "domain_provenance").len().sort("source", "domain")
+    by = df.group_by("source", "domain", "domain_provenance").len(name="rows").sort("source", "domain")
     domains = sorted(df["domain"].unique().to_list())
     series = {p: [df.filter((pl.col("domain") == d) & (pl.col("domain_provenance") == p)).height for d in domains]
               for p in sorted(df["domain_provenance"].unique().to_list())}
     meta = {
         "sources": dg.MetadataValue.json(keys),
         "invalid": dg.MetadataValue.int(int((~df["is_valid"]).sum())),
-        "invalid_reasons": md_table(df.group_by("invalid_reason").len().sort("len", descending=True)),
+        "invalid_reasons": md_table(df.group_by("invalid_reason").len(name="rows").sort("rows", descending=True)),
         "labels_by_source": md_table(by, 60),
         "needs_llm_label": dg.MetadataValue.int(int(df["needs_llm_label"].sum())),
         "llm_labels": dg.MetadataValue.json(llm),
@@ -173,14 +173,14 @@ def near_deduped_problems(context: dg.AssetExecutionContext, config: DedupConfig
         "near_deduped_problems", path, version, ex.height, kept.height,
         near_duplicates_removed=dg.MetadataValue.int(ex.height - kept.height),
         lsh=dg.MetadataValue.json({**stats, "threshold": config.threshold, "num_perm": config.num_perm}),
-        removed_by_source=md_table(removed.group_by("source").len().sort("len", descending=True)),
+        removed_by_source=md_table(removed.group_by("source").len(name="rows").sort("rows", descending=True)),
         figure=image(figures.histogram(sims or [config.threshold], 20, "Jaccard of removed rows with their survivor", "exact Jaccard"), "jaccard"),
     )
     n_clusters = clusters.filter(pl.col("is_survivor")).height
     yield table_result(
         "dedup_clusters", cpath, cversion, clusters.height, clusters.height,
         clusters=dg.MetadataValue.int(n_clusters),
-        by_stage=md_table(clusters.group_by("stage").len().sort("stage")),
+        by_stage=md_table(clusters.group_by("stage").len(name="rows").sort("stage")),
     )
 
 
@@ -261,7 +261,7 @@ def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
     path, version = lake.write(kept, "decontaminated_problems")
     lakeio.write_json_atomic(config.model_dump(), lake.path("decontaminated_problems", name="config.json"))
     rpath, rversion = lake.write(report, "contamination_report")
-    summary = report.group_by("source", "benchmark", "layer").len().sort("source", "benchmark", "layer")
+    summary = report.group_by("source", "benchmark", "layer").len(name="rows").sort("source", "benchmark", "layer")
     yield table_result(
         "decontaminated_problems", path, version, df.height, kept.height,
         removed=dg.MetadataValue.int(int(mask.sum())),
@@ -270,7 +270,7 @@ def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
         math500_ground_truth=dg.MetadataValue.json(scores),
         removed_by_layer=md_table(summary),
         figure=image(figures.funnel([("near-deduped", df.height), ("decontaminated", kept.height)]
-                                    + [(f"- {b}", n) for b, n in report.group_by("benchmark").len().sort("benchmark").iter_rows()],
+                                    + [(f"- {b}", n) for b, n in report.group_by("benchmark").len(name="rows").sort("benchmark").iter_rows()],
                                     "decontamination"), "funnel"),
     )
     yield table_result(
@@ -303,7 +303,7 @@ class SftConfig(dg.Config):
 
 
 def _card(df: pl.DataFrame, plan: dict, lineage: dict, context: dg.AssetExecutionContext) -> str:
-    strata = df.group_by(STRATA).len().sort(STRATA)
+    strata = df.group_by(STRATA).len(name="rows").sort(STRATA)
     rows = "\n".join(f"| {d} | {k} | {a} | {n} |" for d, k, a, n in strata.iter_rows())
     lin = "\n".join(f"| {name} | {v['data_version']} | {v['rows']} |" for name, v in lineage.items())
     return f"""---
@@ -370,11 +370,11 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
     lakeio.write_json_atomic({"plan": plan, "target_size": config.target_size, "stratum_floor": config.stratum_floor,
                               "tolerance": config.tolerance}, lake.base / "sft_dataset.plan.json")
     lake.refresh_view("sft_dataset", pattern=str(final / "data" / "*.parquet"))
-    before = verified.group_by(STRATA).len().sort(STRATA)
-    after = sample.group_by(STRATA).len()
+    before = verified.group_by(STRATA).len(name="rows").sort(STRATA)
+    after = sample.group_by(STRATA).len(name="rows")
     joined = before.join(after, on=STRATA, how="left", suffix="_after").fill_null(0)
     labels = ["|".join(str(x) for x in r[:3]) for r in joined.iter_rows()]
-    fig = figures.grouped_bars(labels, {"verified (before)": joined["len"].to_list(), "sft_dataset (after)": joined["len_after"].to_list()},
+    fig = figures.grouped_bars(labels, {"verified (before)": joined["rows"].to_list(), "sft_dataset (after)": joined["rows_after"].to_list()},
                                "stratum histogram before / after sampling")
     return table_result(
         None, final, version, verified.height, sample.height,

@@ -89,7 +89,7 @@ def sft_strata_match_plan(lake: LakeResource) -> dg.AssetCheckResult:
     df = pl.read_parquet(lake.base / "sft_dataset" / "data" / "*.parquet")
     spec = json.loads((lake.base / "sft_dataset.plan.json").read_text())
     plan, tol = spec["plan"], spec["tolerance"]
-    actual = {"|".join(str(x) for x in r[:3]): r[3] for r in df.group_by("domain", "difficulty", "answer_type").len().iter_rows()}
+    actual = {"|".join(str(x) for x in r[:3]): r[3] for r in df.group_by("domain", "difficulty", "answer_type").len(name="rows").iter_rows()}
     off = []
     for k in sorted(set(plan) | set(actual)):
         want, got = plan.get(k, 0), actual.get(k, 0)

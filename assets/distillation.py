@@ -161,7 +161,7 @@ def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig,
     spath, sversion = lake.write(samples, "teacher_responses")
     report = (
         out.with_columns(path=pl.coalesce(pl.col("response_source"), pl.lit("none")))
-        .group_by("source", "domain", "difficulty", "path", "status").len()
+        .group_by("source", "domain", "difficulty", "path", "status").len(name="rows")
         .sort("source", "domain", "difficulty", "path", "status")
     )
     rpath, rversion = lake.write(report, "verification_report")
@@ -176,7 +176,7 @@ def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig,
         needs_teacher=dg.MetadataValue.int(out.height - n_ver),
         quarantined=dg.MetadataValue.int(quarantine.height),
         gold_from_solution_fallback=dg.MetadataValue.int(int((out["gold_source"] == "solution_boxed").sum())),
-        figure=image(figures.funnel(list(out.group_by("status").len().sort("status").iter_rows()), "distillation status"), "status"),
+        figure=image(figures.funnel(list(out.group_by("status").len(name="rows").sort("status").iter_rows()), "distillation status"), "status"),
     )
     yield table_result("distilled_problems", path, version, df.height, out.height, **meta)
     yield table_result("verification_report", rpath, rversion, report.height, report.height, report=md_table(report, 60))
@@ -200,7 +200,7 @@ def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tst
         "samples_failed": dg.MetadataValue.int(int((samples["status"] == "failed").sum())),
         "acceptance_rate": dg.MetadataValue.float(float((answered["status"] == "verified").mean()) if answered.height else 0.0),
         "acceptance_by_source_domain_difficulty": md_table(acceptance, 60),
-        "status_counts": md_table(samples.group_by("status").len().sort("status")),
+        "status_counts": md_table(samples.group_by("status").len(name="rows").sort("status")),
         "client": dg.MetadataValue.json(tstats),
     }
     if lengths:

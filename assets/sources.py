@@ -69,7 +69,7 @@ def raw_problems(
     if quarantine:
         context.log.warning(f"{len(quarantine)} rows of source {key!r} quarantined; see raw_problems_quarantine/{key}")
         if len(quarantine) > config.max_quarantine_fraction * read or not rows:
-            top = qdf.group_by("reason").len().sort("len", descending=True).head(3).rows()
+            top = qdf.group_by("reason").len(name="rows").sort("rows", descending=True).head(3).rows()
             raise src.SourceError(
                 f"source {key!r} ({quarantine[0]['file']}): {len(quarantine)} of {read} rows quarantined "
                 f"(> max_quarantine_fraction {config.max_quarantine_fraction}); top reasons: "
@@ -80,7 +80,7 @@ def raw_problems(
     current = [k for k in SOURCE_PARTITIONS.get_partition_keys() if lake.path("raw_problems", k).exists()]
     for asset in ("raw_problems", "raw_problems_quarantine"):
         lake.refresh_view(asset, files=[str(lake.path(asset, k)) for k in current if lake.path(asset, k).exists()])
-    reasons = qdf.group_by("reason").len().sort("len", descending=True) if quarantine else qdf
+    reasons = qdf.group_by("reason").len(name="rows").sort("rows", descending=True) if quarantine else qdf
     return table_result(
         None, path, version, read, df.height,
         quarantined=dg.MetadataValue.int(len(quarantine)),
@@ -102,7 +102,7 @@ def benchmark_problems(lake: LakeResource) -> dg.MaterializeResult:
     df = pl.DataFrame(items, schema={"benchmark": pl.String, "item_id": pl.String, "problem": pl.String,
                                      "answer": pl.String, "solution": pl.String})
     path, version = lake.write(df, "benchmark_problems")
-    counts = df.group_by("benchmark").len().sort("benchmark")
+    counts = df.group_by("benchmark").len(name="rows").sort("benchmark")
     fig = figures.funnel(list(counts.iter_rows()), "benchmark items")
     return table_result(None, path, version, df.height, df.height, per_benchmark=md_table(counts),
                         figure=image(fig, "benchmarks"))
