@@ -152,9 +152,9 @@ class Decontaminator:
             cand = minhash.band_candidates(sig, bands, rows)
             n_train = len(rest)
             cross = cand[(cand[:, 0] < n_train) & (cand[:, 1] >= n_train)]
-            for t, b in cross.tolist():
+            sims = minhash.pair_jaccard(batch, cross)
+            for (t, b), j in zip(cross.tolist(), sims.tolist()):
                 i = rest[t]
-                j = minhash.jaccard(batch.doc(t), batch.doc(b))
                 if j >= cfg.minhash_threshold and (out[i] is None or out[i]["score"] < j):
                     out[i] = None
                     flag(i, b - n_train, "minhash", j)
