@@ -55,6 +55,21 @@ def test_whole_curation_graph_on_real_sources(tmp_path):
     card = (tmp_path / "lake" / "sft_dataset" / "README.md").read_text()
     assert "decontaminated_problems" in card and "Lineage" in card
 
+    # lineage audit from the instance alone: every upstream step with its run and data version
+    from pipelines.lineage import lineage_report
+
+    rows = lineage_report(instance, defs.resolve_asset_graph(), "sft_dataset")
+    steps = {r["asset"] + (f"[{r['partition']}]" if r["partition"] else "") for r in rows}
+    assert {"sft_dataset", "distilled_problems", "decontaminated_problems", "benchmark_problems", "near_deduped_problems",
+            "exact_deduped_problems", "annotated_problems", "raw_problems[math_test]", "raw_problems[user_bad]"} <= steps
+    by = {r["asset"]: r for r in rows if not r["partition"]}
+    from ops.lake import file_sha256
+
+    assert by["decontaminated_problems"]["data_version"] == file_sha256(lake.path("decontaminated_problems"))[:16]
+    assert by["decontaminated_problems"]["checks"] == {"no_benchmark_overlap": "SUCCEEDED"}
+    assert by["decontaminated_problems"]["figures"]["math500_recall"] == 1.0
+    assert by["sft_dataset"]["run_id"] == res.run_id
+
     import duckdb
 
     con = duckdb.connect(str(tmp_path / "lake" / "catalog.duckdb"), read_only=True)
