@@ -71,9 +71,16 @@ def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
     if not res.success:
         print(f"\ncuration graph failed:\n{_failure_summary(res)}", file=sys.stderr)
         return 1
+    t = time.monotonic()
+    res = defs.resolve_job_def("training_job").execute_in_process(instance=instance, run_config={"loggers": loggers}, raise_on_error=False)
+    print(f"training (ctr_events, ctr_model): {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
+    if not res.success:
+        print(f"\ntraining failed:\n{_failure_summary(res)}", file=sys.stderr)
+        return 1
     root = Path(default_root()).resolve()
     print(f"\nmain job done in {time.monotonic() - t0:.1f}s")
     print(f"SFT dataset:     {root / 'sft_dataset'}  (datasets.load_dataset('parquet', data_dir=...))")
+    print(f"CTR model:       {root / 'ctr_model'}  (test predictions + sparse tables in safetensors)")
     print(f"DuckDB catalog:  {root / 'catalog.duckdb'}  (one view per asset)")
     print(f"Dagster UI:      make dev  ->  http://127.0.0.1:3000  (runs recorded in {home})")
     return 0

