@@ -3,6 +3,7 @@
     crucible demo                      # every source partition, then the curation graph
     crucible demo --per-module 5       # a smaller generated source
     crucible sources                   # list source partitions
+    crucible lineage sft_dataset       # every upstream step: run, data/code version, figures, checks
 
 Runs are recorded in the instance, so ``dagster dev`` shows them, their metadata and checks.
 """
@@ -94,9 +95,29 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--target-size", type=int, default=2000, help="rows in the SFT dataset")
     demo.add_argument("--limit", type=int, default=None, help="cap rows per source (smoke runs)")
     sub.add_parser("sources", help="list raw_problems partitions (built-in and from $CRUCIBLE_SOURCES)")
+    lin = sub.add_parser("lineage", help="where did an asset's data come from (from the Dagster instance alone)")
+    lin.add_argument("asset", help="asset key, e.g. sft_dataset")
+    lin.add_argument("--storage-id", type=int, default=None, help="a specific materialization (default: latest)")
+    lin.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     if args.cmd == "demo":
         return run_demo(args.per_module, args.target_size, args.limit)
+    if args.cmd == "lineage":
+        ensure_dagster_home()
+        import json
+
+        import dagster as dg
+
+        from pipelines.definitions import defs
+        from pipelines.lineage import format_report, lineage_report
+
+        try:
+            rows = lineage_report(dg.DagsterInstance.get(), defs.resolve_asset_graph(), args.asset, args.storage_id)
+        except ValueError as e:
+            print(f"crucible lineage: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(rows, indent=2, default=str) if args.json else format_report(rows))
+        return 0
     if args.cmd == "sources":
         from resources.sources import source_partition_keys
 
