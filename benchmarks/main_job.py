@@ -35,13 +35,15 @@ def main() -> int:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
         return proc.returncode
     runs = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(.+?): ok in ([\d.]+)s", proc.stdout, re.M)}
+    curation = sum(v for k, v in runs.items() if k.startswith("raw_problems[") or k == "curation graph")
     result = {
         "command": "crucible demo (= make demo after setup)",
         "wall_s": round(wall, 1),
         "runs_s": runs,
-        "curation_group_s": round(sum(runs.values()), 1),
+        "curation_group_s": round(curation, 1),
         "target_curation_group_s": 360,
-        "meets_target": sum(runs.values()) < 360,
+        "meets_target": curation < 360,
+        "training_job_s": runs.get("training (ctr_events, ctr_model)"),
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%d"),
     }
