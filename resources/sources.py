@@ -70,18 +70,6 @@ def parse_sources_file(path: str | os.PathLike | None) -> tuple[dict[str, UserSo
     return good, errors
 
 
-def load_user_sources(path: str | os.PathLike | None) -> list[UserSource]:
-    """Parse a sources YAML strictly: every entry must be valid.
-
-    Raises:
-        SourceError: the first problem found, naming the file and the entry.
-    """
-    good, errors = parse_sources_file(path)
-    if errors:
-        raise SourceError(next(iter(errors.values())))
-    return list(good.values())
-
-
 def configured_sources_file() -> str:
     return os.environ.get("CRUCIBLE_SOURCES", "")
 

@@ -161,12 +161,6 @@ class Decontaminator:
         return out
 
 
-def contamination_summary(flags: list[dict | None], sources: list[str]) -> list[dict]:
-    """Counts per (source, benchmark, layer) of flagged rows, for the report."""
-    c = Counter((s, f["benchmark"], f["layer"]) for s, f in zip(sources, flags) if f)
-    return [{"source": s, "benchmark": b, "layer": layer, "removed": n} for (s, b, layer), n in sorted(c.items())]
-
-
 def ground_truth_scores(removed: np.ndarray, truth: np.ndarray) -> dict:
     """Recall and precision of a removal mask against a ground-truth mask (same shape, bool)."""
     tp = int((removed & truth).sum())

@@ -318,12 +318,3 @@ def estimate_margin(threshold: float, num_perm: int, z: float = 5.0) -> float:
     verification: ``z`` standard deviations of the estimator at the threshold (sqrt(t(1-t)/k))
     plus one row. With z = 5 a pair at exactly the threshold is dropped with probability < 3e-7."""
     return z * float(np.sqrt(threshold * (1 - threshold) / num_perm)) + 1.0 / num_perm
-
-
-def jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """Exact Jaccard similarity of two shingle-hash arrays taken as sets (0.0 for two empty sets)."""
-    a, b = np.unique(a), np.unique(b)
-    if len(a) == 0 and len(b) == 0:
-        return 0.0
-    inter = len(np.intersect1d(a, b, assume_unique=True))
-    return inter / (len(a) + len(b) - inter)

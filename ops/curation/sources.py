@@ -21,7 +21,6 @@ from .text import stable_id
 
 RAW_FIELDS = ("problem_id", "source", "record", "problem", "solution", "answer", "choices", "subject", "level", "split")
 BUILTIN_SOURCES = ("math_test", "mathematics_dataset", "mmlu_dev_val", "arc")
-BENCHMARKS = ("math500", "gsm8k_test", "mmlu_test", "arc_challenge_test", "humaneval")
 MATH_SUBJECTS = (
     "algebra",
     "counting_and_probability",
