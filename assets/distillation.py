@@ -35,6 +35,9 @@ class DistillConfig(dg.Config):
     keep_per_problem: int = 1
     """Verified teacher responses kept per problem in distilled_problems (all stay in teacher_responses)."""
     seed: int = 0
+    prompt_templates: dict[str, str] = {}
+    """Per answer type (numeric, expression, text, proof, multiple_choice), a template with
+    "{problem}" replacing ops/teacher/prompts.py:TEMPLATES (final answer in \\boxed{})."""
 
 
 def _reference_path(df: pl.DataFrame, config: DistillConfig) -> pl.DataFrame:
@@ -97,8 +100,11 @@ def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeR
     rows = select_rows(eligible.to_dicts(), config.teacher_max_rows, seed=config.seed)
     if not rows or not config.teacher:
         return out, pl.DataFrame(schema=SAMPLE_SCHEMA), {}
+    from ops.teacher.prompts import validate_templates
+
+    validate_templates(config.prompt_templates)
     params = {"temperature": config.temperature, "max_tokens": config.max_tokens}
-    requests = build_requests(rows, config.k_samples, params)
+    requests = build_requests(rows, config.k_samples, params, config.prompt_templates)
     done = {"n": 0}
 
     def progress(res):

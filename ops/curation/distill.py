@@ -30,12 +30,13 @@ def select_rows(rows: list[dict], max_rows: int, seed: int = 0) -> list[dict]:
     return sorted(rows, key=h)[: max(0, max_rows)]
 
 
-def build_requests(rows: list[dict], k: int, params: dict) -> list[ChatRequest]:
-    """``k`` requests per row (sample index 0..k-1), tagged with the row's problem_id."""
+def build_requests(rows: list[dict], k: int, params: dict, templates: dict[str, str] | None = None) -> list[ChatRequest]:
+    """``k`` requests per row (sample index 0..k-1), tagged with the row's problem_id; ``templates``
+    override the default prompt per answer type."""
     if k < 1:
         raise ValueError(f"teacher.k_samples must be >= 1, got {k}")
     return [
-        ChatRequest.make(solve_messages(r["problem"], r["answer_type"]), params, sample_index=i, tag=r["problem_id"])
+        ChatRequest.make(solve_messages(r["problem"], r["answer_type"], templates), params, sample_index=i, tag=r["problem_id"])
         for r in rows
         for i in range(k)
     ]

@@ -5,12 +5,12 @@ letter in ``\\boxed{}``."""
 from __future__ import annotations
 
 SYSTEM = "You are a careful STEM tutor. Reason step by step, then state the final answer."
-TEMPLATES = {
-    "numeric": "{problem}\n\nSolve the problem step by step. Put the final numeric answer in \\boxed{{}}.",
-    "expression": "{problem}\n\nSolve the problem step by step. Put the final answer (an expression) in \\boxed{{}}.",
-    "text": "{problem}\n\nThink it through step by step. Put the final answer in \\boxed{{}}.",
-    "proof": "{problem}\n\nWrite a complete, rigorous proof. End with \\boxed{{\\text{{QED}}}}.",
-    "multiple_choice": "{problem}\n\nThink step by step, then answer with the letter of the correct option in \\boxed{{}}, e.g. \\boxed{{B}}.",
+TEMPLATES = {  # "{problem}" is replaced by the problem text (no other formatting: LaTeX braces are literal)
+    "numeric": "{problem}\n\nSolve the problem step by step. Put the final numeric answer in \\boxed{}.",
+    "expression": "{problem}\n\nSolve the problem step by step. Put the final answer (an expression) in \\boxed{}.",
+    "text": "{problem}\n\nThink it through step by step. Put the final answer in \\boxed{}.",
+    "proof": "{problem}\n\nWrite a complete, rigorous proof. End with \\boxed{\\text{QED}}.",
+    "multiple_choice": "{problem}\n\nThink step by step, then answer with the letter of the correct option in \\boxed{}, e.g. \\boxed{B}.",
 }
 LABEL_SYSTEM = "You label exam questions by school subject. Reply with the subject name only, never the answer."
 LABEL_PROMPT = (
@@ -27,15 +27,27 @@ LABEL_WORDS = {
 }
 
 
-def solve_messages(problem: str, answer_type: str) -> list[dict]:
+def validate_templates(templates: dict[str, str]) -> None:
+    """Raise ValueError naming the answer type whose template lacks ``{problem}`` or is unknown."""
+    for answer_type, template in templates.items():
+        if answer_type not in TEMPLATES:
+            raise ValueError(f"prompt template for unknown answer type {answer_type!r}; known: {sorted(TEMPLATES)}")
+        if "{problem}" not in template:
+            raise ValueError(f"prompt template for {answer_type!r} must contain '{{problem}}'")
+
+
+def solve_messages(problem: str, answer_type: str, templates: dict[str, str] | None = None) -> list[dict]:
     """Chat messages asking the teacher to solve ``problem`` in the format of ``answer_type``.
+
+    ``templates`` overrides :data:`TEMPLATES` per answer type (run config).
 
     Raises:
         KeyError: unknown answer type (names it).
     """
-    if answer_type not in TEMPLATES:
-        raise KeyError(f"no prompt template for answer type {answer_type!r}; known: {sorted(TEMPLATES)}")
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TEMPLATES[answer_type].format(problem=problem)}]
+    table = {**TEMPLATES, **(templates or {})}
+    if answer_type not in table:
+        raise KeyError(f"no prompt template for answer type {answer_type!r}; known: {sorted(table)}")
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": table[answer_type].replace("{problem}", problem)}]
 
 
 def label_messages(problem: str, domains: list[str]) -> list[dict]:

@@ -88,3 +88,17 @@ def test_label_parsing_is_strict():
     assert parse_label(" Biology", list(DOMAINS)) == "biology_medicine"
     assert parse_label("A. Do algae consume other organisms?", list(DOMAINS)) is None
     assert parse_label("", list(DOMAINS)) is None
+
+
+def test_prompt_templates_are_overridable_and_validated():
+    from ops.teacher.prompts import TEMPLATES, solve_messages, validate_templates
+
+    default = solve_messages("What is $x^{2}$ at $x=3$?", "numeric")[1]["content"]
+    assert default.startswith("What is $x^{2}$ at $x=3$?") and default.endswith("\\boxed{}.")  # LaTeX braces kept
+    custom = solve_messages("Q", "multiple_choice", {"multiple_choice": "Pick one. {problem} Answer: \\boxed{?}"})
+    assert custom[1]["content"] == "Pick one. Q Answer: \\boxed{?}"
+    assert set(TEMPLATES) == {"numeric", "expression", "text", "proof", "multiple_choice"}
+    with pytest.raises(ValueError, match="must contain '{problem}'"):
+        validate_templates({"numeric": "no placeholder"})
+    with pytest.raises(ValueError, match="unknown answer type 'essay'"):
+        validate_templates({"essay": "{problem}"})
