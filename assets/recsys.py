@@ -8,6 +8,7 @@ import dagster as dg
 import polars as pl
 
 from ops import figures
+from ops.sparse.config import TrainConfig
 from resources.lake import LakeResource
 
 from ._meta import image, md_table, table_result
@@ -45,22 +46,27 @@ def ctr_events(context: dg.AssetExecutionContext, config: CTREventsConfig, lake:
     )
 
 
+_TRAIN = TrainConfig()
+
+
 class CTRModelConfig(dg.Config):
-    dim: int = 8
+    """The Launchpad face of ops.sparse.config.TrainConfig (defaults there)."""
+
+    dim: int = _TRAIN.dim
     """FM latent width per field (each table row holds dim + 1: the first-order weight too)."""
-    hidden: list[int] = [64, 32]
-    dropout: float = 0.2
-    epochs: int = 3
-    batch_size: int = 256
-    sparse_lr: float = 0.01
+    hidden: list[int] = list(_TRAIN.hidden)
+    dropout: float = _TRAIN.dropout
+    epochs: int = _TRAIN.epochs
+    batch_size: int = _TRAIN.batch_size
+    sparse_lr: float = _TRAIN.sparse_lr
     """SparseAdagrad learning rate of the embedding rows."""
-    dense_lr: float = 1e-3
+    dense_lr: float = _TRAIN.dense_lr
     """torch.optim.Adam learning rate of the DeepFM MLP."""
-    emb_l2: float = 1e-5
-    crosses: list[str] = ["gender*age_bucket", "age_bucket*occupation"]
+    emb_l2: float = _TRAIN.emb_l2
+    crosses: list[str] = list(_TRAIN.crosses)
     """Crossed fields 'a*b' of single-valued columns."""
-    coalesce: bool = True
-    seed: int = 0
+    coalesce: bool = _TRAIN.coalesce
+    seed: int = _TRAIN.seed
     baseline_C: float = 1.0
     """Inverse regularisation of the scikit-learn logistic-regression baseline."""
 
@@ -71,7 +77,7 @@ def ctr_model(context: dg.AssetExecutionContext, config: CTRModelConfig, lake: L
     and per-user GAUC, and a logistic-regression baseline on the same one-hot features. Writes the test
     predictions (Parquet) and the live rows of the sparse tables (safetensors)."""
     from ops.sparse.checkpoint import save_tables
-    from ops.sparse.train import TrainConfig, logistic_regression_baseline, train_ctr
+    from ops.sparse.train import logistic_regression_baseline, train_ctr
 
     events = lake.read("ctr_events")
     cfg = TrainConfig(dim=config.dim, hidden=tuple(config.hidden), dropout=config.dropout, epochs=config.epochs,

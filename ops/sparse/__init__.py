@@ -6,9 +6,22 @@ checkpoints (checkpoint.py), DeepFM (deepfm.py) and its CTR training loop (train
 CPU path: torch only. torchrec/fbgemm are never imported here (they are an optional GPU extra).
 """
 
-from .collection import EmbeddingCollection, FeatureSpec
-from .optim import SparseAdagrad, SparseAdam
-from .table import AdmitAfter, AdmitAll, DynamicTable, EvictUnseen, ReadOnly, SparseInputError
+import importlib
+
+# Loaded on first use (PEP 562), so that `ops.sparse.config` stays importable without torch when
+# the Dagster code location loads.
+_EXPORTS = {
+    "EmbeddingCollection": "collection", "FeatureSpec": "collection",
+    "SparseAdagrad": "optim", "SparseAdam": "optim",
+    "AdmitAfter": "table", "AdmitAll": "table", "DynamicTable": "table", "EvictUnseen": "table",
+    "ReadOnly": "table", "SparseInputError": "table",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["AdmitAfter", "AdmitAll", "DynamicTable", "EmbeddingCollection", "EvictUnseen", "FeatureSpec", "ReadOnly",
            "SparseAdagrad", "SparseAdam", "SparseInputError"]
