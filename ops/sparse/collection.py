@@ -103,6 +103,32 @@ class EmbeddingCollection:
             self._pending.append((tname, rows, leaf))
         return leaf
 
+    def _table_values(self, tname: str, batch: dict, size: int) -> tuple[torch.Tensor, list, list]:
+        """A table's namespaced ids in a batch: (ids [nnz] feature by feature, row-major; per feature the
+        sample index of each id [nnz_f]; per feature nnz_f)."""
+        vals, segs, counts = [], [], []
+        for f in self.features_of(tname):
+            ids, lengths = batch[f]
+            ids = check_ids(ids, f)
+            mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+            v = ids[mask]                                      # [nnz], row-major
+            segs.append(torch.repeat_interleave(torch.arange(size), lengths))
+            vals.append(v | (self.slot[f][1] << ID_BITS))
+            counts.append(len(v))
+        return torch.cat(vals), segs, counts
+
+    def unique_ids(self, batch: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per table, the unique namespaced ids a batch looks up (sorted, int64 [U]; the same order as the
+        forward pass uses) and how many times each occurs in the batch (int64 [U]). No side effects: this
+        is what a parameter-server worker asks the server for before its forward pass. Raises
+        SparseInputError like ``__call__``."""
+        size = validate_batch(batch, list(self.features))
+        out = {}
+        for tname in self.tables:
+            uids, inverse = torch.unique(self._table_values(tname, batch, size)[0], return_inverse=True)
+            out[tname] = (uids, torch.bincount(inverse, minlength=len(uids)))
+        return out
+
     def __call__(self, batch: dict, train: bool = True) -> dict[str, torch.Tensor]:
         """Pooled embeddings ``{feature: [B, dim]}``. See the module docstring for the batch format."""
         names = list(self.features)
@@ -110,16 +136,7 @@ class EmbeddingCollection:
         out = {}
         for tname in self.tables:
             feats = self.features_of(tname)
-            vals, segs, counts = [], [], []
-            for f in feats:
-                ids, lengths = batch[f]
-                ids = check_ids(ids, f)
-                mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
-                v = ids[mask]                                      # [nnz], row-major
-                segs.append(torch.repeat_interleave(torch.arange(size), lengths))
-                vals.append(v | (self.slot[f][1] << ID_BITS))
-                counts.append(len(v))
-            allv = torch.cat(vals)
+            allv, segs, counts = self._table_values(tname, batch, size)
             uids, inverse = torch.unique(allv, return_inverse=True)
             emb = self._lookup_unique(tname, uids, train)[inverse]  # [nnz_total, dim]
             self.lookups += 1

@@ -1,0 +1,109 @@
+"""Gradient aggregation over a global batch (GBA, arXiv 2205.11048 §3.1-3.2), shared by every mode.
+
+The one rule, used by the parameter server (async, SSP, Hop-BW, GBA) and by synchronous all-reduce
+alike, so that switching modes changes no hyper-parameter:
+
+- a worker sends SUMS over its local batch: the dense gradient [P] and, per embedding row it
+  touched, the row gradient [d] and how many times the row occurred in the batch;
+- dense parameters average over the samples the update covers (the global batch G in sync and
+  GBA): ``dense = sum_i w_i g_i / sum_i n_i``;
+- sparse rows average over the samples that touched them: ``row = sum_i w_i g_i,row / sum_i c_i,row``
+  (counts unweighted, so a decayed gradient moves its rows less; GBA §3.2).
+
+``w_i`` is 1 except for GBA's staleness decay. Shapes: P dense parameters, U unique rows, d = row width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Gradient:
+    """One worker's gradient over one local batch (sums over its samples, not means).
+
+    Attributes:
+        dense: [P] float32, sum over the batch of d loss_i / d dense parameters.
+        sparse: per table ``(ids int64 [U] unique, grads float32 [U, d] summed, counts int64 [U])``.
+        samples: local batch size n. loss_sum: sum of the per-sample BCE (for the training curve).
+    """
+
+    dense: torch.Tensor
+    sparse: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    samples: int
+    loss_sum: float = 0.0
+
+
+@dataclass
+class Update:
+    """One optimizer step: ``dense`` [P] averaged over ``samples``; ``sparse`` per table ``(ids [U],
+    grads [U, d])`` averaged per row over the samples that touched it."""
+
+    dense: torch.Tensor
+    sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    samples: int
+    gradients: int
+    loss: float
+    """Mean per-sample training loss of the covered samples (at the parameters each worker pulled)."""
+
+
+def dense_mean(dense_sum: torch.Tensor, samples: int) -> torch.Tensor:
+    """Dense gradient averaged over the ``samples`` the update covers. Raises ValueError if samples < 1."""
+    if samples < 1:
+        raise ValueError(f"an update must cover at least one sample, got {samples}")
+    return dense_sum / samples
+
+
+def rows_mean(row_sum: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Row gradients [U, d] averaged over the samples that touched each row (counts [U], >= 1)."""
+    return row_sum / counts.clamp(min=1).to(row_sum.dtype)[:, None]
+
+
+def sum_rows(keys: torch.Tensor, values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum duplicate keys: keys [n], values [n, d], counts [n] -> (unique keys [U], sums [U, d], counts [U])."""
+    ukeys, inv = torch.unique(keys, return_inverse=True)
+    sums = torch.zeros(len(ukeys), values.shape[1], dtype=values.dtype).index_add_(0, inv, values)
+    return ukeys, sums, torch.zeros(len(ukeys), dtype=torch.int64).index_add_(0, inv, counts.to(torch.int64))
+
+
+@dataclass
+class Aggregator:
+    """Accumulates weighted gradients until the server's token control says apply (GBA §3.2).
+
+    ``add(g, w)`` with 0 < w <= 1; ``take()`` returns the Update and resets. The aggregator does no
+    scheduling: which gradients enter and when to take is ``ops.gba.control.Control``'s decision.
+    """
+
+    dense: torch.Tensor | None = None
+    rows: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    samples: int = 0
+    gradients: int = 0
+    loss_sum: float = 0.0
+
+    def add(self, g: Gradient, weight: float = 1.0) -> None:
+        """Add one gradient with weight ``weight``. Raises ValueError for a weight outside (0, 1]
+        (a dropped gradient never reaches the aggregator)."""
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"gradient weight must be in (0, 1], got {weight}")
+        d = g.dense * weight if weight != 1.0 else g.dense
+        self.dense = d.clone() if self.dense is None else self.dense.add_(d)
+        for t, (ids, grads, counts) in g.sparse.items():
+            self.rows.setdefault(t, []).append((ids, grads * weight if weight != 1.0 else grads, counts))
+        self.samples += g.samples
+        self.gradients += 1
+        self.loss_sum += g.loss_sum
+
+    def take(self) -> Update:
+        """The averaged update of everything added since the last take. Raises ValueError when empty."""
+        if self.dense is None:
+            raise ValueError("nothing to apply: no gradient was added since the last update")
+        sparse = {}
+        for t, parts in self.rows.items():
+            ids, sums, counts = sum_rows(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+                                         torch.cat([p[2] for p in parts]))
+            sparse[t] = (ids, rows_mean(sums, counts))
+        up = Update(dense_mean(self.dense, self.samples), sparse, self.samples, self.gradients, self.loss_sum / self.samples)
+        self.dense, self.rows, self.samples, self.gradients, self.loss_sum = None, {}, 0, 0, 0.0
+        return up

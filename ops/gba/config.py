@@ -1,0 +1,186 @@
+"""What one GBA comparison run is (torch-free, so the Dagster asset reads it at load time).
+
+One ``RunSpec`` per launch: the training ``mode``, the hyper-parameters (``train``, one
+``TrainConfig`` shared by every mode), the cluster shape, the mode policies and the straggler trace.
+Switching a run between modes is ``spec.with_mode("gba")``: it changes the mode and nothing else,
+which is the GBA paper's claim made structural (arXiv 2205.11048 §1, §3: switching between
+synchronous all-reduce and GBA needs no hyper-parameter change).
+
+Field terms (GBA paper §3): the **global batch** G = ``train.batch_size`` samples make one
+synchronous optimizer step; a worker computes one gradient over a **local batch** of b =
+``local_batch`` samples, so a global step aggregates M = G / b local batches; a **token** is the
+global step a worker pulled its parameters at; **staleness** tau = global step at push - token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from ops.sparse.config import TrainConfig
+
+from .staleness import StalenessDecay
+from .trace import StragglerTrace
+
+MODES = ("sync", "async", "gba", "ssp", "hopbw")
+"""sync: all-reduce data parallel; async: plain async PS; gba: global batch aggregation with token
+control; ssp: stale synchronous parallel (bounded staleness); hopbw: backup workers."""
+
+
+class GBAConfigError(ValueError):
+    """A run specification that cannot run; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The knobs that define each mode (not model hyper-parameters: they never change the optimizer).
+
+    Attributes:
+        decay: GBA's staleness decay f(tau) (token control, GBA §3.2); see ``StalenessDecay``. Any
+            callable ``int -> [0, 1]`` works in-process; launched runs serialize a StalenessDecay.
+        ssp_bound: SSP's staleness bound s (Ho et al., NeurIPS 2013): a worker may run at most s
+            local batches ahead of the slowest live worker; beyond that its pull waits.
+        backup_workers: Hop-BW's backup workers (Chen et al. 2016, "Revisiting distributed
+            synchronous SGD"; Luo et al., ASPLOS 2019, Hop): each global step waits for the
+            gradients of W - backup_workers workers and drops the rest.
+    """
+
+    decay: StalenessDecay = field(default_factory=StalenessDecay)
+    ssp_bound: int = 3
+    backup_workers: int = 1
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Processes, timeouts and reporting of a run.
+
+    Attributes:
+        workers: W worker processes (PS modes add one parameter-server process; sync runs W ranks).
+        rpc_timeout_s: the timeout of every RPC (torch.distributed.rpc) and collective (gloo).
+        wait_timeout_s: the longest a worker may wait for permission to pull (SSP, Hop-BW) or for
+            the start; past it the worker fails with an error naming the wait.
+        start_timeout_s: how long the RPC world (PS + every worker) may take to assemble; a process
+            whose world is not up by then exits with an error (so does a worker whose PS died).
+        stop_timeout_s: how long the PS waits at the end for live workers to collect their stop.
+        run_timeout_s: wall-clock limit of the training loop (the launch adds its own limit).
+        eval_every: evaluate the test AUC every this many global steps (in samples: eval_every x G).
+        target_auc: the test AUC whose first crossing gives "time to target".
+        threads: torch intra-op threads per process.
+    """
+
+    workers: int = 2
+    rpc_timeout_s: float = 30.0
+    wait_timeout_s: float = 60.0
+    start_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    run_timeout_s: float = 600.0
+    eval_every: int = 16
+    target_auc: float = 0.68
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: mode + hyper-parameters + cluster + policies + straggler trace.
+
+    ``train`` is the single set of hyper-parameters every mode uses: ``train.batch_size`` is the
+    global batch G, ``train.epochs`` the passes over the train split (in applied samples),
+    learning rates, dims, dropout and seed as in ``ops.sparse.config.TrainConfig``.
+    """
+
+    mode: str = "gba"
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=512, epochs=1))
+    local_batch: int = 256
+    cluster: Cluster = field(default_factory=Cluster)
+    policy: Policy = field(default_factory=Policy)
+    trace: StragglerTrace = field(default_factory=StragglerTrace)
+    events_path: str = ""
+    """Parquet of CTR events with a ``split`` column (the ``ctr_events`` table)."""
+    data_cache: str = ""
+    """Folder for the encoded tensors shared by the processes of every run ("" = encode each time)."""
+
+    @property
+    def global_batch(self) -> int:
+        return self.train.batch_size
+
+    @property
+    def local_batches_per_step(self) -> int:
+        """M = G / b local batches per global step."""
+        return self.global_batch // self.local_batch
+
+    def with_mode(self, mode: str) -> RunSpec:
+        """The same run in another mode: every hyper-parameter (``train``, ``local_batch``), the
+        cluster and the trace are shared, not copied. Raises GBAConfigError for an unknown mode."""
+        if mode not in MODES:
+            raise GBAConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        return dataclasses.replace(self, mode=mode)
+
+    def global_steps(self, n_train: int) -> int:
+        """Global steps of the run: floor(epochs x train rows / G), at least 1."""
+        return max(1, int(self.train.epochs * n_train) // self.global_batch)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> RunSpec:
+        d = json.loads(text)
+        train = d["train"]
+        train["hidden"] = tuple(train["hidden"])
+        pol = d["policy"]
+        return RunSpec(mode=d["mode"], train=TrainConfig(**train), local_batch=d["local_batch"],
+                       cluster=Cluster(**d["cluster"]),
+                       policy=Policy(decay=StalenessDecay(**pol["decay"]), ssp_bound=pol["ssp_bound"],
+                                     backup_workers=pol["backup_workers"]),
+                       trace=StragglerTrace(**d["trace"]), events_path=d["events_path"],
+                       data_cache=d.get("data_cache", ""))
+
+
+def hyper_parameters(spec: RunSpec) -> dict:
+    """The hyper-parameters a run trains with, as every trainer (sync ranks and the parameter
+    server) records them: a function of ``spec.train`` and ``spec.local_batch`` only, never of the
+    mode. Two runs of one job in different modes report equal dicts."""
+    t = spec.train
+    return {"global_batch": t.batch_size, "local_batch": spec.local_batch, "epochs": t.epochs, "dim": t.dim,
+            "hidden": list(t.hidden), "dropout": t.dropout, "sparse_optimizer": "SparseAdagrad", "sparse_lr": t.sparse_lr,
+            "dense_optimizer": "Adam", "dense_lr": t.dense_lr, "emb_l2": t.emb_l2, "crosses": list(t.crosses),
+            "coalesce": t.coalesce, "seed": t.seed}
+
+
+def validate(spec: RunSpec) -> RunSpec:
+    """Check a spec before anything starts. Returns it; raises GBAConfigError naming the field:
+    unknown mode, workers < 1, non-positive batches, global batch not a multiple of the local
+    batch, sync/Hop-BW global batch not divisible into W equal shares of local batches, backup
+    workers not in [0, W), negative SSP bound, non-positive timeouts or eval cadence, bad trace."""
+    if spec.mode not in MODES:
+        raise GBAConfigError(f"mode must be one of {MODES}, got {spec.mode!r}")
+    c, t = spec.cluster, spec.train
+    if c.workers < 1:
+        raise GBAConfigError(f"cluster.workers must be >= 1 (a run needs at least one worker), got {c.workers}")
+    if spec.local_batch < 1:
+        raise GBAConfigError(f"local_batch must be >= 1, got {spec.local_batch}")
+    if t.batch_size < 1:
+        raise GBAConfigError(f"train.batch_size (the global batch) must be >= 1, got {t.batch_size}")
+    if t.batch_size % spec.local_batch:
+        raise GBAConfigError(f"train.batch_size (global batch {t.batch_size}) must be a multiple of local_batch "
+                             f"({spec.local_batch}): a global step aggregates whole local batches")
+    if t.epochs <= 0:
+        raise GBAConfigError(f"train.epochs must be > 0, got {t.epochs}")
+    m = spec.local_batches_per_step
+    if spec.mode in ("sync", "hopbw") and m % c.workers:
+        raise GBAConfigError(f"mode {spec.mode!r}: the global batch ({t.batch_size} = {m} local batches of {spec.local_batch}) "
+                             f"must split evenly over cluster.workers ({c.workers}): need train.batch_size to be a "
+                             f"multiple of workers x local_batch = {c.workers * spec.local_batch}")
+    if spec.mode == "hopbw" and not 0 <= spec.policy.backup_workers < c.workers:
+        raise GBAConfigError(f"policy.backup_workers must be in [0, workers={c.workers}), got {spec.policy.backup_workers}")
+    if spec.policy.ssp_bound < 0:
+        raise GBAConfigError(f"policy.ssp_bound must be >= 0, got {spec.policy.ssp_bound}")
+    for name in ("rpc_timeout_s", "wait_timeout_s", "start_timeout_s", "stop_timeout_s", "run_timeout_s"):
+        if getattr(c, name) <= 0:
+            raise GBAConfigError(f"cluster.{name} must be > 0 (every wait has a timeout), got {getattr(c, name)}")
+    if c.eval_every < 1:
+        raise GBAConfigError(f"cluster.eval_every must be >= 1 global step, got {c.eval_every}")
+    spec.trace.check(c.workers)
+    spec.policy.decay.check()
+    return spec

@@ -1,0 +1,235 @@
+"""Token control and scheduling of the parameter-server modes (pure Python; no tensors, no RPC).
+
+GBA (arXiv 2205.11048 §3.2): every pull hands the worker a token, the global step its parameters
+are at; the gradient comes back with it; staleness tau = global step now - token; the gradient is
+weighted by f(tau) (0 drops it) and counted into the global batch; when the accepted gradients
+cover exactly G samples the server applies one optimizer step. Workers never wait for each other;
+a lost worker's token and its batch are dropped (Invariants 1-4 of SEEDS.md §3).
+
+Baselines on the same server:
+- ``async``: every gradient is applied on arrival (one optimizer step per local batch).
+- ``ssp`` (Ho et al., NeurIPS 2013): async, but a worker whose clock (gradients pushed) is more
+  than ``ssp_bound`` ahead of the slowest live worker waits at its pull.
+- ``hopbw`` (backup workers; Chen et al. 2016; Luo et al., ASPLOS 2019): synchronous global steps;
+  each worker gets M / W tokens per step; the step is applied as soon as the gradients of
+  W - backup_workers workers' shares have arrived; later gradients of that step are dropped.
+
+Samples come from one shared stream: the server hands out local batch numbers in order (at
+``hello`` and with every push), so faster workers take more batches. The run ends when
+``total_samples`` samples have been applied; the last pulls get ``STOP``.
+
+Staleness is counted in optimizer steps (model versions): global steps for GBA and Hop-BW,
+local-batch updates for async and SSP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import RunSpec
+
+
+@dataclass(frozen=True)
+class Work:
+    """Pull granted: compute on parameters at global step ``token``."""
+
+    token: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Pull refused for now: ask again after ``seconds``."""
+
+    seconds: float
+    reason: str
+
+
+STOP = "stop"
+
+
+@dataclass(frozen=True)
+class PushVerdict:
+    """What the server does with a pushed gradient.
+
+    Attributes:
+        tau: staleness (steps). weight: f(tau) in [0, 1]; 0 = dropped. apply: the aggregate is
+        complete, apply one optimizer step now. next_batch: the worker's next local batch number,
+        or None = stop.
+    """
+
+    tau: int
+    weight: float
+    apply: bool
+    next_batch: int | None
+
+
+class ProtocolError(RuntimeError):
+    """A worker broke the pull/push protocol (pushed without a token, wrong batch); names the worker."""
+
+
+@dataclass
+class Control:
+    """The scheduling state of one PS run. Not thread-safe: the server calls it under its lock.
+
+    Args:
+        spec: the run (mode, W, G, b, policies). total_samples: applied samples that end the run.
+        poll_s: how long a refused pull waits before asking again.
+    """
+
+    spec: RunSpec
+    total_samples: int
+    poll_s: float = 0.002
+    step: int = 0
+    samples_applied: int = 0
+    next_batch_no: int = 0
+    registered: set = field(default_factory=set)
+    live: set = field(default_factory=set)
+    lost: dict = field(default_factory=dict)             # worker -> reason
+    claimed: dict = field(default_factory=dict)          # worker -> batch number handed out, not yet pushed
+    outstanding: dict = field(default_factory=dict)      # worker -> (token, batch) pulled, not yet pushed
+    clock: list = field(default_factory=list)            # SSP: gradients pushed per worker
+    slots: list = field(default_factory=list)            # Hop-BW: tokens of the current step per worker
+    pending_samples: int = 0
+    pending_gradients: int = 0
+    taus: list = field(default_factory=list)
+    pushed: int = 0
+    applied: int = 0
+    decayed: int = 0
+    dropped: int = 0
+    discarded_at_end: int = 0
+    batches_by_worker: list = field(default_factory=list)
+    lost_work: list = field(default_factory=list)        # (worker, token or None, batch) dropped with a lost worker
+    done: bool = False
+
+    def __post_init__(self):
+        w = self.spec.cluster.workers
+        self.live = set(range(w))
+        self.clock, self.slots, self.batches_by_worker = [0] * w, [0] * w, [0] * w
+        self.m = self.spec.local_batches_per_step
+        self.share = self.m // w if self.spec.mode == "hopbw" else self.m
+
+    # -- hand-outs -------------------------------------------------------------------------------
+    def _claim(self, w: int) -> int:
+        n = self.next_batch_no
+        self.next_batch_no += 1
+        self.claimed[w] = n
+        return n
+
+    def hello(self, w: int) -> int | Wait | str:
+        """Register worker ``w``; its first batch number once every worker has registered (the
+        start barrier), else Wait; STOP if the run is over or the worker was declared lost."""
+        self._check_worker(w)
+        if self.done or w in self.lost:
+            return STOP
+        self.registered.add(w)
+        if len(self.registered | set(self.lost)) < self.spec.cluster.workers:
+            return Wait(self.poll_s, "start: waiting for every worker to register")
+        return self.claimed[w] if w in self.claimed else self._claim(w)
+
+    @property
+    def started(self) -> bool:
+        return len(self.registered | set(self.lost)) >= self.spec.cluster.workers
+
+    def pull(self, w: int, batch: int) -> Work | Wait | str:
+        """Worker ``w`` asks for parameters to compute local batch ``batch``: Work(token), Wait or STOP."""
+        self._check_worker(w)
+        if self.done or w not in self.live:
+            return STOP
+        if self.claimed.get(w) != batch:
+            raise ProtocolError(f"worker{w} pulled for batch {batch}, but holds batch {self.claimed.get(w)}")
+        if w in self.outstanding:
+            raise ProtocolError(f"worker{w} pulled twice without pushing (token {self.outstanding[w][0]})")
+        mode = self.spec.mode
+        if mode == "ssp":
+            slowest = min(self.clock[v] for v in self.live)
+            if self.clock[w] - slowest > self.spec.policy.ssp_bound:
+                return Wait(self.poll_s, f"ssp: worker{w} at clock {self.clock[w]} is more than "
+                                         f"{self.spec.policy.ssp_bound} ahead of the slowest ({slowest})")
+        if mode == "hopbw":
+            if self.slots[w] >= self.share:
+                return Wait(self.poll_s, f"hopbw: worker{w} has its {self.share} token(s) of global step {self.step}")
+            self.slots[w] += 1
+        self.outstanding[w] = (self.step, batch)
+        return Work(self.step)
+
+    def _needed(self) -> int:
+        """Hop-BW: gradients that complete a global step (capped by what the live workers can send)."""
+        want = self.m - self.spec.policy.backup_workers * self.share
+        return max(1, min(want, len(self.live) * self.share))
+
+    def push(self, w: int, token: int, batch: int, samples: int) -> PushVerdict:
+        """Worker ``w`` returns its gradient of ``batch`` computed at ``token`` over ``samples`` samples.
+        Raises ProtocolError for a push without a matching pull."""
+        self._check_worker(w)
+        if self.outstanding.get(w) != (token, batch):
+            raise ProtocolError(f"worker{w} pushed (token {token}, batch {batch}) but holds {self.outstanding.get(w)}")
+        del self.outstanding[w]
+        self.claimed.pop(w, None)
+        self.pushed += 1
+        self.clock[w] += 1
+        self.batches_by_worker[w] += 1
+        tau = self.step - token
+        if self.done or w not in self.live:
+            self.discarded_at_end += 1
+            return PushVerdict(tau, 0.0, False, None)
+        self.taus.append(tau)
+        mode = self.spec.mode
+        if mode == "gba":
+            weight = float(self.spec.policy.decay(tau))
+        elif mode == "hopbw":
+            weight = 1.0 if token == self.step else 0.0
+        else:
+            weight = 1.0
+        if weight <= 0.0:
+            self.dropped += 1
+        else:
+            self.pending_samples += samples
+            self.pending_gradients += 1
+            self.applied += 1
+            self.decayed += weight < 1.0
+        apply = weight > 0.0 and self._complete()
+        if apply:
+            self._advance()
+        return PushVerdict(tau, weight, apply, None if self.done else self._claim(w))
+
+    def _complete(self) -> bool:
+        mode = self.spec.mode
+        if mode == "gba":
+            if self.pending_samples > self.spec.global_batch:
+                raise ProtocolError(f"global batch overshoot: {self.pending_samples} > {self.spec.global_batch} samples "
+                                    f"(local batches must have exactly {self.spec.local_batch} samples)")
+            return self.pending_samples == self.spec.global_batch
+        if mode == "hopbw":
+            return self.pending_gradients >= self._needed()
+        return True                                                     # async, ssp
+
+    def _advance(self) -> None:
+        self.step += 1
+        self.samples_applied += self.pending_samples
+        self.pending_samples = self.pending_gradients = 0
+        self.slots = [0] * len(self.slots)
+        if self.samples_applied >= self.total_samples:
+            self.done = True
+
+    def worker_lost(self, w: int, reason: str) -> bool:
+        """Declare worker ``w`` dead: its outstanding token and claimed batch are dropped (recorded in
+        ``lost_work``); SSP stops waiting for it; Hop-BW needs fewer gradients. Returns True when
+        that completes the pending Hop-BW step (the caller applies it)."""
+        self._check_worker(w)
+        if w in self.lost:
+            return False
+        self.lost[w] = reason
+        self.live.discard(w)
+        self.registered.discard(w)
+        tok = self.outstanding.pop(w, None)
+        batch = self.claimed.pop(w, None)
+        if tok is not None or batch is not None:
+            self.lost_work.append((w, tok[0] if tok else None, batch))
+        if self.spec.mode == "hopbw" and not self.done and self.pending_gradients and self._complete():
+            self._advance()
+            return True
+        return False
+
+    def _check_worker(self, w: int) -> None:
+        if not 0 <= w < self.spec.cluster.workers:
+            raise ProtocolError(f"unknown worker index {w} (workers: {self.spec.cluster.workers})")

@@ -1,0 +1,282 @@
+"""The parameter-server modes over torch.distributed.rpc (TensorPipe): rank 0 is the PS, ranks
+1..W are workers (GBA, arXiv 2205.11048 §3; SEEDS.md §3).
+
+Launch: ``python ops/gba/launch_ps.py --spec spec.json --out DIR`` starts rank 0, which starts its
+W workers itself (``--role worker``; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as children
+in its process group, so a launch timeout kills them all. Why not torchrun: its elastic agent
+stops every rank when one fails, which is the opposite of GBA's Invariant 4 (a failed worker drops
+its token and batch; nothing else breaks). Rank 0 watches its workers' processes and declares a
+worker lost when it exits before being told to stop. On several hosts, start workers with the same
+command and ``--role worker`` (same environment contract).
+
+Protocol (every call ``rpc_sync`` with an explicit timeout; the PS never calls a worker, so a dead
+worker can block nothing): ``hello`` -> first batch number; ``pull(batch, ids)`` -> token, rows,
+dense parameters (only when changed) or wait/stop; ``push(token, batch, gradient)`` -> next batch
+number or stop. Waits (start barrier, SSP bound, Hop-BW step) are polls bounded by
+``cluster.wait_timeout_s``. Rank 0 reports evaluation points through Dagster Pipes
+(``ops.launch.rank0_pipes``) and writes ``result.json``, ``progress.jsonl`` and ``workers.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+_SERVER = None        # the ParameterServer of this process (rank 0 only)
+
+
+# -- RPC handlers (run on the PS's RPC threads) ----------------------------------------------------
+def _hello(w: int):
+    return _SERVER.hello(w)
+
+
+def _pull(w: int, batch: int, ids: dict, version: int):
+    return _SERVER.pull(w, batch, ids, version)
+
+
+def _push(w: int, token: int, batch: int, grad):
+    return _SERVER.push(w, token, batch, grad)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rpc_options(spec, port: int):
+    import torch.distributed.rpc as rpc
+
+    return rpc.TensorPipeRpcBackendOptions(rpc_timeout=spec.cluster.rpc_timeout_s, init_method=f"tcp://127.0.0.1:{port}",
+                                           num_worker_threads=max(4, spec.cluster.workers + 2))
+
+
+class Watchdog:
+    """A daemon thread that ends this process (``os._exit(1)``, after ``on_fail``) when ``check()``
+    returns a reason, or when ``started`` is not set within ``start_timeout_s``: rpc.init_rpc has
+    no timeout of its own (its TCP rendezvous waits 30 minutes for a missing rank)."""
+
+    def __init__(self, name: str, start_timeout_s: float, check, on_fail=lambda: None):
+        self.started = threading.Event()
+        self.name, self.timeout, self.check, self.on_fail = name, start_timeout_s, check, on_fail
+        threading.Thread(target=self._run, name=f"{name}-watchdog", daemon=True).start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            time.sleep(0.2)
+            reason = self.check()
+            if reason is None and not self.started.is_set() and time.monotonic() > deadline:
+                reason = f"the RPC world was not up after cluster.start_timeout_s = {self.timeout} s"
+            if reason is not None:
+                print(f"[{self.name}] giving up: {reason}", file=sys.stderr, flush=True)
+                self.on_fail()
+                os._exit(1)
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc} before it was told to stop"
+
+
+# -- rank 0 ----------------------------------------------------------------------------------------
+def serve(spec_path: str, out_dir: str) -> int:
+    """Rank 0: start the workers, serve until the configured global steps are applied, write the
+    result. Returns 0 on a finished run (even with lost workers), 1 when it could not finish."""
+    global _SERVER
+    import torch
+    import torch.distributed.rpc as rpc
+
+    from ops.launch import rank0_pipes
+
+    from . import report
+    from .config import RunSpec, validate
+    from .data import load
+    from .server import ParameterServer
+
+    spec = validate(RunSpec.from_json(Path(spec_path).read_text()))
+    torch.set_num_threads(spec.cluster.threads)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    port, world = free_port(), spec.cluster.workers + 1
+    t0 = time.monotonic()
+    data = load(spec.events_path, spec.train.crosses, spec.data_cache)   # fills the cache before the workers read it
+    procs = []
+    for i in range(spec.cluster.workers):
+        env = {**os.environ, "RANK": str(i + 1), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(spec.cluster.threads)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "ops.gba.launch_ps", "--role", "worker", "--index", str(i),
+                                       "--port", str(port), "--spec", spec_path, "--out", out_dir], env=env))
+    (out / "workers.json").write_text(json.dumps({f"worker{i}": p.pid for i, p in enumerate(procs)}))
+    progress = (out / "progress.jsonl").open("a")
+    rc = 1
+    try:
+        with rank0_pipes() as pipes:
+            def on_eval(point: dict) -> None:
+                progress.write(json.dumps(point) + "\n")
+                progress.flush()
+                pipes.report_custom_message(point)
+                pipes.log.info(f"{spec.mode}: global step {point['global_step']:.1f}, {point['train_s']:.1f} s, "
+                               f"test AUC {point['auc']:.4f}, log loss {point['logloss']:.4f}")
+
+            _SERVER = ParameterServer(spec, data, on_eval=on_eval)
+            t1 = time.monotonic()
+
+            def early_exit():
+                for i, p in enumerate(procs):
+                    if p.poll() is not None:
+                        return f"worker{i} {describe_exit(p.returncode)} before the RPC world was up"
+
+            def kill_workers():
+                for p in procs:
+                    p.kill()
+
+            guard = Watchdog("ps", spec.cluster.start_timeout_s, lambda: None if guard.started.is_set() else early_exit(),
+                             kill_workers)
+            rpc.init_rpc("ps", rank=0, world_size=world, rpc_backend_options=_rpc_options(spec, port))
+            guard.started.set()
+            pipes.log.info(f"{spec.mode}: PS ready (data + model {t1 - t0:.1f} s, RPC world of {world} up after "
+                           f"{time.monotonic() - t1:.1f} s)")
+            try:
+                _watch(_SERVER, procs, spec, pipes.log)
+                res = _SERVER.result()
+                report.write_json(res, out / "result.json")
+                for lw in res["lost_workers"]:
+                    pipes.log.warning(f"{lw['worker']} lost ({lw['reason']}): dropped tokens {lw['dropped_tokens']}, "
+                                      f"batches {lw['dropped_batches']}")
+                pipes.log.info(f"{spec.mode}: {res['optimizer_steps']} optimizer steps, {res['global_steps']:.1f} global steps, "
+                               f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
+                rc = 0 if res["failure"] is None else 1
+                if res["failure"]:
+                    pipes.log.error(f"{spec.mode}: {res['failure']}")
+            finally:
+                rpc.shutdown(graceful=False)
+    finally:
+        progress.close()
+        for p in procs:
+            try:
+                p.wait(timeout=spec.cluster.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+    return rc
+
+
+def _watch(server, procs, spec, log) -> None:
+    """Until the run finishes: declare workers whose process exited unasked lost; bound the run by
+    ``run_timeout_s`` and the end by ``stop_timeout_s``."""
+    deadline = time.monotonic() + spec.cluster.run_timeout_s
+    done_at = None
+    seen: set[int] = set()
+    while not server.finished.wait(0.05):
+        for i, p in enumerate(procs):
+            rc = p.poll()
+            if rc is not None and i not in seen:
+                seen.add(i)
+                if i not in server.stopped or rc != 0:
+                    log.warning(f"worker{i} {describe_exit(rc)}")
+                    server.worker_lost(i, describe_exit(rc))
+        now = time.monotonic()
+        if server.control.done and done_at is None:
+            done_at = now
+        if done_at is not None and now - done_at > spec.cluster.stop_timeout_s:
+            log.warning(f"workers {sorted(server.control.live - server.stopped)} did not collect their stop in "
+                        f"{spec.cluster.stop_timeout_s} s; shutting down without them")
+            return
+        if now > deadline:
+            server.stop_all()
+            log.error(f"run exceeded cluster.run_timeout_s = {spec.cluster.run_timeout_s} s")
+            return
+
+
+# -- workers ---------------------------------------------------------------------------------------
+def work(spec_path: str, index: int, port: int) -> int:
+    """Worker ``index`` (rank index + 1): pull, compute one local batch, sleep per the straggler
+    trace, push; until stopped. Returns 0 when stopped by the PS."""
+    import torch
+    import torch.distributed.rpc as rpc
+
+    from . import ps
+    from .config import RunSpec
+    from .data import SampleStream, load, take
+    from .model import WorkerModel
+
+    spec = RunSpec.from_json(Path(spec_path).read_text())
+    torch.set_num_threads(spec.cluster.threads)
+    c, W = spec.cluster, spec.cluster.workers
+    data = load(spec.events_path, spec.train.crosses, spec.data_cache)
+    model = WorkerModel(data.fields, spec.train, index)
+    stream = SampleStream(data.n_train, spec.local_batch, spec.train.seed)
+    parent = os.getppid()
+    guard = Watchdog(f"worker{index}", c.start_timeout_s,
+                     lambda: "its parameter server (parent process) is gone" if os.getppid() != parent else None)
+    rpc.init_rpc(f"worker{index}", rank=index + 1, world_size=W + 1, rpc_backend_options=_rpc_options(spec, port))
+    guard.started.set()
+
+    def call(fn, *args):
+        return rpc.rpc_sync("ps", fn, args=args, timeout=c.rpc_timeout_s)
+
+    def waited(since: float, reason: str) -> None:
+        if time.monotonic() - since > c.wait_timeout_s:
+            raise TimeoutError(f"worker{index} waited more than cluster.wait_timeout_s = {c.wait_timeout_s} s: {reason}")
+
+    try:
+        since = time.monotonic()
+        r = call(ps._hello, index)
+        while r[0] == "wait":
+            waited(since, r[2])
+            time.sleep(r[1])
+            r = call(ps._hello, index)
+        batch = r[1] if r[0] == "go" else None
+        version, k = -1, 0
+        since = None
+        while batch is not None:
+            idx = stream.indices(batch)
+            b, y = take(data.train, idx), data.y_train[idx]
+            ids = model.ids(b)
+            r = call(ps._pull, index, batch, {t: u for t, (u, _) in ids.items()}, version)
+            if r[0] == "wait":
+                since = since or time.monotonic()
+                waited(since, r[2])
+                time.sleep(r[1])
+                continue
+            since = None
+            if r[0] == "stop":
+                break
+            _, token, rows, dense, version = r
+            t = time.perf_counter()
+            grad = model.gradient(b, y, ids, rows, dense)
+            delay = spec.trace.delay_s(index, k, W, time.perf_counter() - t)
+            k += 1
+            if delay > 0:
+                time.sleep(delay)
+            r = call(ps._push, index, token, batch, grad)
+            batch = r[1] if r[0] == "go" else None
+    finally:
+        rpc.shutdown(graceful=False)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="GBA parameter server (rank 0) or worker")
+    ap.add_argument("--spec", required=True, help="RunSpec JSON file")
+    ap.add_argument("--out", required=True, help="folder for result.json, progress.jsonl, workers.json")
+    ap.add_argument("--role", choices=["ps", "worker"], default="ps")
+    ap.add_argument("--index", type=int, default=0, help="worker index (rank - 1)")
+    ap.add_argument("--port", type=int, default=0, help="rendezvous port of rank 0")
+    a = ap.parse_args(argv)
+    if a.role == "worker":
+        return work(a.spec, a.index, a.port)
+    return serve(a.spec, a.out)

@@ -1,0 +1,194 @@
+"""The parameter server of the PS modes (async, SSP, Hop-BW, GBA), transport-free.
+
+``ParameterServer`` combines token control (``control.Control``), gradient aggregation
+(``aggregate.Aggregator``) and the model (``model.ServerModel``) behind four thread-safe calls —
+``hello``, ``pull``, ``push``, ``worker_lost`` — that ``ops.gba.ps`` exposes over
+torch.distributed.rpc and that tests drive in-process. It also keeps the clock (training seconds,
+evaluation excluded), evaluates the test AUC every ``eval_every`` global steps of applied samples,
+and assembles the result record (``ops.gba.report``).
+
+Sparse tables and dense parameters live here, on one server process (sharding the tables by ID
+across several servers is not built: ``ops.sparse.shard`` shards for all-reduce training only).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from . import report
+from .aggregate import Aggregator, Gradient
+from .config import RunSpec, hyper_parameters, validate
+from .control import STOP, Control, Wait
+from .data import CTRData
+from .model import ServerModel
+from .staleness import histogram
+
+
+class ParameterServer:
+    """Thread-safe PS core for one run.
+
+    Args:
+        spec: the run (``spec.mode`` in async | ssp | hopbw | gba). data: the encoded CTR data.
+        on_eval: called with each evaluation point (a dict) — rank 0 forwards it to Dagster Pipes.
+        clock: seconds (monotonic), injectable for tests.
+    Raises GBAConfigError for a bad spec, ValueError for mode ``sync`` (no server).
+    """
+
+    def __init__(self, spec: RunSpec, data: CTRData, on_eval: Callable[[dict], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        validate(spec)
+        if spec.mode == "sync":
+            raise ValueError("mode 'sync' trains by all-reduce (ops.gba.sync), not on a parameter server")
+        self.spec, self.data, self.on_eval, self.clock = spec, data, on_eval, clock
+        self.steps_target = spec.global_steps(data.n_train)
+        self.control = Control(spec, total_samples=self.steps_target * spec.global_batch)
+        self.agg = Aggregator()
+        self.model = ServerModel(data.fields, spec.train)
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        self.stopped: set[int] = set()
+        self.version = 0
+        self._dense = self.model.dense()
+        self.curve: list[dict] = []
+        self.loss_curve: list[list[float]] = []
+        self.t0: float | None = None
+        self.eval_s = 0.0
+        self.t_end: float | None = None
+        self.next_eval = spec.cluster.eval_every * spec.global_batch
+        self.failure: str | None = None
+        self._evaluate(0)
+
+    # -- clock and evaluation --------------------------------------------------------------------
+    def train_seconds(self) -> float:
+        if self.t0 is None:
+            return 0.0
+        end = self.t_end if self.t_end is not None else self.clock()
+        return end - self.t0 - self.eval_s
+
+    def _evaluate(self, samples: int) -> None:
+        t = self.clock()
+        m = self.model.evaluate(self.data.test, self.data.y_test)
+        point = {"mode": self.spec.mode, "global_step": samples / self.spec.global_batch, "samples": samples,
+                 "train_s": self.train_seconds(), **m}
+        if self.t0 is not None and self.t_end is None:
+            self.eval_s += self.clock() - t
+        self.curve.append(point)
+        if self.on_eval:
+            self.on_eval(point)
+
+    # -- the four calls --------------------------------------------------------------------------
+    def hello(self, w: int):
+        """("go", first batch number) | ("wait", seconds, reason) | ("stop",)."""
+        with self.lock:
+            r = self.control.hello(w)
+            if self.control.started and self.t0 is None:
+                self.t0 = self.clock()
+            return self._reply(w, r)
+
+    def pull(self, w: int, batch: int, ids: dict, have_version: int):
+        """("work", token, rows {table: [U, d]}, dense [P] or None when ``have_version`` is current,
+        version) | ("wait", seconds, reason) | ("stop",)."""
+        with self.lock:
+            r = self.control.pull(w, batch)
+            if r == STOP or isinstance(r, Wait):
+                return self._reply(w, r)
+            rows = self.model.rows(ids)
+            dense = None if have_version == self.version else self._dense
+            return ("work", r.token, rows, dense, self.version)
+
+    def push(self, w: int, token: int, batch: int, grad: Gradient):
+        """("go", next batch number) | ("stop",). Applies an optimizer step when the token control
+        says the aggregate is complete; evaluates at the eval cadence."""
+        with self.lock:
+            v = self.control.push(w, token, batch, grad.samples)
+            if v.weight > 0:
+                self.agg.add(grad, v.weight)
+            if v.apply:
+                self._apply()
+            return self._reply(w, STOP if v.next_batch is None else v.next_batch)
+
+    def worker_lost(self, w: int, reason: str) -> None:
+        """A worker process died: drop its token and batch; finish if no worker is left."""
+        with self.lock:
+            if self.control.worker_lost(w, reason):
+                self._apply()
+            if not self.control.live and not self.control.done:
+                self.failure = f"every worker was lost ({self.control.lost})"
+                self.t_end = self.clock()
+                self.finished.set()
+            self._check_finished()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _apply(self) -> None:
+        up = self.agg.take()
+        self.model.apply(up)
+        self.version += 1
+        self._dense = self.model.dense()
+        c = self.control
+        self.loss_curve.append([c.samples_applied, up.loss])
+        if c.done:
+            self.t_end = self.clock()
+            self._evaluate(c.samples_applied)
+        elif c.samples_applied >= self.next_eval:
+            self._evaluate(c.samples_applied)
+            while self.next_eval <= c.samples_applied:
+                self.next_eval += self.spec.cluster.eval_every * self.spec.global_batch
+
+    def _reply(self, w: int, r):
+        if r == STOP:
+            self.stopped.add(w)
+            self._check_finished()
+            return ("stop",)
+        if isinstance(r, Wait):
+            return ("wait", r.seconds, r.reason)
+        return ("go", r)
+
+    def _check_finished(self) -> None:
+        if self.control.done and self.control.live <= self.stopped:
+            self.finished.set()
+
+    def stop_all(self) -> None:
+        """End the run now (run timeout): remaining pulls get stop."""
+        with self.lock:
+            if not self.control.done:
+                self.failure = self.failure or "stopped before the configured global steps"
+                self.control.done = True
+                self.t_end = self.clock()
+
+    # -- result ----------------------------------------------------------------------------------
+    def result(self) -> dict:
+        """The run record (see ``ops.gba.report``); call after ``finished``."""
+        with self.lock:
+            c = self.control
+            spec = self.spec
+            names = [f"worker{w}" for w in range(spec.cluster.workers)]
+            lost = [{"worker": names[w], "reason": why,
+                     "dropped_tokens": [t for v, t, _ in c.lost_work if v == w and t is not None],
+                     "dropped_batches": [b for v, _, b in c.lost_work if v == w and b is not None]}
+                    for w, why in sorted(c.lost.items())]
+            res = {
+                "mode": spec.mode, "workers": spec.cluster.workers, "world_size": spec.cluster.workers + 1,
+                "launcher": "ops.gba.ps (1 PS + W workers, torch.distributed.rpc / TensorPipe)",
+                "distributed_type": "PS_RPC", "trace": spec.trace.kind, "spec": _spec_dict(spec),
+                "hyper_parameters": hyper_parameters(spec),
+                "global_steps_target": self.steps_target,
+                "global_steps": c.samples_applied / spec.global_batch,
+                "optimizer_steps": c.step, "samples_applied": c.samples_applied,
+                "samples_computed": c.pushed * spec.local_batch,
+                "gradients": {"pushed": c.pushed, "applied": c.applied, "decayed": c.decayed, "dropped": c.dropped,
+                              "discarded_at_end": c.discarded_at_end},
+                "staleness_histogram": histogram(c.taus), "staleness_unit": "global steps" if spec.mode in ("gba", "hopbw") else "optimizer steps",
+                "batches_by_worker": dict(zip(names, c.batches_by_worker)),
+                "lost_workers": lost, "failure": self.failure,
+                "curve": self.curve, "loss_curve": self.loss_curve, "final": self.curve[-1] if self.curve else None,
+                "eval_seconds": self.eval_s,
+            }
+            return report.finish(res, c.samples_applied, self.train_seconds(), spec.cluster.target_auc)
+
+
+def _spec_dict(spec: RunSpec) -> dict:
+    import json
+
+    return json.loads(spec.to_json())

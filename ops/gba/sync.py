@@ -1,0 +1,226 @@
+"""Synchronous data-parallel training with all-reduce: GBA's baseline (arXiv 2205.11048 §2, §5).
+
+W ranks (gloo on CPU) each take an equal share of every global batch of G samples (M / W local
+batches of the shared sample stream, ``ops.gba.data``), compute per-sample-summed gradients, then
+all-reduce: dense gradients averaged over G, sparse rows (sharded by ID over the ranks,
+``ops.sparse.shard``) averaged over the samples that touched them — the same rule and the same
+optimizers (``ops.gba.aggregate``, ``ops.sparse.train.CTRModel``) as the parameter server, so
+switching a job between ``sync`` and ``gba`` changes no hyper-parameter.
+
+Launch: ``accelerate launch --multi_gpu --num_processes W ops/gba/launch_sync.py --spec ... --out ...``
+with ``ACCELERATE_USE_CPU=true`` (``resources.compute.ComputeResource`` builds it). Each rank checks
+that it got the world size and distributed type it was asked for (``check_launch``): ``accelerate
+launch --cpu --num_processes 2`` silently runs one process (FACTS.md). The straggler trace slows
+rank r exactly as it slows PS worker r; every other rank then waits at the all-reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ops.sparse.shard import ShardedEmbeddingCollection
+from ops.sparse.train import CTRModel
+
+from . import report
+from .aggregate import dense_mean, rows_mean
+from .config import RunSpec, hyper_parameters, validate
+from .data import CTRData, SampleStream, take
+from .model import loss_sum, metrics
+
+
+class LaunchError(RuntimeError):
+    """The launcher started a different world than the run asked for."""
+
+
+def check_launch(world_size: int, distributed_type: str, workers: int) -> None:
+    """Raise LaunchError unless ``world_size == workers`` and the distributed type is MULTI_CPU
+    (NO for a single worker)."""
+    want = "MULTI_CPU" if workers > 1 else "NO"
+    if world_size != workers or distributed_type != want:
+        raise LaunchError(f"sync launch gave world size {world_size} with distributed type {distributed_type}, but the run asked "
+                          f"for {workers} rank(s) ({want}); `accelerate launch --cpu --num_processes N` starts one process: "
+                          f"launch with --multi_gpu and ACCELERATE_USE_CPU=true")
+
+
+class _TimedExchange:
+    """The collection's exchanger, timing its collectives (so a straggler's slowdown multiplies its
+    local compute only, as on a PS worker, not the waits for other ranks)."""
+
+    def __init__(self, x):
+        self.x, self.seconds = x, 0.0
+
+    def __call__(self, send):
+        t = time.perf_counter()
+        try:
+            return self.x(send)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def __getattr__(self, name):
+        return getattr(self.x, name)
+
+
+class CountingShardedCollection(ShardedEmbeddingCollection):
+    """Sharded tables whose row gradients are averaged over the samples that touched each row in
+    the whole global batch: each rank sends [grad sum | occurrences] to the row's owner."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.x = _TimedExchange(self.x)
+
+    def expect(self, counts: dict[str, torch.Tensor]) -> None:
+        """Occurrences [U] of the next forward's unique ids per table (``unique_ids`` of the batch)."""
+        self._counts = counts
+
+    def apply_gradients(self) -> None:
+        pending, self._pending = self._pending, []
+        for tname, (rows, inv, sizes, pos), leaf in pending:
+            table = self.tables[tname]
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+            gc = torch.cat([grad, self._counts[tname].to(grad.dtype)[:, None]], dim=1)       # [U, d + 1]
+            s = torch.zeros(len(rows), table.dim + 1).index_add(0, inv, torch.cat(self.x([gc[p] for p in pos])))
+            table.apply_gradients(rows, rows_mean(s[:, :table.dim], s[:, table.dim]))
+
+
+class SyncModel(CTRModel):
+    """CTRModel over CountingShardedCollection, data-parallel dense parameters (one all-reduce)."""
+
+    def __init__(self, fields: list[str], cfg, group=None):
+        super().__init__(fields, cfg, collection_cls=CountingShardedCollection, group=group, exchange="auto")
+        self.group = group
+        self.params = list(self.net.parameters())
+
+    def backward(self, batch: dict, labels: torch.Tensor) -> float:
+        """Forward + backward of this rank's share [B]; returns its BCE sum."""
+        self.ec.expect({t: c for t, (_, c) in self.ec.unique_ids(batch).items()})
+        bce, reg = loss_sum(self, batch, labels)
+        self.opt.zero_grad()
+        (bce + reg).backward()
+        return bce.item()
+
+    def reduce_and_apply(self, bce_sum: float, samples: int, global_batch: int) -> float:
+        """All-reduce, average (``ops.gba.aggregate``), one optimizer step. Returns the mean global
+        training loss. Raises RuntimeError when the ranks' samples do not add up to the global batch."""
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [torch.tensor([bce_sum, float(samples)])])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        if int(flat[-1]) != global_batch:
+            raise RuntimeError(f"sync step covered {int(flat[-1])} samples, expected the global batch {global_batch}")
+        dense = dense_mean(flat[:-2], global_batch)
+        off = 0
+        for p in self.params:
+            p.grad = dense[off:off + p.numel()].view_as(p).clone()
+            off += p.numel()
+        self.opt.step()
+        self.ec.apply_gradients()
+        self.ec.end_step()
+        return float(flat[-2]) / global_batch
+
+
+class SyncTrainer:
+    """The sync run on one rank (the process group must be initialised; world 1 is fine)."""
+
+    def __init__(self, spec: RunSpec, data: CTRData, on_eval=None):
+        self.spec, self.data, self.on_eval = validate(spec), data, on_eval
+        if spec.mode != "sync":
+            raise ValueError(f"SyncTrainer runs mode 'sync', got {spec.mode!r}")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != spec.cluster.workers:
+            raise LaunchError(f"process group has {self.world} ranks, the run asked for cluster.workers = {spec.cluster.workers}")
+        self.model = SyncModel(data.fields, spec.train)
+        self.stream = SampleStream(data.n_train, spec.local_batch, spec.train.seed)
+        torch.manual_seed(spec.train.seed * 1000 + self.rank + 1)       # dropout stream of this rank (as PS worker r)
+        self.curve, self.loss_curve, self.eval_s = [], [], 0.0
+
+    def _evaluate(self, step: int, train_s: float) -> float:
+        """Test metrics at global step ``step`` (every rank predicts: the lookups are collectives;
+        rank 0 scores). Returns the seconds it took."""
+        t = time.perf_counter()
+        scores = self.model.predict(self.data.test)
+        if self.rank == 0:
+            m = metrics(self.data.y_test, scores)
+            point = {"mode": "sync", "global_step": step, "samples": step * self.spec.global_batch, "train_s": train_s, **m}
+            self.curve.append(point)
+            if self.on_eval:
+                self.on_eval(point)
+        return time.perf_counter() - t
+
+    def run(self) -> dict:
+        spec, W, r = self.spec, self.world, self.rank
+        G, M = spec.global_batch, spec.local_batches_per_step
+        share = M // W
+        steps = spec.global_steps(self.data.n_train)
+        self._evaluate(0, 0.0)
+        dist.barrier()
+        t0, eval_s = time.perf_counter(), 0.0
+        for s in range(steps):
+            idx = self.stream.batches(s * M + r * share, share)
+            t, comm = time.perf_counter(), self.model.ec.x.seconds
+            bce = self.model.backward(take(self.data.train, idx), self.data.y_train[idx])
+            per_batch = (time.perf_counter() - t - (self.model.ec.x.seconds - comm)) / share     # local compute only
+            delay = sum(spec.trace.delay_s(r, s * share + j, W, per_batch) for j in range(share))
+            if delay > 0:
+                time.sleep(delay)
+            loss = self.model.reduce_and_apply(bce, len(idx), G)
+            self.loss_curve.append([(s + 1) * G, loss])
+            if (s + 1) % spec.cluster.eval_every == 0 or s + 1 == steps:
+                train_s = time.perf_counter() - t0 - eval_s
+                eval_s += self._evaluate(s + 1, train_s)
+        train_s = time.perf_counter() - t0 - eval_s
+        res = {
+            "mode": "sync", "workers": W, "world_size": W, "trace": spec.trace.kind, "spec": json.loads(spec.to_json()),
+            "hyper_parameters": hyper_parameters(spec), "global_steps_target": steps, "global_steps": steps,
+            "optimizer_steps": steps, "samples_applied": steps * G, "samples_computed": steps * G,
+            "gradients": {"pushed": steps * M, "applied": steps * M, "decayed": 0, "dropped": 0, "discarded_at_end": 0},
+            "staleness_histogram": {0: steps * M}, "staleness_unit": "global steps",
+            "batches_by_worker": {f"worker{w}": steps * share for w in range(W)}, "lost_workers": [], "failure": None,
+            "curve": self.curve, "loss_curve": self.loss_curve, "final": self.curve[-1] if self.curve else None,
+            "eval_seconds": eval_s, "backend": dist.get_backend(), "exchange": self.model.ec.x.mode,
+        }
+        return report.finish(res, steps * G, train_s, spec.cluster.target_auc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of a sync launch. Rank 0 reports through Dagster Pipes and writes ``result.json``."""
+    from accelerate import PartialState
+
+    from ops.launch import rank0_pipes
+
+    from .data import load
+
+    ap = argparse.ArgumentParser(description="GBA baseline: synchronous all-reduce training (one rank)")
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    spec = validate(RunSpec.from_json(Path(a.spec).read_text()))
+    torch.set_num_threads(spec.cluster.threads)
+    timeout = datetime.timedelta(seconds=spec.cluster.rpc_timeout_s)
+    state = PartialState(cpu=True, timeout=timeout)       # the sparse engine keeps its tables in CPU memory
+    dtype = str(state.distributed_type).split(".")[-1]
+    check_launch(state.num_processes, dtype, spec.cluster.workers)
+    if not dist.is_initialized():                         # a single rank: a world-1 gloo group
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    try:
+        with rank0_pipes() as pipes:
+            def on_eval(point: dict) -> None:
+                pipes.report_custom_message(point)
+                pipes.log.info(f"sync: global step {point['global_step']}, {point['train_s']:.1f} s, test AUC {point['auc']:.4f}")
+
+            data = load(spec.events_path, spec.train.crosses, spec.data_cache)
+            res = SyncTrainer(spec, data, on_eval=on_eval).run()
+            if state.process_index == 0:
+                res.update(distributed_type=dtype, launcher="accelerate launch" if "ACCELERATE_DYNAMO_BACKEND" in os.environ
+                           else "torch.distributed.run")
+                report.write_json(res, Path(a.out) / "result.json")
+                pipes.log.info(f"sync: {res['optimizer_steps']} global steps on {res['world_size']} ranks ({dtype}), "
+                               f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
+    finally:
+        dist.destroy_process_group()
+    return 0
