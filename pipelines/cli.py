@@ -2,6 +2,7 @@
 
     crucible demo                      # every source partition, then the curation graph
     crucible demo --per-module 5       # a smaller generated source
+    crucible demo --skip curation      # reuse the curated data already in the lake
     crucible sources                   # list source partitions
     crucible lineage sft_dataset       # every upstream step: run, data/code version, figures, checks
 
@@ -39,7 +40,24 @@ def _failure_summary(res) -> str:
     return "\n".join(lines) or "  (no step failure recorded; see the run in the UI)"
 
 
-def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
+def _run(job, instance, label: str, loggers: dict, partition_key: str | None = None,
+         partition_range: tuple[str, str] | None = None, run_config: dict | None = None) -> bool:
+    """Execute one job in process; print its outcome (and the failed steps). True when it succeeded."""
+    t = time.monotonic()
+    tags = ({"dagster/asset_partition_range_start": partition_range[0],
+             "dagster/asset_partition_range_end": partition_range[1]} if partition_range else None)
+    res = job.execute_in_process(instance=instance, partition_key=partition_key, tags=tags,
+                                 run_config={**(run_config or {}), "loggers": loggers}, raise_on_error=False)
+    print(f"{label}: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
+    if not res.success:
+        print(f"\n{label} failed:\n{_failure_summary(res)}", file=sys.stderr)
+    return res.success
+
+
+STAGES = ("curation", "training", "mixture")
+
+
+def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[str, ...] = ()) -> int:
     home = ensure_dagster_home()
     import dagster as dg
 
@@ -48,40 +66,40 @@ def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
     from resources.sources import source_partition_keys
 
     instance = dg.DagsterInstance.get()
-    sources_job = defs.resolve_job_def("sources_job")
-    curation_job = defs.resolve_job_def("curation_job")
+    job = defs.resolve_job_def
     raw_cfg = {"mathematics_dataset_per_module": per_module, "limit": limit}
     loggers = {"console": {"config": {"log_level": "INFO"}}}
     t0 = time.monotonic()
-    for key in source_partition_keys():
-        t = time.monotonic()
-        res = sources_job.execute_in_process(
-            instance=instance, partition_key=key, run_config={"ops": {"raw_problems": {"config": raw_cfg}}, "loggers": loggers},
-            raise_on_error=False
-        )
-        print(f"raw_problems[{key}]: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
-        if not res.success:
-            print(f"\nraw_problems[{key}] failed:\n{_failure_summary(res)}", file=sys.stderr)
+    if "curation" not in skip:
+        for key in source_partition_keys():
+            if not _run(job("sources_job"), instance, f"raw_problems[{key}]", loggers, partition_key=key,
+                        run_config={"ops": {"raw_problems": {"config": raw_cfg}}}):
+                return 1
+        if not _run(job("curation_job"), instance, "curation graph", loggers,
+                    run_config={"ops": {"sft_dataset": {"config": {"target_size": target_size}}}}):
             return 1
-    t = time.monotonic()
-    res = curation_job.execute_in_process(
-        instance=instance, run_config={"ops": {"sft_dataset": {"config": {"target_size": target_size}}}, "loggers": loggers},
-        raise_on_error=False
-    )
-    print(f"curation graph: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
-    if not res.success:
-        print(f"\ncuration graph failed:\n{_failure_summary(res)}", file=sys.stderr)
-        return 1
-    t = time.monotonic()
-    res = defs.resolve_job_def("training_job").execute_in_process(instance=instance, run_config={"loggers": loggers}, raise_on_error=False)
-    print(f"training (ctr_events, ctr_model): {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
-    if not res.success:
-        print(f"\ntraining failed:\n{_failure_summary(res)}", file=sys.stderr)
-        return 1
+    if "training" not in skip:
+        if not _run(job("training_job"), instance, "training (ctr_events, ctr_model)", loggers):
+            return 1
+        gba = job("gba_job")
+        for mode in gba.partitions_def.get_partition_keys():
+            if not _run(gba, instance, f"gba_run[{mode}]", loggers, partition_key=mode):
+                return 1
+    if "mixture" not in skip:
+        for name, label in (("mixture_data_job", "mixture: corpora + tokenizer"),
+                            ("cpt_base_job", "mixture: base models (all sizes, one launch)"),
+                            ("cpt_probe_job", "mixture: CPT probe runs (all partitions, one launch)"),
+                            ("mixture_job", "mixture: D-CPT law fit + mixture plan")):
+            j = job(name)
+            keys = j.partitions_def.get_partition_keys() if j.partitions_def else None
+            if not _run(j, instance, label, loggers, partition_range=(keys[0], keys[-1]) if keys else None):
+                return 1
     root = Path(default_root()).resolve()
     print(f"\nmain job done in {time.monotonic() - t0:.1f}s")
     print(f"SFT dataset:     {root / 'sft_dataset'}  (datasets.load_dataset('parquet', data_dir=...))")
     print(f"CTR model:       {root / 'ctr_model'}  (test predictions + sparse tables in safetensors)")
+    print(f"GBA comparison:  {root / 'gba_run'}  (one folder per training mode: curve + run record)")
+    print(f"Mixture plan:    {root / 'mixture_plan' / 'plan.json'}  (D-CPT law fit: {root / 'dcpt_law_fit' / 'fit.json'})")
     print(f"DuckDB catalog:  {root / 'catalog.duckdb'}  (one view per asset)")
     print(f"Dagster UI:      make dev  ->  http://127.0.0.1:3000  (runs recorded in {home})")
     return 0
@@ -90,10 +108,12 @@ def run_demo(per_module: int, target_size: int, limit: int | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    demo = sub.add_parser("demo", help="materialize every source partition, then the curation graph")
+    demo = sub.add_parser("demo", help="the main job: sources, curation, training, mixture")
     demo.add_argument("--per-module", type=int, default=20, help="mathematics_dataset problems per module and difficulty")
     demo.add_argument("--target-size", type=int, default=2000, help="rows in the SFT dataset")
     demo.add_argument("--limit", type=int, default=None, help="cap rows per source (smoke runs)")
+    demo.add_argument("--skip", default="", help=f"comma-separated stages to skip: {', '.join(STAGES)} "
+                      "(a skipped stage's inputs must already be in the lake)")
     sub.add_parser("sources", help="list raw_problems partitions (built-in and from $CRUCIBLE_SOURCES)")
     lin = sub.add_parser("lineage", help="where did an asset's data come from (from the Dagster instance alone)")
     lin.add_argument("asset", help="asset key, e.g. sft_dataset")
@@ -101,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     if args.cmd == "demo":
-        return run_demo(args.per_module, args.target_size, args.limit)
+        skip = tuple(x.strip() for x in args.skip.split(",") if x.strip())
+        bad = sorted(set(skip) - set(STAGES))
+        if bad:
+            print(f"crucible demo: unknown stage(s) {bad}; stages are {', '.join(STAGES)}", file=sys.stderr)
+            return 2
+        return run_demo(args.per_module, args.target_size, args.limit, skip)
     if args.cmd == "lineage":
         ensure_dagster_home()
         import json

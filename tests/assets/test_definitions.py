@@ -23,6 +23,14 @@ EXPECTED_DEPS = {
     "sft_dataset": {"distilled_problems"},
     "ctr_events": set(),
     "ctr_model": {"ctr_events"},
+    "gba_run": {"ctr_events"},
+    "general_corpus": set(),
+    "domain_corpus": {"decontaminated_problems"},
+    "cpt_tokenizer": {"general_corpus", "domain_corpus"},
+    "cpt_base_models": {"cpt_tokenizer"},
+    "cpt_probe_runs": {"cpt_tokenizer", "cpt_base_models"},
+    "dcpt_law_fit": {"cpt_probe_runs"},
+    "mixture_plan": {"dcpt_law_fit"},
 }
 
 
@@ -48,7 +56,7 @@ def test_definitions_validate_and_keep_the_asset_graph_contract():
     assert deps == EXPECTED_DEPS
     checks = {c.name for c in graph.asset_check_keys}
     assert checks == {"no_benchmark_overlap", "one_survivor_per_cluster", "annotated_required_fields",
-                      "distilled_required_fields", "sft_strata_match_plan"}
+                      "distilled_required_fields", "sft_strata_match_plan", "dcpt_fit_heldout_r2"}
     for key in graph.asset_check_keys:
         assert graph.get_check_spec(key).blocking
 
