@@ -59,7 +59,7 @@ def main() -> int:
             forms[f"{target}/{form}"] = {
                 "in_sample": {"huber": fit.huber, "r2": fit.r2},
                 **{ax: {k: g[ax].get(k) for k in ("huber", "r2", "mare", "n_test", "skipped")}
-                   for ax in ("unseen_N", "unseen_D", "unseen_r")},
+                   for ax in ("unseen_N", "unseen_N_extrapolation", "unseen_D", "unseen_r")},
                 "fit_wall_s": round(t_fit, 3), "generalisation_wall_s": round(t_gen, 3), "params": fit.params}
     fg, fd = law.fit_law(pts, "general", "L3"), law.fit_law(pts, "domain", "L3")
     n_max = int(pts["n_params"].max())

@@ -20,11 +20,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class _kept:
+    def __init__(self, path: str):
+        self.path = str(Path(path).resolve())
+
+    def __enter__(self) -> str:
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/main_job.json"))
+    ap.add_argument("--keep", default=None, help="run in this folder and keep the lake/instance (e.g. for "
+                    "benchmarks/dcpt_bench.py --lake <folder>/lake) instead of a temporary one")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with (tempfile.TemporaryDirectory() if args.keep is None else _kept(args.keep)) as tmp:
         env = {**os.environ, "CRUCIBLE_HOME": f"{tmp}/lake", "DAGSTER_HOME": f"{tmp}/dagster"}
         env.pop("CRUCIBLE_SOURCES", None)
         t = time.perf_counter()
@@ -36,6 +50,8 @@ def main() -> int:
         return proc.returncode
     runs = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(.+?): ok in ([\d.]+)s", proc.stdout, re.M)}
     curation = sum(v for k, v in runs.items() if k.startswith("raw_problems[") or k == "curation graph")
+    gba = sum(v for k, v in runs.items() if k.startswith("gba_run["))
+    mixture = sum(v for k, v in runs.items() if k.startswith("mixture:"))
     result = {
         "command": "crucible demo (= make demo after setup)",
         "wall_s": round(wall, 1),
@@ -44,6 +60,9 @@ def main() -> int:
         "target_curation_group_s": 360,
         "meets_target": curation < 360,
         "training_job_s": runs.get("training (ctr_events, ctr_model)"),
+        "gba_all_modes_s": round(gba, 1), "target_gba_s": 180, "gba_meets_target": gba < 180,
+        "mixture_group_s": round(mixture, 1), "target_mixture_s": 240, "mixture_meets_target": mixture < 240,
+        "load_average_at_end": os.getloadavg(),
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%d"),
     }
