@@ -37,6 +37,12 @@ def _failure_summary(res) -> str:
             if err and err.cause:
                 msg = err.cause.message.strip() or msg
             lines.append(f"  {ev.step_key}: {msg}")
+    try:  # a failed blocking check: say which check and why (its description names the cause)
+        for ev in res.get_asset_check_evaluations():
+            if not ev.passed:
+                lines.append(f"  check {ev.asset_key.to_user_string()}.{ev.check_name}: {ev.description or 'failed'}")
+    except Exception:  # noqa: BLE001 - the summary must never hide the original failure
+        pass
     return "\n".join(lines) or "  (no step failure recorded; see the run in the UI)"
 
 

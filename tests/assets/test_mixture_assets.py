@@ -139,3 +139,7 @@ def test_fit_check_names_the_failing_axis(tmp_path):
     ev = r.get_asset_check_evaluations()[0]
     assert not ev.passed
     assert "unseen_" in ev.description and ("general/" in ev.description or "domain/" in ev.description)
+    from pipelines.cli import _failure_summary  # what `crucible demo` prints: the check and the failing axes
+
+    summary = _failure_summary(r)
+    assert "dcpt_law_fit.dcpt_fit_heldout_r2" in summary and "unseen_" in summary
