@@ -1,0 +1,21 @@
+"""The RL core shared by RollPacker (SEEDS.md §4, arXiv 2509.21009) and RollArc (SEEDS.md §5,
+arXiv 2512.22560): rollout engines behind one interface, versioned weight sync, the GRPO loss, and a
+rule-based math reward served over HTTP.
+
+Modules (torch-free unless marked):
+    types     Prompt, Completion, RolloutBatch: what an engine returns (tokens, log-probs,
+              finish_reason, policy version, timings)
+    engine    Engine protocol; HFEngine (transformers ``generate`` on CPU, torch); VLLMEngine
+              (optional GPU backend, imported only when selected); guarded_generate (hard
+              wall-clock limit around any engine call)
+    weights   versioned weight sync: a version is published only after a complete sync (torch)
+    grpo      group-normalised advantages and the clipped GRPO loss with optional KL (torch)
+    reward    math reward via ``ops.curation.verify``; RewardServer (stdlib HTTP on 127.0.0.1,
+              adaptive per-problem timeout) and RewardClient (bounded retries, backoff,
+              per-request timeouts); failed scores are None/NaN + flag, never 0.0
+    policy    tiny random-init policies for tests; loading the SmolLM2 directory; chat prompts
+    ray_actors  engine / trainer / reward service as Ray actors, with driver-side proxies that keep
+              the in-process interfaces (RollArc reuses them with its own scheduler)
+
+``ops.rl.rollpacker`` builds tail batching, the reward scheduler and the stream trainer on these.
+"""

@@ -1,0 +1,204 @@
+"""GRPO: group-normalised advantages and the clipped policy-gradient loss with optional KL.
+
+Source: Shao et al., DeepSeekMath (arXiv 2402.03300) §4.1 — for the R responses of one prompt with
+rewards r_1..r_R, A_i = (r_i - mean(r)) / std(r), given to every token of response i; the loss is
+the PPO clipped surrogate -min(rho A, clip(rho, 1-eps, 1+eps) A) with rho = pi / pi_old per token,
+plus beta * KL(pi || pi_ref) (the k3 estimator exp(q) - q - 1, q = log pi_ref - log pi).
+RollPacker (arXiv 2509.21009) and RollArc (arXiv 2512.22560) train with it.
+
+Edge cases (shared/cases/training.json):
+* ``grpo-zero-variance-group``: a group whose valid rewards are all equal (std <= ``std_floor``,
+  fp residue included) gets advantage exactly 0, never 0/0; the fraction of such groups is reported
+  as ``zero_signal_groups``.
+* ``grpo-empty-response-and-nan-reward``: a response is *valid* when it has >= 1 token and a finite
+  reward. Invalid responses are excluded from the group statistics and from the loss (numerator and
+  denominator), masked with ``torch.where`` (never multiplied: NaN * 0 is NaN); per-response token
+  means divide by max(1, T). A batch with them gives exactly the loss of its valid responses.
+
+The loss is returned as (numerator, denominator) so that the stream trainer can add numerators of
+partial batches and divide once (``ops.rl.rollpacker.stream``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Loss hyper-parameters.
+
+    Attributes:
+        clip_eps: PPO clip range eps (ratio clipped to [1 - eps, 1 + eps_high]).
+        clip_eps_high: upper clip (None = clip_eps; DAPO's clip-higher uses a larger one).
+        kl_coef: beta of the KL penalty to the reference policy (0 disables it; needs ref log-probs).
+        scale: ``std`` (GRPO) or ``none`` (Dr. GRPO: centre only).
+        std_floor: groups with std <= this get advantage 0 (zero-signal groups).
+        eps: added to std in the division.
+        agg: ``seq-mean-token-mean`` (mean over responses of each response's token mean; GRPO) or
+            ``token-mean`` (mean over all tokens of the batch; DAPO).
+    """
+
+    clip_eps: float = 0.2
+    clip_eps_high: Optional[float] = None
+    kl_coef: float = 0.0
+    scale: str = "std"
+    std_floor: float = 1e-6
+    eps: float = 1e-6
+    agg: str = "seq-mean-token-mean"
+
+    def __post_init__(self):
+        if self.scale not in ("std", "none"):
+            raise ValueError(f"grpo.scale must be 'std' or 'none', got {self.scale!r}")
+        if self.agg not in ("seq-mean-token-mean", "token-mean"):
+            raise ValueError(f"grpo.agg must be 'seq-mean-token-mean' or 'token-mean', got {self.agg!r}")
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"grpo.clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.kl_coef < 0:
+            raise ValueError(f"grpo.kl_coef must be >= 0, got {self.kl_coef}")
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def group_advantages(rewards: Sequence[Optional[float]], lengths: Optional[Sequence[int]] = None,
+                     cfg: GRPOConfig = GRPOConfig()) -> tuple[list[float], list[bool], bool]:
+    """Advantages of one group.
+
+    Args:
+        rewards: R rewards (None or NaN = not computed / failed).
+        lengths: R response lengths in tokens (0 = empty response); None = all non-empty.
+    Returns:
+        (advantages [R], valid [R], zero_signal): invalid responses get advantage 0.0; a group with
+        fewer than 2 valid responses or std <= std_floor is zero-signal (all advantages 0.0).
+    """
+    lengths = lengths if lengths is not None else [1] * len(rewards)
+    if len(lengths) != len(rewards):
+        raise ValueError(f"group_advantages: {len(rewards)} rewards but {len(lengths)} lengths")
+    valid = [_finite(r) and n > 0 for r, n in zip(rewards, lengths)]
+    vals = [float(r) for r, v in zip(rewards, valid) if v]
+    if len(vals) < 2:
+        return [0.0] * len(rewards), valid, True
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((x - mean) ** 2 for x in vals) / (len(vals) - 1))
+    if std <= cfg.std_floor or max(vals) == min(vals):
+        return [0.0] * len(rewards), valid, True
+    den = std + cfg.eps if cfg.scale == "std" else 1.0
+    return [(float(r) - mean) / den if v else 0.0 for r, v in zip(rewards, valid)], valid, False
+
+
+def batch_advantages(groups: Sequence[Sequence[Optional[float]]], lengths: Optional[Sequence[Sequence[int]]] = None,
+                     cfg: GRPOConfig = GRPOConfig()) -> tuple[list[list[float]], list[list[bool]], dict]:
+    """``group_advantages`` of every group, plus stats: ``zero_signal_groups`` (fraction),
+    ``invalid_responses`` (empty or reward not finite)."""
+    advs, valids, zero = [], [], 0
+    for k, g in enumerate(groups):
+        a, v, z = group_advantages(g, None if lengths is None else lengths[k], cfg)
+        advs.append(a)
+        valids.append(v)
+        zero += z
+    n = max(1, len(groups))
+    return advs, valids, {"zero_signal_groups": zero / n, "invalid_responses": sum(not x for v in valids for x in v)}
+
+
+def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                   temperature: float = 1.0, pad_id: int = 0):
+    """Log-probabilities of each response token under ``model`` (with grad).
+
+    Args:
+        prompt_ids, response_ids: B prompts and B responses (token id lists; responses may be empty).
+    Returns:
+        (logp [B, T], mask [B, T] bool) with T = max response length (>= 1); padded positions are 0.
+    """
+    import torch
+
+    B = len(prompt_ids)
+    T = max(1, max((len(r) for r in response_ids), default=1))
+    seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+    L = max(len(s) for s in seqs)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    att = torch.zeros((B, L), dtype=torch.long)
+    for b, s in enumerate(seqs):                                  # right padding: positions start at 0
+        ids[b, : len(s)] = torch.tensor(s)
+        att[b, : len(s)] = 1
+    # only the positions that predict response tokens need logits: keep the last L - start (the
+    # [B, L, V] logits dominate memory at a 49k vocabulary)
+    start = max(0, min(len(p) for p in prompt_ids) - 1)
+    keep = L - start
+    logits = model(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits[:, :-1].float() / temperature
+    tgt = ids[:, start + 1:]                                                              # [B, keep - 1]
+    tok_lp = logits.gather(2, tgt[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)    # [B, keep - 1]
+    out = torch.zeros((B, T), dtype=tok_lp.dtype)
+    mask = torch.zeros((B, T), dtype=torch.bool)
+    rows, cols, src = [], [], []
+    for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        for t in range(len(r)):
+            rows.append(b)
+            cols.append(t)
+            src.append(len(p) - 1 + t - start)
+    if rows:
+        rows_t, cols_t, src_t = torch.tensor(rows), torch.tensor(cols), torch.tensor(src)
+        out = out.index_put((rows_t, cols_t), tok_lp[rows_t, src_t])
+        mask[rows_t, cols_t] = True
+    return out, mask
+
+
+def grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = GRPOConfig(), ref_logp=None):
+    """The GRPO loss of a (partial) batch as (numerator, denominator, stats).
+
+    Args:
+        logp: [B, T] log-probs with grad; old_logp: [B, T] of the policy that sampled (detached);
+        mask: [B, T] bool, True on response tokens; advantages: [B] (NaN allowed where invalid);
+        valid: [B] bool; ref_logp: [B, T] reference log-probs (needed when kl_coef > 0).
+    Returns:
+        numerator (scalar tensor with grad), denominator (float: valid responses for
+        ``seq-mean-token-mean``, valid tokens for ``token-mean``), stats (clip fraction, KL).
+        The loss is numerator / max(1, denominator).
+    Raises:
+        ValueError: kl_coef > 0 without ref_logp, or shape mismatch.
+    """
+    import torch
+
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(f"grpo: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask "
+                         f"{tuple(mask.shape)} must have one shape [B, T]")
+    if cfg.kl_coef > 0 and ref_logp is None:
+        raise ValueError("grpo.kl_coef > 0 needs ref_logp (log-probs of the reference policy)")
+    valid = torch.as_tensor(valid, dtype=torch.bool)
+    adv = torch.as_tensor(advantages, dtype=logp.dtype)
+    adv = torch.where(valid & torch.isfinite(adv), adv, torch.zeros_like(adv))
+    m = mask & valid[:, None]
+    zeros = torch.zeros_like(logp)
+    delta = torch.where(m, logp - old_logp, zeros)
+    ratio = torch.exp(delta)
+    hi = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    a = adv[:, None]
+    per_tok = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + hi) * a)
+    kl = zeros
+    if cfg.kl_coef > 0:
+        q = torch.where(m, ref_logp - logp, zeros)
+        kl = torch.exp(q) - q - 1
+        per_tok = per_tok + cfg.kl_coef * kl
+    per_tok = torch.where(m, per_tok, zeros)
+    n_tok = m.sum(dim=1)
+    if cfg.agg == "seq-mean-token-mean":
+        per_seq = per_tok.sum(dim=1) / n_tok.clamp(min=1)
+        num = torch.where(valid, per_seq, torch.zeros_like(per_seq)).sum()
+        den = float(valid.sum())
+    else:
+        num = per_tok.sum()
+        den = float(n_tok.sum())
+    clipped = ((ratio < 1 - cfg.clip_eps) | (ratio > 1 + hi)) & m
+    ntok = max(1, int(m.sum()))
+    stats = {"clip_fraction": float(clipped.sum()) / ntok, "kl": float(torch.where(m, kl, zeros).sum().detach()) / ntok,
+             "tokens": int(m.sum()), "valid_responses": int(valid.sum())}
+    return num, den, stats
+
+
+def grpo_loss(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = GRPOConfig(), ref_logp=None):
+    """Loss = numerator / max(1, denominator) of ``grpo_loss_terms``. Returns (loss, stats)."""
+    num, den, stats = grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg, ref_logp)
+    return num / max(1.0, den), stats

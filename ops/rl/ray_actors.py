@@ -1,0 +1,237 @@
+"""Ray hosting of the RL roles (shared by RollPacker and RollArc): rollout engines, the reward
+service and the trainer as actors, and driver-side proxies with the in-process interfaces
+(``Engine``, ``StreamTrainer``), so schedulers run unchanged on one process or a cluster.
+
+* ``EngineActor`` (threaded, max_concurrency 2): an HFEngine; ``generate`` pushes each finished
+  response to a ``ray.util.queue.Queue`` as it ends, and ``abort`` (the second thread) ends the
+  batch — tail batching across processes. ``update_weights`` is the versioned sync
+  (``ops.rl.weights``): the version is published only after every tensor is copied.
+* ``RewardActor``: runs ``ops.rl.reward.RewardServer`` (HTTP on 127.0.0.1 of its node) and returns
+  its URL; the driver calls it with ``RewardClient``.
+* ``TrainerActor``: the policy, its optimizer and a StreamTrainer.
+
+Every ``ray.get`` has a timeout. ``ray`` is imported inside functions (``make_actors``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from .types import RolloutBatch
+
+
+def _build_policy(spec: dict):
+    from .policy import load_policy, load_tokenizer, tiny_policy
+
+    tok = load_tokenizer(spec["tokenizer_dir"])
+    if spec.get("model_dir"):
+        model = load_policy(spec["model_dir"])
+    else:
+        model = tiny_policy(len(tok), seed=spec.get("seed", 0), hidden=spec.get("tiny_hidden", 64),
+                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return model, tok
+
+
+class _EngineImpl:
+    def __init__(self, spec: dict):
+        import torch
+
+        torch.set_num_threads(spec.get("threads", 1))
+        self.spec = spec
+        self.reset()
+
+    def reset(self) -> int:
+        """Back to the initial policy (version 0) and the initial sampling seed."""
+        import torch
+
+        from .engine import HFEngine
+
+        torch.manual_seed(self.spec.get("seed", 0) + 1000)
+        model, tok = _build_policy(self.spec)
+        self.engine = HFEngine(model, tok, temperature=self.spec.get("temperature", 1.0), version=0)
+        return 0
+
+    def generate(self, prompts, n, max_new_tokens, stop, timeout_s, out_queue) -> RolloutBatch:
+        def on_finish(c):
+            out_queue.put(c, timeout=30)
+            return False
+
+        return self.engine.generate(prompts, n, max_new_tokens, stop=stop, timeout_s=timeout_s, on_finish=on_finish)
+
+    def abort(self) -> None:
+        self.engine.abort()
+
+    def update_weights(self, state: dict, version: int) -> int:
+        from .weights import sync_weights
+
+        return sync_weights(self.engine, state, version)
+
+    def version(self) -> Optional[int]:
+        return self.engine.version
+
+
+class _TrainerImpl:
+    def __init__(self, spec: dict):
+        import torch
+
+        torch.set_num_threads(spec.get("threads", 1))
+        self.spec = spec
+        self.reinit()
+
+    def reinit(self) -> int:
+        """Back to the initial policy and a fresh optimizer (version 0)."""
+        import torch
+
+        from .grpo import GRPOConfig
+        from .rollpacker.stream import StreamTrainer
+
+        spec = self.spec
+        model, tok = _build_policy(spec)
+        opt = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", 1e-6), weight_decay=0.0)
+        self.trainer = StreamTrainer(model, opt, GRPOConfig(**spec.get("grpo", {})), micro_batch=spec.get("micro_batch", 2),
+                                     max_grad_norm=spec.get("max_grad_norm", 1.0), pad_id=tok.pad_token_id)
+        return 0
+
+    def add(self, samples) -> None:
+        self.trainer.add(samples)
+
+    def step(self) -> dict:
+        return self.trainer.step()
+
+    def reset(self) -> None:
+        self.trainer._reset()
+
+    def state(self) -> dict:
+        from .weights import export_state
+
+        return export_state(self.trainer.model)
+
+
+class _RewardImpl:
+    def __init__(self, workers: int = 1, item_timeout_s: float = 10.0):
+        from .reward import RewardServer
+
+        self.server = RewardServer(workers=workers, item_timeout_s=item_timeout_s).start()
+
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class RayEngine:
+    """Driver-side Engine over an ``EngineActor``: responses stream back through a Ray queue as
+    they finish; ``on_finish`` returning True sends ``abort`` to the actor. The queue actor is
+    created once and reused (every put of a call completes before the call returns)."""
+
+    def __init__(self, actor, rpc_timeout_s: float = 60.0):
+        self.actor, self.rpc_timeout_s = actor, rpc_timeout_s
+        self.version: Optional[int] = 0
+        self._queue = None
+
+    def generate(self, prompts, n, max_new_tokens, stop=None, timeout_s=60.0, on_finish=None) -> RolloutBatch:
+        import ray
+        from ray.util.queue import Empty, Queue
+
+        if self._queue is None:
+            self._queue = Queue(actor_options={"num_cpus": 0})
+        q = self._queue
+        ref = self.actor.generate.remote(list(prompts), n, max_new_tokens, stop, timeout_s, q)
+        deadline = time.monotonic() + timeout_s + self.rpc_timeout_s
+        aborted = False
+        while time.monotonic() < deadline:
+            try:
+                c = q.get(block=True, timeout=0.05)
+            except Empty:
+                if ray.wait([ref], timeout=0)[0] and q.empty():
+                    break
+                continue
+            if on_finish is not None and not aborted and on_finish(c):
+                aborted = True
+                self.actor.abort.remote()
+        batch = ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
+        self.version = batch.completions[0].policy_version if batch.completions else self.version
+        return batch
+
+    def abort(self) -> None:
+        self.actor.abort.remote()
+
+    def close(self) -> None:
+        import ray
+
+        if self._queue is not None:
+            ray.kill(self._queue.actor)
+            self._queue = None
+
+
+class RayTrainer:
+    """Driver-side StreamTrainer over a ``TrainerActor`` (``add``/``step``/``_reset`` with timeouts)."""
+
+    def __init__(self, actor, rpc_timeout_s: float = 600.0):
+        self.actor, self.rpc_timeout_s = actor, rpc_timeout_s
+
+    def add(self, samples) -> None:
+        import ray
+
+        ray.get(self.actor.add.remote(list(samples)), timeout=self.rpc_timeout_s)
+
+    def step(self) -> dict:
+        import ray
+
+        return ray.get(self.actor.step.remote(), timeout=self.rpc_timeout_s)
+
+    def _reset(self) -> None:
+        import ray
+
+        ray.get(self.actor.reset.remote(), timeout=self.rpc_timeout_s)
+
+
+class Actors:
+    """One engine, one trainer and one reward actor (Ray must be initialised).
+
+    Placement: the engine and the trainer ask for 1 CPU each, the reward service for 0 (it is
+    I/O-bound; its verifier processes are its own), so a local ``ray.init(num_cpus=2)`` fits.
+    ``reset()`` returns engine and trainer to the initial policy (version 0) without new processes,
+    so several methods run on the same actors from the same start.
+
+    Attributes (after construction): engine (RayEngine), trainer (RayTrainer), reward_url.
+    """
+
+    def __init__(self, engine_spec: dict, trainer_spec: dict, reward_workers: int = 1,
+                 reward_item_timeout_s: float = 10.0, rpc_timeout_s: float = 600.0):
+        import ray
+
+        self.rpc_timeout_s = rpc_timeout_s
+        Eng = ray.remote(num_cpus=1, max_concurrency=2)(_EngineImpl)
+        Tr = ray.remote(num_cpus=1)(_TrainerImpl)
+        Rw = ray.remote(num_cpus=0)(_RewardImpl)
+        self.handles = [Eng.remote(engine_spec), Tr.remote(trainer_spec), Rw.remote(reward_workers, reward_item_timeout_s)]
+        eng, tr, rw = self.handles
+        self.reward_url = ray.get(rw.url.remote(), timeout=rpc_timeout_s)
+        ray.get([eng.version.remote(), tr.reset.remote()], timeout=rpc_timeout_s)
+        self.engine = RayEngine(eng)
+        self.trainer = RayTrainer(tr, rpc_timeout_s)
+
+    def reset(self) -> None:
+        import ray
+
+        eng, tr, _ = self.handles
+        ray.get([eng.reset.remote(), tr.reinit.remote()], timeout=self.rpc_timeout_s)
+        self.engine.version = 0
+
+    def publish(self, _trainer, version: int) -> None:
+        """Versioned sync trainer -> engine: returns once the engine has published ``version``."""
+        import ray
+
+        eng, tr, _ = self.handles
+        state = tr.state.remote()
+        self.engine.version = ray.get(eng.update_weights.remote(state, version), timeout=self.rpc_timeout_s)
+
+    def kill(self) -> None:
+        import ray
+
+        self.engine.close()
+        for h in self.handles:
+            ray.kill(h)

@@ -1,0 +1,184 @@
+"""One synchronous RL step on a real engine: rollout (a tail-batching round or the baseline's),
+rewards, group advantages, GRPO gradients, one optimizer step, weight sync (RollPacker,
+arXiv 2509.21009 §3-4).
+
+The two overlaps of RollPacker are switches, so the ablation runs on the same code:
+* ``reward_overlap`` (the reward scheduler, §4.2): each trained response is sent to the reward
+  service as soon as it finishes, while the rest of the batch still generates. Off: all rewards are
+  requested after the rollout (veRL).
+* ``stream_train`` (the stream trainer, §4.3): each group, once its R0 rewards are in, gets its
+  advantages and its gradients on a background thread while the rollout continues; the optimizer
+  step waits for the whole batch. Off: one pass after all rewards.
+
+Every wait is bounded: the engine call by ``timeout_s`` (plus ``guarded_generate``'s grace), each
+reward request by the client's timeout and retries, the rest by ``drain_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ops.rl.engine import guarded_generate
+from ops.rl.grpo import GRPOConfig, group_advantages
+from ops.rl.reward import RewardItem, RewardResult, check_failed_fraction, reward_counts
+from ops.rl.rollpacker.scheduler import Group, RoundPlan, RoundResult, run_round
+from ops.rl.rollpacker.stream import StreamTrainer, StreamWorker, TrainSample
+from ops.rl.types import Completion, Prompt
+
+
+@dataclass
+class StepConfig:
+    """Per-step settings shared by both methods.
+
+    Attributes:
+        max_new_tokens: response budget per generate call.
+        timeout_s: wall-clock limit of one rollout (case ``rollout-never-ends``).
+        stop: stop strings.
+        reward_overlap, stream_train: RollPacker's reward scheduler and stream trainer.
+        max_failed_fraction: the step fails when more rewards than this fraction failed.
+        drain_timeout_s: limit on waiting for rewards and queued gradients after the rollout.
+        grpo: loss configuration.
+    """
+
+    max_new_tokens: int = 64
+    timeout_s: float = 120.0
+    stop: tuple = ()
+    reward_overlap: bool = True
+    stream_train: bool = True
+    max_failed_fraction: float = 0.25
+    drain_timeout_s: float = 300.0
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+
+
+class _GuardedEngine:
+    """Routes ``run_round``'s engine call through ``guarded_generate``."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompts, n, max_new_tokens, stop=None, timeout_s=60.0, on_finish=None):
+        return guarded_generate(self.engine, prompts, n, max_new_tokens, stop, timeout_s, on_finish)
+
+
+class RLStep:
+    """Runs steps of one method against one engine, reward client and trainer.
+
+    Args:
+        engine: an Engine (the HF engine in process, or a Ray engine proxy).
+        trainer: StreamTrainer over the trained policy.
+        score: callable(list[RewardItem]) -> list[RewardResult] (``RewardClient.score``).
+        publish: callable(trainer, version) that syncs the trainer's weights to the engine(s) and
+            returns once the version is published.
+        cfg: StepConfig.
+        reward_threads: concurrent reward requests.
+    """
+
+    def __init__(self, engine, trainer: StreamTrainer, score: Callable[[list[RewardItem]], list[RewardResult]],
+                 publish: Callable[[StreamTrainer, int], None], cfg: StepConfig = StepConfig(), reward_threads: int = 4):
+        self.engine, self.trainer, self.score, self.publish, self.cfg = engine, trainer, score, publish, cfg
+        self.pool = ThreadPoolExecutor(max_workers=reward_threads, thread_name_prefix="reward")
+        self.assembler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="groups")
+        self.worker = StreamWorker(trainer) if cfg.stream_train else None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.assembler.shutdown(wait=False, cancel_futures=True)
+        if self.worker is not None:
+            self.worker.close()
+
+    def _submit(self, prompt: Prompt, c: Completion):
+        item = RewardItem(f"{c.prompt_uid}/{c.index}", c.text, prompt.answer, prompt.solution, prompt.answer_type)
+        return self.pool.submit(lambda: self.score([item])[0])
+
+    @staticmethod
+    def _samples(g: Group, results: list[RewardResult], cfg: GRPOConfig) -> tuple[list[TrainSample], bool]:
+        adv, valid, zero = group_advantages([r.value for r in results], [c.length for c in g.completions], cfg)
+        return [TrainSample(g.prompt.token_ids, c.token_ids, a, v) for c, a, v in zip(g.completions, adv, valid)], zero
+
+    def run(self, plan: RoundPlan) -> tuple[RoundResult, dict]:
+        """One step: roll out ``plan``, score, train, publish the next version. Returns the round and
+        the step metrics (round metrics + timings + rewards + loss).
+
+        Raises:
+            RewardServiceError: the failed fraction of rewards exceeds ``max_failed_fraction``.
+            TimeoutError: rewards or gradients did not finish within ``drain_timeout_s``.
+        """
+        cfg = self.cfg
+        t0 = time.monotonic()
+        futs: dict[tuple[str, int], object] = {}
+        group_jobs = []
+        zero_groups: list[bool] = []
+        by_uid = {p.uid: p for p in plan.prompts}
+
+        def finish_group(g: Group):
+            keys = [(c.prompt_uid, c.index) for c in g.completions]
+            futures_wait([futs[k] for k in keys], timeout=cfg.drain_timeout_s)
+            res = [futs[k].result(timeout=0) for k in keys]
+            samples, zero = self._samples(g, res, cfg.grpo)
+            zero_groups.append(zero)
+            self.worker.put(samples)
+            return res
+
+        def on_response(c: Completion):
+            if cfg.reward_overlap:
+                futs[(c.prompt_uid, c.index)] = self._submit(by_uid[c.prompt_uid], c)
+
+        def on_group(g: Group):
+            if cfg.stream_train and cfg.reward_overlap:
+                group_jobs.append(self.assembler.submit(finish_group, g))
+
+        rnd = run_round(_GuardedEngine(self.engine), plan, cfg.max_new_tokens, cfg.timeout_s, cfg.stop,
+                        on_response=on_response, on_group=on_group)
+        t_rollout = time.monotonic()
+        if not cfg.reward_overlap:
+            for g in rnd.groups:
+                for c in g.completions:
+                    futs[(c.prompt_uid, c.index)] = self._submit(g.prompt, c)
+        if cfg.stream_train and not cfg.reward_overlap:
+            group_jobs = [self.assembler.submit(finish_group, g) for g in rnd.groups]
+        keys = [(c.prompt_uid, c.index) for g in rnd.groups for c in g.completions]
+        done, pending = futures_wait([futs[k] for k in keys], timeout=cfg.drain_timeout_s)
+        if pending:
+            raise TimeoutError(f"step {plan.step}: {len(pending)} rewards still pending after {cfg.drain_timeout_s:.0f}s")
+        results = [futs[k].result() for k in keys]
+        t_reward = time.monotonic()
+        try:
+            failed_frac = check_failed_fraction(results, cfg.max_failed_fraction)
+        except Exception:
+            self.trainer._reset()
+            raise
+        if cfg.stream_train:
+            futures_wait(group_jobs, timeout=cfg.drain_timeout_s)
+            for j in group_jobs:
+                j.result(timeout=0)
+            self.worker.drain(cfg.drain_timeout_s)
+        else:
+            samples = []
+            R = plan.accept_responses
+            for k, g in enumerate(rnd.groups):
+                s, zero = self._samples(g, results[k * R:(k + 1) * R], cfg.grpo)
+                samples += s
+                zero_groups.append(zero)
+            self.trainer.add(samples)
+        tm = self.trainer.step()
+        t_train = time.monotonic()
+        self.publish(self.trainer, tm["version"])
+        t_end = time.monotonic()
+        counts = reward_counts(results)
+        vals = [r.score for r in results if r.score is not None]
+        m = dict(rnd.metrics)
+        m.update({
+            "step_s": t_end - t0, "rollout_wall_s": t_rollout - t0, "reward_wait_s": t_reward - t_rollout,
+            "train_tail_s": t_train - t_reward, "sync_s": t_end - t_train,
+            "reward_mean": sum(vals) / len(vals) if vals else float("nan"),
+            "verified": counts["verified"], "wrong": counts["wrong"], "unparseable": counts["unparseable"],
+            "reward_failed": counts["failed"] + counts["bad_gold"], "reward_failed_fraction": failed_frac,
+            "zero_signal_groups": sum(zero_groups) / max(1, len(zero_groups)),
+            **{k: tm[k] for k in ("loss", "grad_norm", "tokens", "valid_responses", "clip_fraction", "kl", "train_compute_s")},
+            "policy_version_after": tm["version"],
+        })
+        return rnd, m

@@ -1,0 +1,175 @@
+"""The stream trainer (RollPacker, arXiv 2509.21009 §4.3): gradients on finished samples while
+other responses are still generating; one deferred, renormalised optimizer step.
+
+The GRPO loss of a step is N / D with N = sum of per-response terms and D their count (or the token
+count, for ``token-mean``) over the whole P0 x R0 batch (``ops.rl.grpo.grpo_loss_terms``). Groups
+arrive one by one as their R0 responses finish and are scored; for each, ``add`` back-propagates
+its numerator, so parameter gradients accumulate sum_g dN_g/dtheta, and records D_g. ``step``
+divides the accumulated gradients by sum_g D_g, clips, and applies the optimizer once: the update
+equals the all-at-once update (to floating-point summation order). The old policy is the current
+weights: the step is deferred, so they do not change while groups arrive (on-policy, ratio = 1).
+
+``add`` may run on a background thread (``StreamWorker``) while the engine generates.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ops.rl.grpo import GRPOConfig, grpo_loss_terms, token_logprobs
+
+
+@dataclass
+class TrainSample:
+    """One response to train on: token ids, its advantage, valid flag (>= 1 token and finite reward)."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    advantage: float
+    valid: bool
+
+
+class StreamTrainer:
+    """Accumulates GRPO gradients over partial batches; one optimizer step per training step.
+
+    Args:
+        model: the trained policy (train mode is set by ``add``).
+        optimizer: a torch optimizer over ``model``'s parameters.
+        cfg: GRPOConfig.
+        micro_batch: responses per forward/backward pass.
+        max_grad_norm: gradient clipping after renormalisation (None: no clipping).
+        ref_model: reference policy for the KL term (needed when cfg.kl_coef > 0).
+    Attributes:
+        version: policy version = optimizer steps applied.
+    """
+
+    def __init__(self, model, optimizer, cfg: GRPOConfig = GRPOConfig(), micro_batch: int = 8,
+                 max_grad_norm: Optional[float] = 1.0, temperature: float = 1.0, pad_id: int = 0, ref_model=None,
+                 version: int = 0):
+        if micro_batch < 1:
+            raise ValueError(f"trainer.micro_batch must be >= 1, got {micro_batch}")
+        if cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError("grpo.kl_coef > 0 needs a ref_model")
+        self.model, self.opt, self.cfg = model, optimizer, cfg
+        self.micro_batch, self.max_grad_norm, self.temperature, self.pad_id = micro_batch, max_grad_norm, temperature, pad_id
+        self.ref_model = ref_model
+        self.version = version
+        self._reset()
+
+    def _reset(self) -> None:
+        self.den = 0.0
+        self.num_value = 0.0
+        self.samples = 0
+        self.stats = {"clip_fraction": 0.0, "kl": 0.0, "tokens": 0, "valid_responses": 0}
+        self.compute_s = 0.0
+        self.opt.zero_grad(set_to_none=True)
+
+    def add(self, samples: Sequence[TrainSample]) -> None:
+        """Back-propagate the loss numerator of ``samples`` (gradients accumulate, no step)."""
+        import torch
+
+        t0 = time.perf_counter()
+        self.model.train()
+        for i in range(0, len(samples), self.micro_batch):
+            mb = samples[i: i + self.micro_batch]
+            logp, mask = token_logprobs(self.model, [s.prompt_ids for s in mb], [s.response_ids for s in mb],
+                                        self.temperature, self.pad_id)
+            ref = None
+            if self.cfg.kl_coef > 0:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(self.ref_model, [s.prompt_ids for s in mb], [s.response_ids for s in mb],
+                                            self.temperature, self.pad_id)
+            num, den, st = grpo_loss_terms(logp, logp.detach(), mask, [s.advantage for s in mb], [s.valid for s in mb],
+                                           self.cfg, ref)
+            if num.requires_grad:
+                num.backward()
+            self.den += den
+            self.num_value += float(num.detach())
+            self.samples += len(mb)
+            for k in ("tokens", "valid_responses"):
+                self.stats[k] += st[k]
+            self.stats["clip_fraction"] += st["clip_fraction"] * st["tokens"]
+            self.stats["kl"] += st["kl"] * st["tokens"]
+        self.compute_s += time.perf_counter() - t0
+
+    def gradients(self) -> dict:
+        """The renormalised gradients the step would apply (name -> tensor), without applying them."""
+        scale = 1.0 / max(1.0, self.den)
+        return {n: (p.grad * scale).clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def step(self) -> dict:
+        """Renormalise, clip, apply the optimizer once, bump the version. Returns step metrics:
+        loss, grad_norm, samples, tokens, clip_fraction, kl, train_compute_s, version.
+
+        Raises:
+            FloatingPointError: a gradient is not finite (nothing is applied).
+        """
+        import torch
+
+        scale = 1.0 / max(1.0, self.den)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        for p in params:
+            p.grad.mul_(scale)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm else float("inf")))
+        if not math.isfinite(norm):
+            self._reset()
+            raise FloatingPointError(f"policy gradient norm is {norm}; optimizer step skipped at version {self.version}")
+        self.opt.step()
+        self.version += 1
+        tok = max(1, self.stats["tokens"])
+        out = {"loss": self.num_value * scale, "grad_norm": norm, "samples": self.samples, "tokens": self.stats["tokens"],
+               "valid_responses": self.stats["valid_responses"], "clip_fraction": self.stats["clip_fraction"] / tok,
+               "kl": self.stats["kl"] / tok, "train_compute_s": self.compute_s, "version": self.version}
+        self.model.eval()
+        self._reset()
+        return out
+
+
+class StreamWorker:
+    """Runs ``trainer.add`` on a background thread, fed group by group while rollout continues.
+
+    ``put(samples)`` queues a group; ``drain(timeout_s)`` waits until every queued group is added
+    (raises TimeoutError past the limit, or the error the thread hit).
+    """
+
+    def __init__(self, trainer: StreamTrainer):
+        self.trainer = trainer
+        self.q: queue.Queue = queue.Queue()
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._loop, name="stream-trainer", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self.q.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    self.trainer.add(item)
+            except BaseException as e:  # noqa: BLE001 - surfaced by drain()
+                self.error = e
+            finally:
+                self.q.task_done()
+
+    def put(self, samples: Sequence[TrainSample]) -> None:
+        self.q.put(list(samples))
+
+    def drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.q.unfinished_tasks:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stream trainer did not finish its queued groups within {timeout_s:.0f}s")
+            time.sleep(0.005)
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join(timeout=10)
