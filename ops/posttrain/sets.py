@@ -1,0 +1,139 @@
+"""The training and evaluation sets of failure-driven post-training (Logics-STEM §3), as tables.
+
+Stage-1 training set: programmatic rows (``ops.posttrain.data.generated_rows``, train seed) plus
+the curated ``sft_dataset`` rows (problem, verified response) except a held-out slice.
+Evaluation set (one table, every checkpoint is scored on all of it):
+
+* ``programmatic`` items from a different generator seed, minus any problem text in the training
+  set; each gets ``split`` ``dev`` (used to find failure regions) or ``test`` (used to report) by
+  a hash of its id, so the slices that are targeted are not scored on the items that chose them;
+* ``curated_heldout``: ``sft_dataset`` rows held out of training (by hash), ``test``;
+* ``benchmark:<name>``: a seeded sample of MATH-500 and GSM8K test items (kept out of training by
+  decontamination), ``test`` — attempted, reported apart: the embedded student is not expected to
+  solve them.
+
+Stage-2 sets: the new items of one arm plus replay rows sampled from the stage-1 training set; both
+arms get the same replay rows and the same number of new items.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import polars as pl
+
+from .data import generated_rows
+
+EVAL_COLUMNS = {"item_id": pl.String, "problem": pl.String, "answer": pl.String, "response": pl.String,
+                "answer_type": pl.String, "module": pl.String, "level": pl.String, "difficulty": pl.Int64,
+                "domain": pl.String, "slice": pl.String, "split": pl.String}
+TRAIN_COLUMNS = {"item_id": pl.String, "problem": pl.String, "response": pl.String, "origin": pl.String,
+                 "module": pl.String, "difficulty": pl.Int64}
+
+
+def _bucket(key: str, salt: str) -> float:
+    """A stable number in [0, 1) from a key (sha1), for hash splits."""
+    return int(hashlib.sha1(f"{salt}\x1f{key}".encode()).hexdigest()[:8], 16) / 2 ** 32
+
+
+def _difficulty(v) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def stage1_sets(sft: pl.DataFrame | None, benchmarks: pl.DataFrame | None, modules: list[str], train_per_module: int,
+                eval_per_module: int, train_seed: int, eval_seed: int, heldout_fraction: float = 0.05,
+                benchmark_items: int = 16, benchmark_names: tuple[str, ...] = ("math500", "gsm8k_test"),
+                levels: tuple[str, ...] = ("train-easy", "train-medium"), seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Build (train, eval) tables (columns ``TRAIN_COLUMNS`` / ``EVAL_COLUMNS``).
+
+    Args:
+        sft: ``sft_dataset`` rows (``problem_id``, ``problem``, ``answer``, ``response``,
+            ``answer_type``, ``domain``, ``difficulty``) or None.
+        benchmarks: ``benchmark_problems`` rows (``benchmark``, ``item_id``, ``problem``, ``answer``) or None.
+        train_per_module / eval_per_module: generated problems per (module, level).
+    Raises:
+        ValueError: the seeds are equal (the evaluation would repeat training problems), or a
+            required column of ``sft``/``benchmarks`` is missing (named).
+    """
+    if train_seed == eval_seed:
+        raise ValueError(f"train_seed and eval_seed must differ (both {train_seed})")
+    gen_train = pl.DataFrame(generated_rows(train_per_module, train_seed, modules, levels, origin="generated"))
+    train_parts = [gen_train.select(list(TRAIN_COLUMNS))]
+    eval_parts = []
+    if sft is not None and sft.height:
+        need = ["problem_id", "problem", "answer", "response", "answer_type", "domain", "difficulty"]
+        missing = [c for c in need if c not in sft.columns]
+        if missing:
+            raise ValueError(f"sft_dataset lacks column(s) {missing}")
+        sft = sft.filter(pl.col("response").is_not_null() & pl.col("problem").is_not_null())
+        held = pl.Series([_bucket(p, "heldout") < heldout_fraction for p in sft["problem_id"].to_list()], dtype=pl.Boolean)
+        train_parts.append(sft.filter(~held).select(
+            item_id=pl.col("problem_id"), problem=pl.col("problem"), response=pl.col("response"), origin=pl.lit("sft_dataset"),
+            module=pl.lit(None, pl.String), difficulty=pl.col("difficulty").cast(pl.Int64, strict=False)))
+        eval_parts.append(sft.filter(held).select(
+            item_id=pl.col("problem_id"), problem=pl.col("problem"), answer=pl.col("answer").cast(pl.String),
+            response=pl.col("response"), answer_type=pl.col("answer_type"), module=pl.lit(None, pl.String),
+            level=pl.lit(None, pl.String), difficulty=pl.col("difficulty").cast(pl.Int64, strict=False), domain=pl.col("domain"),
+            slice=pl.lit("curated_heldout"), split=pl.lit("test")))
+    train = pl.concat(train_parts, how="vertical_relaxed").cast(TRAIN_COLUMNS)
+    seen = set(train["problem"].str.strip_chars().str.to_lowercase().to_list())
+    gen_eval = pl.DataFrame(generated_rows(eval_per_module, eval_seed, modules, levels, origin="eval"))
+    gen_eval = gen_eval.filter(~pl.col("problem").str.strip_chars().str.to_lowercase().is_in(list(seen)))
+    gen_eval = gen_eval.unique("item_id", keep="first", maintain_order=True)
+    split = pl.Series(["dev" if _bucket(i, "split") < 0.5 else "test" for i in gen_eval["item_id"].to_list()], dtype=pl.String)
+    eval_parts.insert(0, gen_eval.with_columns(slice=pl.lit("programmatic"), split=split).select(list(EVAL_COLUMNS)))
+    if benchmarks is not None and benchmarks.height and benchmark_items > 0:
+        missing = [c for c in ("benchmark", "item_id", "problem", "answer") if c not in benchmarks.columns]
+        if missing:
+            raise ValueError(f"benchmark_problems lacks column(s) {missing}")
+        for name in benchmark_names:
+            b = benchmarks.filter((pl.col("benchmark") == name) & pl.col("answer").is_not_null())
+            if b.is_empty():
+                continue
+            b = b.sample(min(benchmark_items, b.height), seed=seed, shuffle=True)
+            eval_parts.append(b.select(
+                item_id=pl.col("item_id"), problem=pl.col("problem"), answer=pl.col("answer").cast(pl.String),
+                response=pl.concat_str([pl.lit("\\boxed{"), pl.col("answer"), pl.lit("}")]), answer_type=pl.lit("numeric"),
+                module=pl.lit(None, pl.String), level=pl.lit(None, pl.String), difficulty=pl.lit(None, pl.Int64),
+                domain=pl.lit("math"), slice=pl.lit(f"benchmark:{name}"), split=pl.lit("test")))
+    ev = pl.concat([p.cast(EVAL_COLUMNS) for p in eval_parts], how="vertical")
+    return train, ev
+
+
+def pool_rows(modules: list[str], per_module: int, seed: int,
+              levels: tuple[str, ...] = ("train-easy", "train-medium")) -> pl.DataFrame:
+    """The synthesis pool: generator items from every module and level (the targeted arm and the
+    random control both draw from it)."""
+    rows = generated_rows(per_module, seed, modules, levels, origin="generator")
+    return pl.DataFrame(rows).unique("item_id", keep="first", maintain_order=True)
+
+
+def stage2_sets(new_items: dict[str, pl.DataFrame], stage1_train: pl.DataFrame, replay_fraction: float,
+                seed: int = 0) -> dict[str, pl.DataFrame]:
+    """One training table per arm: its new items plus the same replay rows from stage 1.
+
+    ``replay_fraction`` is the replay share of the rows (in [0, 1)); the replay count is
+    ``round(n_new * f / (1 - f))`` with ``n_new`` the largest arm's size.
+
+    Raises:
+        ValueError: replay_fraction outside [0, 1), or an arm without items.
+    """
+    if not 0 <= replay_fraction < 1:
+        raise ValueError(f"replay_fraction must be in [0, 1), got {replay_fraction}")
+    for arm, df in new_items.items():
+        if df.is_empty():
+            raise ValueError(f"stage 2 arm {arm!r} has no new items (see targeted_synthesis)")
+    n_new = max(df.height for df in new_items.values())
+    n_replay = min(stage1_train.height, round(n_new * replay_fraction / (1 - replay_fraction)))
+    replay = stage1_train.sample(n_replay, seed=seed, shuffle=True).with_columns(origin=pl.lit("replay")) if n_replay else \
+        stage1_train.head(0)
+    out = {}
+    for arm, df in new_items.items():
+        new = df.select(item_id=pl.col("item_id"), problem=pl.col("problem"), response=pl.col("response"),
+                        origin=pl.col("origin"), module=pl.col("module"),
+                        difficulty=pl.col("difficulty").cast(pl.Int64)).cast(TRAIN_COLUMNS)
+        out[arm] = pl.concat([new, replay.select(list(TRAIN_COLUMNS)).cast(TRAIN_COLUMNS)], how="vertical")
+    return out

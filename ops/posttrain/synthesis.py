@@ -1,0 +1,287 @@
+"""Targeted synthesis around failure regions: retrieve related material, make new items, and keep only
+the ones that are new, clean and verified (Logics-STEM, arXiv 2601.01562 §3).
+
+* Retrieval: TF-IDF nearest neighbours (scikit-learn ``TfidfVectorizer`` + cosine
+  ``NearestNeighbors``) over the curated corpus (problems with their solutions): for each region,
+  the documents closest to its failed items. They are reported per region and are the context of
+  teacher synthesis.
+* Generator synthesis (primary on the embedded default): where a ``mathematics_dataset`` module
+  covers the region, new items come from the generator with a fresh seed, at the region's level.
+* Teacher synthesis (optional): the teacher resource writes one new question with its answer from
+  retrieved documents and a failed example; the item is kept only when an independent teacher
+  solution verifies against that answer (two agreeing samples).
+* Every item passes ``ItemFilter``: exact dedup (MD5 of the normalised text) and near dedup (MinHash,
+  word 5-grams, Jaccard >= 0.8; ``ops.curation.minhash``) against the corpus and each other,
+  decontamination against the benchmarks and the evaluation items (``ops.curation.decontam``), and
+  verification of its response against its answer (``ops.curation.verify``). Rejections are counted
+  by reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+REASONS = ("duplicate_exact", "duplicate_near", "contaminated", "unverifiable")
+
+
+class Retriever:
+    """TF-IDF nearest-neighbour retrieval over documents (scikit-learn).
+
+    Args:
+        docs: document texts (>= 1).
+    Raises:
+        ValueError: no documents.
+    """
+
+    def __init__(self, docs: list[str]):
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.neighbors import NearestNeighbors
+
+        if not docs:
+            raise ValueError("Retriever: no documents to index")
+        self.docs = docs
+        self.vec = TfidfVectorizer(token_pattern=r"(?u)\b\w\w+\b", ngram_range=(1, 2), min_df=1, sublinear_tf=True,
+                                   max_features=200_000)
+        self.X = self.vec.fit_transform(docs)
+        self.nn = NearestNeighbors(metric="cosine").fit(self.X)
+
+    def query(self, texts: list[str], k: int = 3) -> list[list[tuple[int, float]]]:
+        """For each text, the ``k`` closest documents as (index, cosine similarity), best first."""
+        if not texts:
+            return []
+        k = min(k, len(self.docs))
+        dist, idx = self.nn.kneighbors(self.vec.transform(texts), n_neighbors=k)
+        return [[(int(i), float(1 - d)) for i, d in zip(ri, rd)] for ri, rd in zip(idx, dist)]
+
+
+@dataclass
+class FilterReport:
+    """Counts of one filter pass: ``seen``, ``kept`` and rejections by reason (``REASONS``)."""
+
+    seen: int = 0
+    kept: int = 0
+    rejected: dict = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+
+    def as_rows(self) -> list[dict]:
+        return [{"stage": "seen", "items": self.seen}] + [{"stage": f"rejected: {r}", "items": n} for r, n in self.rejected.items()] \
+            + [{"stage": "kept", "items": self.kept}]
+
+
+class ItemFilter:
+    """Dedup against a corpus, decontamination against benchmarks, verification — one stage with
+    its counters (datatrove style).
+
+    Args:
+        corpus: problem texts the new items must not repeat (training corpus, stage-1 data).
+        benchmarks: dicts with ``benchmark``, ``item_id``, ``problem`` (evaluation benchmarks, and the
+            post-training evaluation items as their own benchmark).
+        near_threshold: MinHash Jaccard threshold of near duplicates (SEEDS.md §1: 0.8).
+        verify_timeout_s / workers: the verifier's per-item wall clock and processes.
+    """
+
+    def __init__(self, corpus: list[str], benchmarks: list[dict], near_threshold: float = 0.8, num_perm: int = 128,
+                 verify_timeout_s: float = 5.0, workers: int = 2, decontam_config=None):
+        from ops.curation.decontam import Decontaminator
+        from ops.curation.text import text_hash
+
+        self.corpus = [c for c in corpus if c]
+        self.corpus_hashes = {text_hash(c) for c in self.corpus}
+        self.decontam = Decontaminator(benchmarks, decontam_config) if benchmarks else None
+        self.near_threshold, self.num_perm = near_threshold, num_perm
+        self.verify_timeout_s, self.workers = verify_timeout_s, workers
+
+    def _near_duplicates(self, texts: list[str]) -> np.ndarray:
+        """Bool (n,): the text is a near duplicate of a corpus text or of an earlier text."""
+        from ops.curation import minhash
+
+        n = len(texts)
+        batch = minhash.shingle_batch(texts + self.corpus)
+        bands, rows = minhash.lsh_params(self.near_threshold, self.num_perm)
+        sig = minhash.signatures(batch, self.num_perm)
+        cand = minhash.band_candidates(sig, bands, rows)
+        cand = cand[cand[:, 0] < n]  # pairs (i < j) whose first member is a new item
+        out = np.zeros(n, dtype=bool)
+        if len(cand):
+            sims = minhash.pair_jaccard(batch, cand)
+            for (i, j), s in zip(cand.tolist(), sims.tolist()):
+                if s >= self.near_threshold:
+                    out[j if j < n else i] = True  # a later new item, or the new item against the corpus
+        return out
+
+    def run(self, items: list[dict]) -> tuple[list[dict], list[dict], FilterReport]:
+        """Filter ``items`` (dicts with ``item_id``, ``problem``, ``answer``, ``response``,
+        ``answer_type``). Returns (kept, rejected with a ``reason``, report); order is kept."""
+        from ops.curation.text import text_hash
+        from ops.curation.verify import VerifyItem, verify_many
+
+        rep = FilterReport(seen=len(items))
+        reason: list[str | None] = [None] * len(items)
+        seen = set(self.corpus_hashes)
+        for i, it in enumerate(items):
+            h = text_hash(it["problem"])
+            if h in seen:
+                reason[i] = "duplicate_exact"
+            seen.add(h)
+        live = [i for i in range(len(items)) if reason[i] is None]
+        if live:
+            near = self._near_duplicates([items[i]["problem"] for i in live])
+            for i, dup in zip(live, near.tolist()):
+                if dup:
+                    reason[i] = "duplicate_near"
+        live = [i for i in range(len(items)) if reason[i] is None]
+        if live and self.decontam is not None:
+            flags = self.decontam.run([items[i]["problem"] for i in live])
+            for i, f in zip(live, flags):
+                if f is not None:
+                    reason[i] = "contaminated"
+                    items[i] = {**items[i], "contaminated_with": f"{f['benchmark']}:{f['item_id']}:{f['layer']}"}
+        live = [i for i in range(len(items)) if reason[i] is None]
+        if live:
+            res = verify_many([VerifyItem(str(i), str(items[i].get("answer") or ""), None, items[i]["response"],
+                                          items[i].get("answer_type", "numeric")) for i in live],
+                              timeout_s=self.verify_timeout_s, workers=self.workers)
+            for i, r in zip(live, res):
+                if r["status"] != "verified":
+                    reason[i] = "unverifiable"
+        kept, rejected = [], []
+        for it, r in zip(items, reason):
+            if r is None:
+                kept.append(it)
+            else:
+                rep.rejected[r] += 1
+                rejected.append({**it, "reason": r})
+        rep.kept = len(kept)
+        return kept, rejected, rep
+
+
+def allocate(targets: list[dict], budget: int) -> list[int]:
+    """Split ``budget`` items over targets in proportion to their failure mass (largest remainder)."""
+    if not targets or budget <= 0:
+        return [0] * len(targets)
+    w = np.asarray([max(t["failure_mass"], 1e-9) for t in targets], dtype=float)
+    raw = budget * w / w.sum()
+    out = np.floor(raw).astype(int)
+    for i in np.argsort(-(raw - out))[: budget - out.sum()]:
+        out[i] += 1
+    return out.tolist()
+
+
+def select_targeted(pool: pl.DataFrame, targets: list[dict], budget: int, seed: int = 0) -> pl.DataFrame:
+    """Targeted items: for each target (module, difficulty) its allocated number of pool items
+    (a seeded sample; a target with too few items gives what it has, the shortfall goes to the
+    next targets in order). ``pool`` has ``module``, ``difficulty``."""
+    want = allocate(targets, budget)
+    parts, carry = [], 0
+    for t, n in zip(targets, want):
+        cell = pool.filter(pl.col("module") == t["module"])
+        if t.get("difficulty") is not None:
+            cell = cell.filter(pl.col("difficulty") == t["difficulty"])
+        take = min(cell.height, n + carry)
+        carry = n + carry - take
+        if take:
+            parts.append(cell.sample(take, seed=seed, shuffle=True).with_columns(target=pl.lit(f"{t['module']}|{t.get('difficulty')}")))
+    if not parts:
+        return pool.head(0).with_columns(target=pl.lit(None, pl.String))
+    return pl.concat(parts)
+
+
+def select_random(pool: pl.DataFrame, n: int, seed: int = 0) -> pl.DataFrame:
+    """The control: ``n`` items drawn uniformly from the same filtered pool (seeded)."""
+    return pool.sample(min(n, pool.height), seed=seed + 1, shuffle=True)
+
+
+# --- teacher synthesis ---------------------------------------------------------------------------
+
+_Q = re.compile(r"Question:\s*(.+?)\s*(?:\n|$)Answer:\s*(.+)", re.S)
+
+
+def synthesis_messages(examples: list[str], docs: list[str]) -> list[dict]:
+    """Chat messages asking the teacher for one new question like ``examples``, informed by ``docs``."""
+    ctx = "\n\n".join(f"[doc {i + 1}] {d[:600]}" for i, d in enumerate(docs))
+    ex = "\n".join(f"- {e}" for e in examples)
+    return [{"role": "system", "content": "You write new, self-contained math exercises with a single short final answer."},
+            {"role": "user", "content": f"Reference material:\n{ctx}\n\nA student got these wrong:\n{ex}\n\n"
+                                        "Write ONE new question of the same kind (different numbers), then its answer.\n"
+                                        "Format exactly:\nQuestion: <question>\nAnswer: \\boxed{<answer>}"}]
+
+
+def solve_messages(problem: str) -> list[dict]:
+    """Chat messages asking the teacher to solve ``problem`` with a boxed final answer."""
+    return [{"role": "user", "content": f"{problem}\nGive the final answer in \\boxed{{}}."}]
+
+
+def parse_synthesis(text: str | None) -> tuple[str, str] | None:
+    """(question, answer) from a teacher synthesis response, or None when the format is not met."""
+    from ops.curation.verify import last_boxed
+
+    m = _Q.search(text or "")
+    if not m:
+        return None
+    q = m.group(1).strip()
+    a = last_boxed(m.group(2)) or m.group(2).strip().splitlines()[0].strip()
+    if len(q) < 8 or not a:
+        return None
+    return q, a
+
+
+def teacher_synthesis(client, targets: list[dict], failed: pl.DataFrame, retriever: Retriever, docs: list[str],
+                      n_requests: int, max_tokens: int = 96, retrieval_k: int = 3, seed: int = 0,
+                      verify_timeout_s: float = 5.0, workers: int = 2) -> tuple[list[dict], dict]:
+    """LLM synthesis around the targets, kept only when two teacher samples agree.
+
+    For request i (targets taken round-robin): the target module's failed problems (up to 3) and the
+    ``retrieval_k`` documents nearest to them go into ``synthesis_messages``; a parsed (question,
+    answer) is then solved independently (``solve_messages``, temperature 0) and kept only when that
+    solution verifies against the proposed answer.
+
+    Args:
+        client: an ``ops.teacher.client.TeacherClient`` (``complete(list[ChatRequest])``).
+        failed: failed evaluation items (``module``, ``problem``).
+    Returns:
+        (items with ``origin`` "teacher" in the row format of ``ops.posttrain.data.generated_rows``,
+        stats ``{"requested", "parsed", "agreed"}``).
+    """
+    from ops.curation.verify import VerifyItem, verify_many
+    from ops.teacher.client import ChatRequest
+
+    from .data import answer_type_of_module, boxed
+
+    stats = {"requested": 0, "parsed": 0, "agreed": 0}
+    if n_requests <= 0 or not targets:
+        return [], stats
+    reqs = []
+    for i in range(n_requests):
+        t = targets[i % len(targets)]
+        ex = failed.filter(pl.col("module") == t["module"])["problem"].head(3).to_list() or [t["module"]]
+        hits = retriever.query([" ".join(ex)], k=retrieval_k)[0]
+        reqs.append(ChatRequest.make(synthesis_messages(ex, [docs[j] for j, _ in hits]),
+                                     {"temperature": 0.8, "max_tokens": max_tokens, "seed": seed + i},
+                                     tag=f"{t['module']}|{t['difficulty']}|{i}"))
+    results = client.complete(reqs)
+    stats["requested"] = len(reqs)
+    proposed = []
+    for res in results:
+        q = parse_synthesis(res.text) if res.status == "ok" else None
+        if q:
+            proposed.append((res.request.tag, *q))
+    stats["parsed"] = len(proposed)
+    if not proposed:
+        return [], stats
+    solves = client.complete([ChatRequest.make(solve_messages(q), {"temperature": 0.0, "max_tokens": max_tokens}, tag=tag)
+                              for tag, q, _ in proposed])
+    checks = verify_many([VerifyItem(str(i), a, None, s.text if s.status == "ok" else "", "numeric")
+                          for i, ((_, _, a), s) in enumerate(zip(proposed, solves))], timeout_s=verify_timeout_s, workers=workers)
+    items = []
+    for (tag, q, a), c in zip(proposed, checks):
+        if c["status"] != "verified":
+            continue
+        module, diff, i = tag.split("|")
+        items.append({"item_id": f"teacher-{i}", "problem": q, "answer": a, "response": boxed(a),
+                      "answer_type": answer_type_of_module(module, a), "module": module, "level": None,
+                      "difficulty": int(diff) if diff not in ("None", "") else None, "domain": "math", "origin": "teacher"})
+    stats["agreed"] = len(items)
+    return items, stats
