@@ -5,7 +5,7 @@ export CRUCIBLE_HOME ?= $(CURDIR)/.crucible
 STAMP := $(VENV)/.crucible-installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test dev clean bench
+.PHONY: setup demo test test-ui dev clean bench
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -19,6 +19,11 @@ demo: setup
 ## Set up, then run the test suite (what .ci/run calls).
 test: setup
 	$(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) tests
+
+## The UI as a person uses it: dagster dev + headless Chromium (installs Debian's chromium if missing).
+test-ui: setup
+	$(VENV)/bin/pip install -q -e ".[dev,ui]"
+	$(VENV)/bin/python -m pytest -q -m ui tests/ui
 
 ## Serve the Dagster UI on http://127.0.0.1:3000 over the same instance and lake.
 dev: setup

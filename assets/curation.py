@@ -239,7 +239,7 @@ def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
     bench = lake.read("benchmark_problems")
     det = Decontaminator(bench.to_dicts(), DecontamConfig(**config.model_dump()))
     flags = det.run(df["problem"].to_list())
-    mask = pl.Series([f is not None for f in flags])
+    mask = pl.Series([f is not None for f in flags], dtype=pl.Boolean)
     flagged = [f or {} for f in flags]
     report = df.select("problem_id", "source", "record", "problem").with_columns(
         benchmark=pl.Series([f.get("benchmark") for f in flagged], dtype=pl.String),

@@ -40,7 +40,7 @@ class DistillConfig(dg.Config):
     "{problem}" replacing ops/teacher/prompts.py:TEMPLATES (final answer in \\boxed{})."""
 
 
-def _reference_path(df: pl.DataFrame, config: DistillConfig) -> pl.DataFrame:
+def _reference_path(df: pl.DataFrame, config: DistillConfig, log=None) -> pl.DataFrame:
     """Verify each source solution's final answer against the reference answer.
 
     A solution cannot verify itself: when the answer field does not parse and the gold falls back
@@ -57,7 +57,7 @@ def _reference_path(df: pl.DataFrame, config: DistillConfig) -> pl.DataFrame:
         items.append(VerifyItem(r["problem_id"], r["answer"], r["solution"],
                                 r["solution"] if has_solution and r["answer_type"] != "multiple_choice" else None,
                                 r["answer_type"]))
-    results = verify_many(items, timeout_s=config.verify_timeout_s, workers=config.workers)
+    results = verify_many(items, timeout_s=config.verify_timeout_s, workers=config.workers, log=log)
     res = pl.DataFrame(results).select("key", "status", "gold_source").rename({"key": "problem_id", "status": "verify_status"})
     out = df.join(res, on="problem_id", how="left")
     reasons = []
@@ -105,12 +105,12 @@ def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeR
     validate_templates(config.prompt_templates)
     params = {"temperature": config.temperature, "max_tokens": config.max_tokens}
     requests = build_requests(rows, config.k_samples, params, config.prompt_templates)
-    done = {"n": 0}
+    from ops.progress import Progress
+
+    tracker = Progress(len(requests), "teacher", context.log.info, every_s=10.0, unit="responses")
 
     def progress(res):
-        done["n"] += 1
-        if done["n"] % 5 == 0 or done["n"] == len(requests):
-            context.log.info(f"teacher: {done['n']}/{len(requests)} responses")
+        tracker.update()
 
     import time
 
@@ -155,7 +155,7 @@ def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeR
 )
 def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig, lake: LakeResource, teacher: TeacherResource):
     df = lake.read("decontaminated_problems")
-    out = _reference_path(df, config).with_columns(
+    out = _reference_path(df, config, context.log.info).with_columns(
         n_samples=pl.lit(None, pl.Int64), n_verified=pl.lit(None, pl.Int64), n_failed=pl.lit(None, pl.Int64),
         pass_rate=pl.lit(None, pl.Float64),
     )

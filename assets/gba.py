@@ -121,7 +121,7 @@ def comparison(lake: LakeResource) -> tuple[pl.DataFrame, dict[str, dict]]:
 
 
 @dg.asset(partitions_def=gba_modes, deps=["ctr_events"], group_name="training", code_version="1",
-          kinds={"pytorch", "parquet"})
+          kinds={"pytorch", "parquet"}, pool="gpu")
 def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeResource,
             compute: ComputeResource) -> dg.MaterializeResult:
     """DeepFM on MovieLens-100k CTR events trained in one mode — sync (all-reduce, accelerate

@@ -151,7 +151,7 @@ def _launch(context, compute: ComputeResource, plan: ProbePlan, timeout_s: float
 
 
 @dg.asset(deps=["cpt_tokenizer"], partitions_def=size_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
-          group_name="mixture", code_version="1", kinds={"pytorch", "accelerate"}, pool="cpt_probes")
+          group_name="mixture", code_version="1", kinds={"pytorch", "accelerate"}, pool="gpu")
 def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, lake: LakeResource,
                     compute: ComputeResource) -> dg.MaterializeResult:
     """One GPT-2-style causal LM per probe size, pre-trained on the general corpus: the shared start
@@ -201,7 +201,7 @@ def _probe_table(info: dict) -> pl.DataFrame:
 
 @dg.asset(deps=["cpt_tokenizer", dg.AssetDep("cpt_base_models", partition_mapping=dg.MultiToSingleDimensionPartitionMapping("size"))],
           partitions_def=probe_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
-          group_name="mixture", code_version="1", kinds={"pytorch", "accelerate", "parquet"}, pool="cpt_probes")
+          group_name="mixture", code_version="1", kinds={"pytorch", "accelerate", "parquet"}, pool="gpu")
 def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, lake: LakeResource,
                    compute: ComputeResource) -> dg.MaterializeResult:
     """Continual pre-training of a size's base model on a general/domain mixture at one domain ratio

@@ -51,6 +51,8 @@ def main() -> int:
     runs = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(.+?): ok in ([\d.]+)s", proc.stdout, re.M)}
     curation = sum(v for k, v in runs.items() if k.startswith("raw_problems[") or k == "curation graph")
     gba = sum(v for k, v in runs.items() if k.startswith("gba_run["))
+    rollpacker = sum(v for k, v in runs.items() if k.startswith("rollpacker_run"))
+    posttrain = sum(v for k, v in runs.items() if k.startswith("post-training"))
     mixture = sum(v for k, v in runs.items() if k.startswith("mixture:"))
     result = {
         "command": "crucible demo (= make demo after setup)",
@@ -61,6 +63,8 @@ def main() -> int:
         "meets_target": curation < 360,
         "training_job_s": runs.get("training (ctr_events, ctr_model)"),
         "gba_all_modes_s": round(gba, 1), "target_gba_s": 180, "gba_meets_target": gba < 180,
+        "rollpacker_s": round(rollpacker, 1), "target_rollpacker_s": 180, "rollpacker_meets_target": rollpacker < 180,
+        "posttrain_s": round(posttrain, 1), "target_posttrain_s": 300, "posttrain_meets_target": posttrain < 300,
         "mixture_group_s": round(mixture, 1), "target_mixture_s": 240, "mixture_meets_target": mixture < 240,
         "load_average_at_end": os.getloadavg(),
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},

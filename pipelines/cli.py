@@ -60,7 +60,7 @@ def _run(job, instance, label: str, loggers: dict, partition_key: str | None = N
     return res.success
 
 
-STAGES = ("curation", "training", "mixture")
+STAGES = ("curation", "training", "mixture", "posttrain")
 
 
 def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[str, ...] = ()) -> int:
@@ -91,6 +91,8 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
         for mode in gba.partitions_def.get_partition_keys():
             if not _run(gba, instance, f"gba_run[{mode}]", loggers, partition_key=mode):
                 return 1
+        if not _run(job("rollpacker_job"), instance, "rollpacker_run (baseline vs tail batching)", loggers):
+            return 1
     if "mixture" not in skip:
         for name, label in (("mixture_data_job", "mixture: corpora + tokenizer"),
                             ("cpt_base_job", "mixture: base models (all sizes, one launch)"),
@@ -100,12 +102,16 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
             keys = j.partitions_def.get_partition_keys() if j.partitions_def else None
             if not _run(j, instance, label, loggers, partition_range=(keys[0], keys[-1]) if keys else None):
                 return 1
+    if "posttrain" not in skip:
+        if not _run(job("posttrain_job"), instance, "post-training: stage 1, failure regions, synthesis, stage 2 + control", loggers):
+            return 1
     root = Path(default_root()).resolve()
     print(f"\nmain job done in {time.monotonic() - t0:.1f}s")
     print(f"SFT dataset:     {root / 'sft_dataset'}  (datasets.load_dataset('parquet', data_dir=...))")
     print(f"CTR model:       {root / 'ctr_model'}  (test predictions + sparse tables in safetensors)")
     print(f"GBA comparison:  {root / 'gba_run'}  (one folder per training mode: curve + run record)")
     print(f"Mixture plan:    {root / 'mixture_plan' / 'plan.json'}  (D-CPT law fit: {root / 'dcpt_law_fit' / 'fit.json'})")
+    print(f"Post-training:   {root / 'failure_driven_comparison'}  (stage 1 vs targeted vs random, with CIs)")
     print(f"DuckDB catalog:  {root / 'catalog.duckdb'}  (one view per asset)")
     print(f"Dagster UI:      make dev  ->  http://127.0.0.1:3000  (runs recorded in {home})")
     return 0

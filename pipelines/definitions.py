@@ -1,24 +1,31 @@
 """The code location's Definitions. Loading must stay fast (< 3 s): heavy libraries are imported
-inside asset functions, never here."""
+inside asset functions, never here.
+
+The profile (``CRUCIBLE_PROFILE``: ``default`` | ``prod``, pipelines/profiles.py) chooses the resources
+and the executor; assets, checks, jobs, schedules and sensors are the same in every profile. To add
+an asset module, append it to ``ASSET_MODULES``.
+"""
 
 import dagster as dg
 
-from assets import curation, curation_checks, distillation, gba, mixture, recsys, sources
-from resources.compute import ComputeResource
-from resources.lake import LakeResource
-from resources.sources import SourcesResource
-from resources.teacher import TeacherResource
+from assets import curation, curation_checks, distillation, gba, mixture, posttrain, recsys, rollpacker, sources
 
-from .jobs import (cpt_base_job, cpt_probe_job, curation_job, gba_job, mixture_data_job, mixture_job, sources_job,
-                   training_job)
-from .schedules import nightly_curation
+from .jobs import ALL_JOBS
+from .profiles import load_profile
+from .schedules import SCHEDULES
+from .sensors import SENSORS, with_automation
+
+ASSET_MODULES = [sources, curation, distillation, recsys, gba, rollpacker, mixture, posttrain]
+CHECK_MODULES = [curation_checks, mixture, posttrain]
+
+PROFILE = load_profile()
 
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([sources, curation, distillation, recsys, gba, mixture]),
-    asset_checks=dg.load_asset_checks_from_modules([curation_checks, mixture]),
-    jobs=[sources_job, curation_job, training_job, gba_job, mixture_data_job, cpt_base_job, cpt_probe_job, mixture_job],
-    schedules=[nightly_curation],
-    resources={"lake": LakeResource(), "sources": SourcesResource(), "teacher": TeacherResource(),
-               "compute": ComputeResource()},
-    executor=dg.in_process_executor,
+    assets=with_automation(dg.load_assets_from_modules(ASSET_MODULES)),
+    asset_checks=dg.load_asset_checks_from_modules(CHECK_MODULES),
+    jobs=ALL_JOBS,
+    schedules=SCHEDULES,
+    sensors=SENSORS,
+    resources=PROFILE.resources,
+    executor=PROFILE.executor,
 )

@@ -14,7 +14,11 @@ import datetime as dt
 import dagster as dg
 
 KEY_FIGURES = ("rows_in", "rows_out", "removed", "math500_recall", "math500_precision", "near_duplicates_removed",
-               "verified", "verified_teacher", "quarantined", "strata", "shortfall")
+               "verified", "verified_teacher", "quarantined", "strata", "shortfall",
+               # mixture: the ratio chosen (and used downstream), the law form behind it
+               "tradeoff_r_d", "mixture_ratio", "chosen_form", "probe_points",
+               # training runs
+               "final_auc", "samples_per_s", "world_size")
 POINTER = "dagster/input_event_pointer/"
 
 
@@ -45,7 +49,9 @@ def _row(instance, graph, rec) -> dict:
         "code_version": mat.tags.get("dagster/code_version"),
         "figures": {k: md[k].value for k in KEY_FIGURES if k in md},
         "checks": _checks(instance, graph, mat.asset_key, rec.run_id),
-        "inputs": {k[len(POINTER):]: int(v) for k, v in mat.tags.items() if k.startswith(POINTER)},
+        # an input Dagster recorded as "NULL" had no materialization when this one ran (None here)
+        "inputs": {k[len(POINTER):]: (int(v) if v.isdigit() else None) for k, v in mat.tags.items()
+                   if k.startswith(POINTER)},
     }
 
 

@@ -112,7 +112,7 @@ class ComputeResource(dg.ConfigurableResource):
                 _kill_group(proc)
                 raise
             if rc != 0:
-                raise dg.Failure(f"launch exited with code {rc}: {' '.join(cmd)}")
+                raise dg.Failure(f"launch exited with code {rc}: {' '.join(cmd)}", metadata={"exit_code": rc})
         return dg.PipesClientCompletedInvocation(session)
 
 

@@ -240,7 +240,8 @@ def _verify_chunk(items: list[VerifyItem]) -> list[dict]:
     return [verify_one(it) for it in items]
 
 
-def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int = 2, chunk: int = 64) -> list[dict]:
+def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int = 2, chunk: int = 64,
+                log=None) -> list[dict]:
     """Verify items in a Pebble process pool; order of results follows ``items``.
 
     A chunk that exceeds ``timeout_s * len(chunk)`` seconds is killed and its items are retried one
@@ -250,6 +251,7 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
     Args:
         timeout_s: wall-clock seconds allowed per item (> 0).
         workers: worker processes (>= 1).
+        log: optional ``log(str)`` for progress lines (items done / total, rate, ETA).
     Raises:
         ValueError: timeout_s <= 0 or workers < 1.
     """
@@ -264,16 +266,21 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
     results: dict[str, dict] = {}
     chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
     retry: list[VerifyItem] = []
+    from ops.progress import Progress
+
+    tracker = Progress(len(items), "verify", log or (lambda _line: None), every_s=10.0)
     with ProcessPool(max_workers=workers) as pool:
         futures = [(c, pool.schedule(_verify_chunk, args=(c,), timeout=timeout_s * len(c))) for c in chunks]
         for c, fut in futures:
             try:
                 for r in fut.result():
                     results[r["key"]] = r
+                tracker.update(len(c))
             except (FutureTimeout, Exception):  # noqa: BLE001 - retry the chunk item by item
                 retry.extend(c)
         singles = [(it, pool.schedule(verify_one, args=(it,), timeout=timeout_s)) for it in retry]
         for it, fut in singles:
+            tracker.update()
             try:
                 results[it.key] = fut.result()
             except FutureTimeout:

@@ -239,7 +239,13 @@ def main(plan_path: str) -> int:  # noqa: C901 - one linear training program
             folder = Path(plan.out_dir if plan.phase == "cpt" else plan.base_dir)
             folder.mkdir(parents=True, exist_ok=True)
             _atomic_json({"world_size": world, "distributed_type": str(acc.distributed_type)}, folder / "launch.json")
+        from ops.progress import Progress
+
+        progress = Progress(len(plan.runs), f"probe {plan.phase}", pipes.log.info if rank == 0 else (lambda _l: None),
+                            every_s=0.0, unit="runs")
         for run in plan.runs:
+            if run is not plan.runs[0]:
+                progress.update()
             t0 = time.monotonic()
             size = run["size"]
             base = Path(plan.base_dir) / size
@@ -354,6 +360,8 @@ def main(plan_path: str) -> int:  # noqa: C901 - one linear training program
                               "wall_s": round(time.monotonic() - t0, 2)}, metrics_path)
                 ckpt_path.unlink(missing_ok=True)  # the run is finished; its result is the metrics
             acc.wait_for_everyone()
+        if plan.runs:
+            progress.update()
     return 0
 
 

@@ -101,9 +101,19 @@ def _law_lake(tmp_path, n_sizes=4, noise=0.002) -> LakeResource:
 def test_law_fit_check_and_plan_on_law_generated_probes(tmp_path):
     lake = _law_lake(tmp_path)
     cfg = {"ops": {"dcpt_law_fit": {"config": {"n_boot": 4}}}}
+    instance = dg.DagsterInstance.ephemeral()
     r = dg.materialize([mixture.dcpt_law_fit, mixture.mixture_plan, mixture.dcpt_fit_heldout_r2],
-                       resources={"lake": lake}, run_config=cfg)
+                       resources={"lake": lake}, run_config=cfg, instance=instance)
     assert r.success
+    # lineage audit from the instance alone: the plan's chosen ratio and the fit's check, upstream
+    from pipelines.definitions import defs
+    from pipelines.lineage import lineage_report
+
+    rows = {row["asset"]: row for row in lineage_report(instance, defs.resolve_asset_graph(), "mixture_plan")}
+    assert {"mixture_plan", "dcpt_law_fit"} <= set(rows)
+    assert 0.0 <= rows["mixture_plan"]["figures"]["tradeoff_r_d"] <= 1.0
+    assert rows["dcpt_law_fit"]["figures"]["chosen_form"] == "L3"
+    assert rows["dcpt_law_fit"]["checks"] == {"dcpt_fit_heldout_r2": "SUCCEEDED"}
     checks = r.get_asset_check_evaluations()
     assert len(checks) == 1 and checks[0].passed
     fit = json.loads((tmp_path / "lake/dcpt_law_fit/fit.json").read_text())
