@@ -58,3 +58,21 @@ def rank0_pipes() -> Iterator[Any]:
             yield pipes
     else:
         yield _LocalPipes(r)
+
+
+def data_parallel(global_batch: int):
+    """The accelerate ``Accelerator`` of a data-parallel worker started by ``ComputeResource`` (CPU when
+    ``ACCELERATE_USE_CPU`` is set, as the embedded profile does), with the global batch split evenly.
+
+    Returns:
+        (accelerator, world_size, rank, local_batch) with local_batch = global_batch / world_size.
+    Raises:
+        ValueError: ``global_batch`` is not a multiple of the number of processes.
+    """
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"))
+    world = acc.num_processes
+    if global_batch % world:
+        raise ValueError(f"global_batch {global_batch} is not a multiple of the {world} processes")
+    return acc, world, acc.process_index, global_batch // world

@@ -144,19 +144,14 @@ def _atomic_json(obj, path: Path) -> None:
 def main(plan_path: str) -> int:  # noqa: C901 - one linear training program
     import torch
     import torch.nn.functional as F
-    from accelerate import Accelerator
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
-    from ops.launch import rank0_pipes
+    from ops.launch import data_parallel, rank0_pipes
 
     hf_logging.set_verbosity_error()
     plan = ProbePlan(**json.loads(Path(plan_path).read_text()))
-    acc = Accelerator(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"))
-    world, rank = acc.num_processes, acc.process_index
-    if plan.global_batch % world:
-        raise ValueError(f"global_batch {plan.global_batch} is not a multiple of the {world} processes")
-    local_batch = plan.global_batch // world
+    acc, world, rank, local_batch = data_parallel(plan.global_batch)
     manifest = json.loads((Path(plan.data_dir) / "manifest.json").read_text())
     load = lambda name: np.load(Path(plan.data_dir) / f"{name}.npy", mmap_mode="r")  # noqa: E731
     subdomains = manifest["subdomains"]

@@ -174,25 +174,20 @@ def response_losses(model, prompts: list[list[int]], golds: list[list[int]], eot
 def main(plan_path: str) -> int:  # noqa: C901 - one linear training program
     import polars as pl
     import torch
-    from accelerate import Accelerator
     from safetensors.torch import load_model, save_model
     from tokenizers import Tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from ops.launch import rank0_pipes
+    from ops.launch import data_parallel, rank0_pipes
     from ops.mixture.probe import BlockStream, domain_counts
     from ops.posttrain.data import PROMPT, PackedStream, encode_example
 
     hf_logging.set_verbosity_error()
     plan = SftPlan(**json.loads(Path(plan_path).read_text()))
-    acc = Accelerator(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"))
-    world, rank = acc.num_processes, acc.process_index
-    if plan.global_batch % world:
-        raise ValueError(f"global_batch {plan.global_batch} is not a multiple of the {world} processes")
     if not 0.0 <= plan.domain_ratio <= 1.0:
         raise ValueError(f"domain_ratio {plan.domain_ratio} outside [0, 1]")
-    local = plan.global_batch // world
+    acc, world, rank, local = data_parallel(plan.global_batch)
     tok_path = Path(plan.data_dir) / "tokenizer.json"
     if not tok_path.exists():
         raise FileNotFoundError(f"no tokenizer at {tok_path}: materialize cpt_tokenizer first")
