@@ -128,7 +128,7 @@ def _slice_table(scored: dict[str, pl.DataFrame]) -> pl.DataFrame:
 
 
 @dg.asset(deps=["sft_dataset", "cpt_base_models", "cpt_tokenizer", "mixture_plan", "benchmark_problems"],
-          group_name=GROUP, code_version="1", kinds={"pytorch", "accelerate"})
+          group_name=GROUP, code_version="1", kinds={"pytorch", "accelerate"}, pool="gpu")
 def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfig, lake: LakeResource,
                    compute: ComputeResource) -> dg.MaterializeResult:
     """Stage-1 SFT: the student (a D-CPT probe base on the embedded default) fine-tuned on the
@@ -395,7 +395,8 @@ class Stage2Config(dg.Config):
     timeout_s: float = 1200.0
 
 
-@dg.asset(deps=["targeted_synthesis", "sft_checkpoint"], group_name=GROUP, code_version="1", kinds={"pytorch", "accelerate"})
+@dg.asset(deps=["targeted_synthesis", "sft_checkpoint"], group_name=GROUP, code_version="1", kinds={"pytorch", "accelerate"},
+          pool="gpu")
 def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, lake: LakeResource,
                       compute: ComputeResource) -> dg.MaterializeResult:
     """Stage-2 SFT from the stage-1 checkpoint (model and optimizer state) on the targeted items plus
