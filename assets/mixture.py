@@ -508,12 +508,18 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
     law_at_grid = law.tradeoff_ratio(fg, fd, float(n_max), float(probe["max_tokens"]), T,
                                      L_g0=base_probe["general"] if base_probe else None)
 
-    rows = []
+    rows, numeric = [], []
     for p in (plan1, plan2, plan3):
         d = p.to_dict()
         sp = d.get("spread") or {}
         lg = plan3_general if p is plan3 else p.loss_general
         status = p.status + (" (N at search bound)" if p is plan3 and plan3_at_bound else "")
+        lo_hi = lambda k: (sp.get(k) or [None, None])  # noqa: E731
+        numeric.append({"usage": p.usage, "r_d": float(p.r_d), "r_d_lo": lo_hi("r_d")[0], "r_d_hi": lo_hi("r_d")[1],
+                        "n_params": float(p.n_params), "tokens": float(p.tokens), "domain_tokens": float(p.domain_tokens),
+                        "loss_domain": p.loss_domain, "loss_domain_lo": lo_hi("loss_domain")[0],
+                        "loss_domain_hi": lo_hi("loss_domain")[1], "loss_general": lg,
+                        "loss_general_base": p.loss_general_base, "status": status})
         rows.append({"usage": p.usage, "r_d": _fmt(p.r_d), "r_d_spread": _spread_fmt(sp.get("r_d")),
                      "N": _fmt(p.n_params), "N_spread": _spread_fmt(sp.get("n_params")), "D": _fmt(p.tokens),
                      "domain_tokens": _fmt(p.domain_tokens), "loss_domain": _fmt(p.loss_domain),
@@ -533,7 +539,9 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
     tmp = out.with_name("plan.json.tmp")
     tmp.write_text(json.dumps(result, indent=1, default=float))
     os.replace(tmp, out)
-    lake.write(table, "mixture_plan")
+    # the lake/catalog table keeps numbers as numbers (the Markdown table above is for the UI)
+    lake.write(pl.DataFrame(numeric, schema_overrides={k: pl.Float64 for k in numeric[0] if k not in ("usage", "status")}),
+               "mixture_plan")
 
     r = np.linspace(0.0, 1.0, 201)
     png = plots.ratio_curves(r, {"L_d (domain)": fd.predict(N, D, r), "L_g (general)": fg.predict(N, D, r)},

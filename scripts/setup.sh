@@ -30,23 +30,13 @@ mkdir -p "$DAGSTER_HOME"
 if [ ! -f "$DAGSTER_HOME/dagster.yaml" ]; then
   printf 'telemetry:\n  enabled: false\n' > "$DAGSTER_HOME/dagster.yaml"
 fi
-# Concurrency and retries (README "Operating Crucible"), added once to an existing dagster.yaml:
-# at most 2 runs in progress (2 cores), one curation run at a time (curation runs rewrite the same
-# tables); a run whose worker died (not one whose step failed) is retried twice. No pool limit here:
-# an in-process run killed mid-step (Ctrl-C twice, OOM) keeps its pool slot claimed with no daemon to
-# free it, and the next `make demo` would wait on it forever (measured: "Step blocked by limit for
-# pool gpu"). Pool limits (gpu) belong to deployments with run monitoring: deploy/helm/values.yaml.
-if ! grep -q '^concurrency:' "$DAGSTER_HOME/dagster.yaml"; then
-  cat >> "$DAGSTER_HOME/dagster.yaml" <<'YAML'
-concurrency:
-  runs:
-    max_concurrent_runs: 2
-    tag_concurrency_limits:
-      - key: crucible/stage
-        value: curation
-        limit: 1
-YAML
-fi
+# Retries (README "Operating Crucible"), added once to an existing dagster.yaml: a run whose worker
+# died (not one whose step failed) is retried twice. No pool or run-queue limits on this embedded
+# instance: a run killed mid-step (Ctrl-C twice, OOM, a killed `make demo`) stays STARTED with its
+# pool slot claimed and nothing here to fail it, so the next `make demo` would wait on the pool
+# forever ("Step blocked by limit for pool gpu") and the UI's queue would count it against
+# max_concurrent_runs (measured by a new-user trial). Those limits belong to deployments with run
+# monitoring: deploy/helm/values.yaml (pools, max runs, one curation run at a time).
 if ! grep -q '^run_retries:' "$DAGSTER_HOME/dagster.yaml"; then
   cat >> "$DAGSTER_HOME/dagster.yaml" <<'YAML'
 run_retries:

@@ -281,18 +281,17 @@ def test_a_killed_launch_is_retried_with_backoff_and_a_failing_one_is_not():
 # ------------------------------------------------------------------------------- instance settings
 
 
-def test_setup_writes_pool_run_and_retry_limits_dagster_accepts(tmp_path):
+def test_setup_writes_run_retries_and_no_embedded_limits_dagster_accepts(tmp_path):
     text = (ROOT / "scripts" / "setup.sh").read_text()
     blocks = re.findall(r"<<'YAML'\n(.*?)\nYAML\n", text, flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 1
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n" + "\n".join(blocks) + "\n")
     instance = dg.DagsterInstance.from_config(str(tmp_path))
     try:
         settings = instance.get_concurrency_config()
-        assert settings.pool_config.default_pool_limit is None  # no pool limit on the embedded default (see setup.sh)
-        assert settings.run_queue_config.max_concurrent_runs == 2
-        assert [(t["key"], t["value"], t["limit"]) for t in settings.run_queue_config.tag_concurrency_limits] == \
-            [("crucible/stage", "curation", 1)]
+        # no pool or run-queue limit on the embedded default: a killed run would hold them (see setup.sh)
+        assert settings.pool_config.default_pool_limit is None
+        assert not settings.run_queue_config or not settings.run_queue_config.tag_concurrency_limits
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
         assert not instance.run_retries_retry_on_asset_or_op_failure
     finally:

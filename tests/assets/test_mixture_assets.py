@@ -122,6 +122,9 @@ def test_law_fit_check_and_plan_on_law_generated_probes(tmp_path):
         for axis in ("unseen_N", "unseen_D", "unseen_r"):
             assert fit["generalisation"][target][axis]["r2"] > 0.9, (target, axis)
     plan = json.loads((tmp_path / "lake/mixture_plan/plan.json").read_text())
+    table = lake.read("mixture_plan")  # numbers stay numbers in the lake / DuckDB catalog
+    assert table["usage"].to_list() == ["tradeoff", "limited_domain", "allocate_compute"]
+    assert table.schema["r_d"] == pl.Float64 and table["r_d"][0] == pytest.approx(plan["tradeoff"]["r_d"])
     assert {"tradeoff", "limited_domain", "allocate_compute"} <= set(plan)
     t = plan["tradeoff"]
     assert 0.0 <= t["r_d"] <= 1.0 and t["spread"]["r_d"][0] <= t["r_d"] + 1e-9 <= t["spread"]["r_d"][1] + 2e-9
