@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+import dataclasses
+
 import dagster as dg
 import polars as pl
 
@@ -31,6 +33,9 @@ from resources.teacher import default_model_dir
 
 from ._meta import image, md_table, table_result
 
+# One source of truth for the run defaults: the driver's RunSpec (torch-free import).
+_D = {f.name: f.default for f in dataclasses.fields(RunSpec) if f.default is not dataclasses.MISSING}
+
 
 class RollPackerRunConfig(dg.Config):
     """A few steps of each method with a small batch (the embedded default adds < 3 minutes)."""
@@ -42,20 +47,20 @@ class RollPackerRunConfig(dg.Config):
     methods: list[str] = ["baseline", "rollpacker"]
     """Subset of baseline | tail_batching | tail_batching+reward | rollpacker (tail batching + reward
     scheduler + stream trainer)."""
-    steps: int = 2
+    steps: int = _D["steps"]
     """GRPO steps per method (with eta 1.25 and P0 2: a short round, then a long round)."""
-    prompts_per_step: int = 2
+    prompts_per_step: int = _D["prompts_per_step"]
     """P0: prompts per step."""
-    responses_per_prompt: int = 4
+    responses_per_prompt: int = _D["responses_per_prompt"]
     """R0: responses per prompt (the GRPO group)."""
-    eta: float = 1.25
+    eta: float = _D["eta"]
     """Short-round over-provisioning (paper: 1.25)."""
-    max_new_tokens: int = 48
-    timeout_s: float = 120.0
+    max_new_tokens: int = _D["max_new_tokens"]
+    timeout_s: float = _D["timeout_s"]
     """Wall-clock limit of one rollout."""
-    lr: float = 1e-6
-    seed: int = 0
-    max_failed_fraction: float = 0.25
+    lr: float = _D["lr"]
+    seed: int = _D["seed"]
+    max_failed_fraction: float = _D["max_failed_fraction"]
     """A step fails when more than this fraction of its rewards could not be computed."""
     num_cpus: int = 2
     """CPUs of the local Ray instance (ignored with compute.ray_address)."""

@@ -42,7 +42,7 @@ class RunSpec:
     prompts_per_step: int = 2
     responses_per_prompt: int = 4
     eta: float = 1.25
-    steps: int = 3
+    steps: int = 2
     max_new_tokens: int = 48
     timeout_s: float = 120.0
     max_prompt_tokens: int = 200
