@@ -15,11 +15,10 @@ load only in the launched process.
 import json
 import shutil
 import sys
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Optional
-
-import dataclasses
 
 import dagster as dg
 import polars as pl
