@@ -12,10 +12,10 @@ service and the trainer as actors and streams one message per step. torch, trans
 load only in the launched process.
 """
 
+import dataclasses
 import json
 import shutil
 import sys
-import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Optional
