@@ -26,12 +26,19 @@ from ops.rl.grpo import GRPOConfig, grpo_loss_terms, token_logprobs
 
 @dataclass
 class TrainSample:
-    """One response to train on: token ids, its advantage, valid flag (>= 1 token and finite reward)."""
+    """One response to train on: token ids, its advantage, valid flag (>= 1 token and finite reward).
+
+    ``old_logprobs`` [T]: log-probabilities of the response tokens under the policy that sampled them
+    (the engine's record). None = on-policy (the current weights are the old policy: ratio 1, as in
+    RollPacker's deferred step); set for asynchronous training (RollArc), where the sampling policy
+    may be ``async_ratio`` versions behind and the PPO ratio pi / pi_old corrects for it.
+    """
 
     prompt_ids: Sequence[int]
     response_ids: Sequence[int]
     advantage: float
     valid: bool
+    old_logprobs: Optional[Sequence[float]] = None
 
 
 class StreamTrainer:
@@ -84,7 +91,16 @@ class StreamTrainer:
                 with torch.no_grad():
                     ref, _ = token_logprobs(self.ref_model, [s.prompt_ids for s in mb], [s.response_ids for s in mb],
                                             self.temperature, self.pad_id)
-            num, den, st = grpo_loss_terms(logp, logp.detach(), mask, [s.advantage for s in mb], [s.valid for s in mb],
+            old = logp.detach()
+            if any(s.old_logprobs is not None for s in mb):
+                old = old.clone()
+                for b, s in enumerate(mb):
+                    if s.old_logprobs is not None and len(s.old_logprobs):
+                        if len(s.old_logprobs) != len(s.response_ids):
+                            raise ValueError(f"TrainSample.old_logprobs has {len(s.old_logprobs)} entries for "
+                                             f"{len(s.response_ids)} response tokens")
+                        old[b, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=old.dtype)
+            num, den, st = grpo_loss_terms(logp, old, mask, [s.advantage for s in mb], [s.valid for s in mb],
                                            self.cfg, ref)
             if num.requires_grad:
                 num.backward()
