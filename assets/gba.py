@@ -3,13 +3,21 @@ of ``ctr_model`` trained with global-batch gradient aggregation over a parameter
 baselines — synchronous all-reduce, plain async PS, bounded staleness (SSP), backup workers
 (Hop-BW) — under one seeded straggler trace. One partition per mode; every partition runs with the
 same run config, so switching modes changes no hyper-parameter. torch loads only in the launched
-processes (``ops.gba``)."""
+processes (``ops.gba``).
+
+Resume: each partition of a run trains in ``<lake>/gba_run/.run-<mode>-<root run id>``, one folder
+per run lineage (the root run id is the run's own id, or for a re-execution or run-level retry the
+id of the run it re-executes). A step retry (``RetryingComputeResource`` after a launch death), a
+re-execution from failure and a run retry therefore relaunch over the same folder and continue
+from its last checkpoint (``ops.gba.checkpoint``; the launched process logs the Dagster retry
+number and the global step it resumes from); a new materialization starts from step 0. The folder
+is removed once the partition is materialized; a launch that finished but whose step failed later
+is not retrained: its result file is reused."""
 
 import importlib.util
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +25,7 @@ import dagster as dg
 import polars as pl
 
 from ops import figures
+from ops.gba.checkpoint import Checkpoints, fingerprint
 from ops.gba.config import MODES, Cluster, Policy, RunSpec, validate
 from ops.gba.report import summarize, write_json
 from ops.gba.staleness import StalenessDecay
@@ -72,6 +81,8 @@ class GBARunConfig(dg.Config):
     backup_workers: int = _P.backup_workers
     eval_every: int = _C.eval_every
     """Evaluate the test AUC every this many global steps."""
+    checkpoint_every: int = _C.checkpoint_every
+    """Checkpoint every this many global steps (0: never); a retried launch resumes from the last one."""
     target_auc: float = _C.target_auc
     rpc_timeout_s: float = _C.rpc_timeout_s
     run_timeout_s: float = _C.run_timeout_s
@@ -84,7 +95,8 @@ class GBARunConfig(dg.Config):
         return validate(RunSpec(
             mode=mode, train=train, local_batch=self.local_batch, events_path=events_path, data_cache=data_cache,
             cluster=Cluster(workers=workers, rpc_timeout_s=self.rpc_timeout_s, run_timeout_s=self.run_timeout_s,
-                            eval_every=self.eval_every, target_auc=self.target_auc),
+                            eval_every=self.eval_every, target_auc=self.target_auc,
+                            checkpoint_every=self.checkpoint_every),
             policy=Policy(decay=StalenessDecay(self.staleness_threshold, self.staleness_decay, self.drop_after),
                           ssp_bound=self.ssp_bound, backup_workers=self.backup_workers),
             trace=StragglerTrace(kind=self.straggler, slowdown=self.slowdown, slow_worker=self.slow_worker,
@@ -96,9 +108,18 @@ def _entry(name: str) -> str:
     return importlib.util.find_spec(f"ops.gba.{name}").origin
 
 
+def run_dir_for(context: dg.AssetExecutionContext, lake: LakeResource, mode: str) -> Path:
+    """``<lake>/gba_run/.run-<mode>-<root run id>``: the same folder for every attempt of this
+    partition within one run lineage (step retries, re-execution, run retries)."""
+    root = context.run.root_run_id or context.run.run_id
+    return lake.base / "gba_run" / f".run-{mode}-{root}"
+
+
 def _launch(context, spec: RunSpec, run_dir: Path, compute: ComputeResource) -> dg.PipesClientCompletedInvocation:
     spec_path = run_dir / "spec.json"
-    spec_path.write_text(spec.to_json())
+    tmp = run_dir / ".spec.json.tmp"
+    tmp.write_text(spec.to_json())
+    tmp.replace(spec_path)
     args = ["--spec", str(spec_path), "--out", str(run_dir)]
     timeout = spec.cluster.run_timeout_s + 120.0                 # + process start and teardown
     if spec.mode == "sync":
@@ -129,26 +150,39 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
     under the configured straggler trace. Rank 0 streams evaluation points through Dagster Pipes
     and writes the run record; the table holds the eval curve (global step, samples, training
     seconds, test AUC, log loss). Metadata: samples/s, time to target AUC, final AUC and log loss,
-    global steps, staleness histogram, gradients decayed/dropped, lost workers, and the comparison
-    across every mode materialized so far (table and AUC-vs-time plot)."""
+    global steps, staleness histogram, gradients decayed/dropped, lost workers, checkpoints written
+    and their seconds, the global step(s) a retried launch resumed from and the retry number, and
+    the comparison across every mode materialized so far (table and AUC-vs-time plot). A retried
+    launch resumes from its last checkpoint (see the module docstring)."""
     mode = context.partition_key
     events = lake.path("ctr_events")
     if not events.exists():
         raise FileNotFoundError(f"ctr_events has no table at {events}: materialize ctr_events first")
     workers = compute.num_processes if config.workers is None else config.workers
     spec = config.spec(mode, workers, str(events), str(lake.path("gba_run", name="cache")))
-    (lake.base / "gba_run").mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=f".run-{mode}-", dir=lake.base / "gba_run"))
-    inv = _launch(context, spec, run_dir, compute)
+    run_dir = run_dir_for(context, lake, mode)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(spec)
     res_path = run_dir / "result.json"
-    if not res_path.exists():
-        raise dg.Failure(f"gba_run[{mode}]: the launch finished without a result file at {res_path}")
-    res = json.loads(res_path.read_text())
-    messages = inv.get_custom_messages()
+    done = json.loads(res_path.read_text()) if res_path.exists() else None
+    if done is not None and done.get("fingerprint") == fp:
+        context.log.info(f"gba_run[{mode}]: attempt {context.retry_number + 1} reuses the finished launch's result "
+                         f"in {run_dir}")
+        res, messages = done, []
+    else:
+        res_path.unlink(missing_ok=True)               # another spec's result must not pass for this launch's
+        ckpt = Checkpoints(run_dir, fp).find() if spec.cluster.checkpoint_every else None
+        context.log.info(f"gba_run[{mode}]: attempt {context.retry_number + 1} in {run_dir}: " + (
+            f"checkpoint {ckpt['count']} at global step {ckpt['global_step']:.1f} found, the launch resumes from it"
+            if ckpt else "no checkpoint, training from step 0"))
+        inv = _launch(context, spec, run_dir, compute)
+        if not res_path.exists():
+            raise dg.Failure(f"gba_run[{mode}]: the launch finished without a result file at {res_path}")
+        res = json.loads(res_path.read_text())
+        messages = inv.get_custom_messages()
     write_json(res, lake.path("gba_run", mode, "result.json"))
     curve = pl.DataFrame(res["curve"]).select("global_step", "samples", "train_s", "auc", "logloss")
     path, version = lake.write(curve, "gba_run", mode)
-    shutil.rmtree(run_dir, ignore_errors=True)
 
     table, results = comparison(lake)
     s = summarize(res)
@@ -159,7 +193,9 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
                      for w in res["lost_workers"]) or "none"
     context.log.info(f"gba_run[{mode}]: {s['samples_per_s']:.0f} samples/s, final AUC {s['final_auc']:.4f}, lost workers: {lost}")
     ttt = res["time_to_target_s"]
-    return table_result(
+    ck = res.get("checkpoints") or {"written": 0, "seconds": 0.0, "resumes": []}
+    resumed = ", ".join(f"global step {r['global_step']:g}" for r in ck["resumes"]) or "none"
+    result = table_result(
         None, path, version, curve.height, curve.height,
         mode=dg.MetadataValue.text(mode),
         workers=dg.MetadataValue.int(res["workers"]), world_size=dg.MetadataValue.int(res["world_size"]),
@@ -181,12 +217,18 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
         hyper_parameters=dg.MetadataValue.json(res["hyper_parameters"]),
         trace=dg.MetadataValue.json(res["spec"]["trace"]),
         pipes_messages=dg.MetadataValue.int(len(messages)),
+        checkpoints_written=dg.MetadataValue.int(ck["written"]),
+        checkpoint_seconds=dg.MetadataValue.float(round(ck["seconds"], 3)),
+        resumed_from=dg.MetadataValue.text(resumed),
+        retry_number=dg.MetadataValue.int(context.retry_number),
         comparison=md_table(table),
         figure=image(_auc_plot(curves, spec.cluster.target_auc), "AUC vs training time"),
         staleness=image(figures.grouped_bars([str(t) for t in taus],
                                              {m: [h.get(str(t), 0) / max(1, sum(h.values())) for t in taus] for m, h in hists.items()},
                                              "staleness of gradients (share per mode)", "share"), "staleness"),
     )
+    shutil.rmtree(run_dir, ignore_errors=True)          # only now: every failure above may be retried over it
+    return result
 
 
 def _auc_plot(curves: dict, target: float) -> bytes:

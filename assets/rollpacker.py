@@ -10,13 +10,20 @@ The asset launches ``ops.rl.rollpacker.driver`` through Dagster Pipes (``Compute
 the driver starts Ray (local, or ``compute.ray_address``) with the rollout engine, the reward
 service and the trainer as actors and streams one message per step. torch, transformers and ray
 load only in the launched process.
+
+Resume: a run trains in ``<lake>/rollpacker_run/.run-<root run id>`` (the run's id, or for a
+re-execution or run-level retry the id of the run it re-executes), so a step retry after a launch
+death (``RetryingComputeResource``), a re-execution from failure and a run retry relaunch over the
+same folder: the driver skips the methods that finished and continues the one in progress after
+its last completed step (``ops.rl.rollpacker.driver.RunState``), logging the Dagster retry number.
+A new materialization starts from the first step. The folder is removed once the asset is
+materialized; a launch that finished but whose step failed later is not rerun (its result is reused).
 """
 
 import dataclasses
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +31,7 @@ import dagster as dg
 import polars as pl
 
 from ops import lake as lakeio
-from ops.rl.rollpacker.driver import RunSpec
+from ops.rl.rollpacker.driver import RunSpec, RunState, fingerprint
 from ops.rl.rollpacker.report import comparison_plot, step_rows, summarize
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
@@ -89,33 +96,47 @@ def rollpacker_run(context: dg.AssetExecutionContext, config: RollPackerRunConfi
     max / p99 / median response length (tokens), bubble ratio (idle fraction of generation slots),
     mean reward, verified / unparseable / failed rewards, zero-signal groups, finish reasons, loss,
     policy version. Metadata: the per-method summary with the speedup, the per-step comparison
-    table and plot, and the Ray address."""
+    table and plot, the Ray address, the retry number and where a retried launch resumed. A
+    retried launch continues after its last completed step (see the module docstring)."""
     problems = lake.path("decontaminated_problems")
     if not problems.exists():
         raise FileNotFoundError(f"decontaminated_problems has no table at {problems}: materialize it first")
     spec = spec_from(config, problems, compute.ray_address)
-    (lake.base / "rollpacker_run").mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=".run-", dir=lake.base / "rollpacker_run"))
-    spec_path = run_dir / "spec.json"
-    spec_path.write_text(spec.to_json())
-    inv = compute.run(context, "", command=[sys.executable, "-m", "ops.rl.rollpacker.driver", "--spec", str(spec_path),
-                                            "--out", str(run_dir)],
-                      timeout_s=config.run_timeout_s, env={"RAY_DEDUP_LOGS": "0"})
+    run_dir = lake.base / "rollpacker_run" / f".run-{context.run.root_run_id or context.run.run_id}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(spec)
     res_path = run_dir / "result.json"
-    if not res_path.exists():
-        raise dg.Failure(f"rollpacker_run: the driver finished without a result file at {res_path}")
-    res = json.loads(res_path.read_text())
-    messages = inv.get_custom_messages()
+    done = json.loads(res_path.read_text()) if res_path.exists() else None
+    if done is not None and done.get("fingerprint") == fp:
+        context.log.info(f"rollpacker_run: attempt {context.retry_number + 1} reuses the finished launch's result in {run_dir}")
+        res, messages = done, []
+    else:
+        res_path.unlink(missing_ok=True)               # another spec's result must not pass for this launch's
+        state = RunState(run_dir, fp)
+        context.log.info(f"rollpacker_run: attempt {context.retry_number + 1} in {run_dir}: " + (
+            f"{len(state.rows)} finished step(s) saved, the driver resumes after them" if state.load() and state.rows
+            else "no saved steps, starting from the first step"))
+        spec_path = run_dir / "spec.json"
+        tmp = run_dir / ".spec.json.tmp"
+        tmp.write_text(spec.to_json())
+        tmp.replace(spec_path)
+        inv = compute.run(context, "", command=[sys.executable, "-m", "ops.rl.rollpacker.driver", "--spec", str(spec_path),
+                                                "--out", str(run_dir)],
+                          timeout_s=config.run_timeout_s, env={"RAY_DEDUP_LOGS": "0"})
+        if not res_path.exists():
+            raise dg.Failure(f"rollpacker_run: the driver finished without a result file at {res_path}")
+        res = json.loads(res_path.read_text())
+        messages = inv.get_custom_messages()
     rows = step_rows(res["steps"])
     table = pl.DataFrame(rows)
     path, version = lake.write(table, "rollpacker_run")
     lakeio.write_json_atomic(res, lake.path("rollpacker_run", name="result.json"))
-    shutil.rmtree(run_dir, ignore_errors=True)
     summary = pl.DataFrame(summarize(res["steps"]))
     for r in summary.iter_rows(named=True):
         context.log.info(f"rollpacker_run {r['method']}: {r['steps']} steps, {r['step_s_total']}s, "
                          f"speedup vs baseline {r['speedup_vs_baseline']}")
-    return table_result(
+    resumes = res.get("resumes", [])
+    result = table_result(
         None, path, version, len(res["prompts"]), table.height,
         summary=md_table(summary),
         comparison=md_table(table.select("method", "step", "round", "rollout_s", "step_s", "max_response_len",
@@ -128,4 +149,9 @@ def rollpacker_run(context: dg.AssetExecutionContext, config: RollPackerRunConfi
         wall_s=dg.MetadataValue.float(round(res["wall_s"], 2)),
         pipes_messages=dg.MetadataValue.int(len(messages)),
         hyper_parameters=dg.MetadataValue.json(res["spec"]),
+        retry_number=dg.MetadataValue.int(context.retry_number),
+        resumed_from=dg.MetadataValue.text(", ".join(f"{r['method']} after step {r['after_step']}" for r in resumes) or "none"),
+        state_save_s=dg.MetadataValue.float(round(res.get("state_save_s", 0.0), 3)),
     )
+    shutil.rmtree(run_dir, ignore_errors=True)          # only now: every failure above may be retried over it
+    return result

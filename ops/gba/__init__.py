@@ -14,10 +14,11 @@ Modules, pure logic first (importable and testable without processes):
     server     ParameterServer: control + aggregation + model + clock, thread-safe, transport-free
     ps         the PS modes over torch.distributed.rpc (rank 0 = PS, starts and watches W workers)
     sync       all-reduce data parallel (gloo), launched by accelerate
+    checkpoint checkpoints of a run directory (atomic, fingerprinted) and resume; fault injection
     launch_ps, launch_sync   the entry-point scripts the launches run
     report     the per-mode summary row of a result file
     plots      AUC vs training time per mode
 
-torch is imported only by the modules that need it; ``config``, ``staleness``, ``trace``,
+torch is imported only by the modules that need it; ``config``, ``checkpoint``, ``staleness``, ``trace``,
 ``control`` and ``report`` load without it. torchrec/fbgemm are never used.
 """

@@ -67,6 +67,9 @@ class Cluster:
         eval_every: evaluate the test AUC every this many global steps (in samples: eval_every x G).
         target_auc: the test AUC whose first crossing gives "time to target".
         threads: torch intra-op threads per process.
+        checkpoint_every: write a checkpoint every this many global steps (in samples:
+            checkpoint_every x G; ``ops.gba.checkpoint``); a relaunch with the same run directory
+            resumes from the last one. 0 = never.
     """
 
     workers: int = 2
@@ -78,6 +81,7 @@ class Cluster:
     eval_every: int = 16
     target_auc: float = 0.68
     threads: int = 1
+    checkpoint_every: int = 16
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,8 @@ def validate(spec: RunSpec) -> RunSpec:
     """Check a spec before anything starts. Returns it; raises GBAConfigError naming the field:
     unknown mode, workers < 1, non-positive batches, global batch not a multiple of the local
     batch, sync/Hop-BW global batch not divisible into W equal shares of local batches, backup
-    workers not in [0, W), negative SSP bound, non-positive timeouts or eval cadence, bad trace."""
+    workers not in [0, W), negative SSP bound, non-positive timeouts or eval cadence, negative
+    checkpoint cadence, bad trace."""
     if spec.mode not in MODES:
         raise GBAConfigError(f"mode must be one of {MODES}, got {spec.mode!r}")
     c, t = spec.cluster, spec.train
@@ -181,6 +186,8 @@ def validate(spec: RunSpec) -> RunSpec:
             raise GBAConfigError(f"cluster.{name} must be > 0 (every wait has a timeout), got {getattr(c, name)}")
     if c.eval_every < 1:
         raise GBAConfigError(f"cluster.eval_every must be >= 1 global step, got {c.eval_every}")
+    if c.checkpoint_every < 0:
+        raise GBAConfigError(f"cluster.checkpoint_every must be >= 0 global steps (0: no checkpoints), got {c.checkpoint_every}")
     spec.trace.check(c.workers)
     spec.policy.decay.check()
     return spec

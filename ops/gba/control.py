@@ -20,6 +20,10 @@ Samples come from one shared stream: the server hands out local batch numbers in
 
 Staleness is counted in optimizer steps (model versions): global steps for GBA and Hop-BW,
 local-batch updates for async and SSP.
+
+Resume (``state``/``restore``, taken right after an optimizer step, when nothing is pending): the
+scheduling position is the next fresh batch number plus the batches handed out but not applied
+at that point; a restored run hands those out again first, so a relaunch skips no sample.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class Control:
     discarded_at_end: int = 0
     batches_by_worker: list = field(default_factory=list)
     lost_work: list = field(default_factory=list)        # (worker, token or None, batch) dropped with a lost worker
+    reissue: list = field(default_factory=list)          # batch numbers to hand out before fresh ones (resume)
     done: bool = False
 
     def __post_init__(self):
@@ -110,10 +115,42 @@ class Control:
 
     # -- hand-outs -------------------------------------------------------------------------------
     def _claim(self, w: int) -> int:
-        n = self.next_batch_no
-        self.next_batch_no += 1
+        if self.reissue:
+            n = self.reissue.pop(0)
+        else:
+            n = self.next_batch_no
+            self.next_batch_no += 1
         self.claimed[w] = n
         return n
+
+    # -- resume ----------------------------------------------------------------------------------
+    _COUNTERS = ("step", "samples_applied", "next_batch_no", "pushed", "applied", "decayed", "dropped",
+                 "discarded_at_end", "taus", "batches_by_worker")
+
+    def state(self) -> dict:
+        """The scheduling state a resumed run needs: counters, the next fresh batch number and the
+        batches to hand out again (claimed or pulled, not pushed; plus any re-issues left).
+        Raises ProtocolError when gradients are pending (take it right after an optimizer step)."""
+        if self.pending_samples or self.pending_gradients:
+            raise ProtocolError(f"control state taken with {self.pending_gradients} gradient(s) pending; "
+                                "checkpoint right after an optimizer step")
+        st = {k: getattr(self, k) for k in self._COUNTERS}
+        st["taus"], st["batches_by_worker"] = list(self.taus), list(self.batches_by_worker)
+        st["reissue"] = sorted(set(self.claimed.values()) | set(self.reissue))
+        return st
+
+    def restore(self, st: dict) -> None:
+        """Continue from ``state()`` output, with every worker fresh (live, unregistered, nothing
+        claimed). Raises ProtocolError when the worker count differs or the run is already done."""
+        if len(st["batches_by_worker"]) != self.spec.cluster.workers:
+            raise ProtocolError(f"checkpoint has {len(st['batches_by_worker'])} workers, this run "
+                                f"{self.spec.cluster.workers}")
+        if st["samples_applied"] >= self.total_samples:
+            raise ProtocolError(f"checkpoint at {st['samples_applied']} samples is past the run's end ({self.total_samples})")
+        for k in self._COUNTERS:
+            setattr(self, k, st[k])
+        self.taus, self.batches_by_worker = list(st["taus"]), list(st["batches_by_worker"])
+        self.reissue = list(st["reissue"])
 
     def hello(self, w: int) -> int | Wait | str:
         """Register worker ``w``; its first batch number once every worker has registered (the

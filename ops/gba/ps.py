@@ -14,7 +14,15 @@ worker can block nothing): ``hello`` -> first batch number; ``pull(batch, ids)``
 dense parameters (only when changed) or wait/stop; ``push(token, batch, gradient)`` -> next batch
 number or stop. Waits (start barrier, SSP bound, Hop-BW step) are polls bounded by
 ``cluster.wait_timeout_s``. Rank 0 reports evaluation points through Dagster Pipes
-(``ops.launch.rank0_pipes``) and writes ``result.json``, ``progress.jsonl`` and ``workers.json``.
+(``ops.launch.rank0_pipes``), logs progress lines (samples applied / total, rate, ETA) and writes
+``result.json``, ``progress.jsonl`` and ``workers.json``.
+
+Resume: the PS checkpoints into ``--out`` every ``cluster.checkpoint_every`` global steps
+(``ops.gba.server``, ``ops.gba.checkpoint``); launched again with the same ``--out`` and spec it
+loads the last checkpoint before its workers connect and continues from that global step, logging
+the Dagster retry number (``PipesContext.retry_number``). Fresh workers start; the batches the
+killed run had handed out but not applied are handed out again first. A finished run removes its
+checkpoints (its ``result.json`` is the record), so a later launch over the folder starts afresh.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,8 +109,10 @@ def serve(spec_path: str, out_dir: str) -> int:
     import torch.distributed.rpc as rpc
 
     from ops.launch import rank0_pipes
+    from ops.progress import Progress
 
     from . import report
+    from .checkpoint import Checkpoints, crash_if_asked, fingerprint
     from .config import RunSpec, validate
     from .data import load
     from .server import ParameterServer
@@ -131,7 +142,33 @@ def serve(spec_path: str, out_dir: str) -> int:
                 pipes.log.info(f"{spec.mode}: global step {point['global_step']:.1f}, {point['train_s']:.1f} s, "
                                f"test AUC {point['auc']:.4f}, log loss {point['logloss']:.4f}")
 
-            _SERVER = ParameterServer(spec, data, on_eval=on_eval)
+            fp = fingerprint(spec)
+            ckpts = Checkpoints(out, fp) if spec.cluster.checkpoint_every else None
+            prog: dict = {"line": None, "early": 0}        # the line starts when the RPC world is up
+
+            def on_progress(n: int) -> None:
+                if prog["line"] is None:
+                    prog["early"] += n
+                else:
+                    prog["line"].update(n)
+
+            def on_checkpoint(rec: dict) -> None:
+                pipes.log.info(f"{spec.mode}: checkpoint {rec['count']} at global step {rec['global_step']:.1f}")
+                crash_if_asked(rec["count"], pipes.log.info)
+
+            _SERVER = ParameterServer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
+                                      on_progress=on_progress)
+            total = _SERVER.steps_target * spec.global_batch
+            resumed = _SERVER.resumed_from
+            if ckpts is not None and ckpts.skipped:
+                pipes.log.warning(f"{spec.mode}: {ckpts.skipped}")
+            if resumed:
+                pipes.log.info(f"{spec.mode}: resuming from checkpoint {resumed['checkpoint']} at global step "
+                               f"{resumed['global_step']:.1f} ({resumed['samples']} of {total} samples applied, "
+                               f"{resumed['reissued_batches']} batch(es) handed out again) on Dagster retry "
+                               f"{getattr(pipes, 'retry_number', 'n/a')}")
+            done = resumed["samples"] if resumed else 0
+            label = f"{spec.mode}: training" + (f" (resumed at global step {resumed['global_step']:.1f})" if resumed else "")
             t1 = time.monotonic()
 
             def early_exit():
@@ -147,11 +184,16 @@ def serve(spec_path: str, out_dir: str) -> int:
                              kill_workers)
             rpc.init_rpc("ps", rank=0, world_size=world, rpc_backend_options=_rpc_options(spec, port))
             guard.started.set()
+            with _SERVER.lock:
+                prog["line"] = Progress(total - done, label, pipes.log.info, unit="samples")
+                if prog["early"]:
+                    prog["line"].update(prog["early"])
             pipes.log.info(f"{spec.mode}: PS ready (data + model {t1 - t0:.1f} s, RPC world of {world} up after "
                            f"{time.monotonic() - t1:.1f} s)")
             try:
                 _watch(_SERVER, procs, spec, pipes.log)
                 res = _SERVER.result()
+                res["fingerprint"], res["retry_number"] = fp, getattr(pipes, "retry_number", None)
                 report.write_json(res, out / "result.json")
                 for lw in res["lost_workers"]:
                     pipes.log.warning(f"{lw['worker']} lost ({lw['reason']}): dropped tokens {lw['dropped_tokens']}, "
@@ -160,7 +202,9 @@ def serve(spec_path: str, out_dir: str) -> int:
                                f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
                 rc = 0 if res["failure"] is None else 1
                 if res["failure"]:
-                    pipes.log.error(f"{spec.mode}: {res['failure']}")
+                    pipes.log.error(f"{spec.mode}: {res['failure']}")          # checkpoints kept: a rerun resumes
+                elif ckpts is not None:
+                    shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
             finally:
                 rpc.shutdown(graceful=False)
     finally:

@@ -9,6 +9,16 @@ and assembles the result record (``ops.gba.report``).
 
 Sparse tables and dense parameters live here, on one server process (sharding the tables by ID
 across several servers is not built: ``ops.sparse.shard`` shards for all-reduce training only).
+
+Checkpoints (``ops.gba.checkpoint``): with ``checkpoints`` given, the server writes one right after
+the optimizer step that crosses each ``cluster.checkpoint_every`` global steps of applied samples
+(so nothing is pending): dense parameters and Adam state, the sparse tables with their
+SparseAdagrad rows, the token-control state (global step, data position: next batch number and
+the batches handed out but not applied, counters, staleness list), the curves, the training clock
+and the torch RNG. A server built over a run directory that holds a checkpoint of the same run
+spec resumes from it instead of starting at step 0 (``resumed_from``). The checkpoint is written
+under the server lock (workers' calls wait; its time is excluded from training seconds and
+reported as ``checkpoints.seconds``). Work done after the last checkpoint by a killed run is lost.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from collections.abc import Callable
 
 from . import report
 from .aggregate import Aggregator, Gradient
+from .checkpoint import Checkpoints
 from .config import RunSpec, hyper_parameters, validate
 from .control import STOP, Control, Wait
 from .data import CTRData
@@ -33,15 +44,21 @@ class ParameterServer:
         spec: the run (``spec.mode`` in async | ssp | hopbw | gba). data: the encoded CTR data.
         on_eval: called with each evaluation point (a dict) — rank 0 forwards it to Dagster Pipes.
         clock: seconds (monotonic), injectable for tests.
-    Raises GBAConfigError for a bad spec, ValueError for mode ``sync`` (no server).
+        checkpoints: where to write checkpoints and resume from (None: neither).
+        on_checkpoint: called with each committed checkpoint's record (under the server lock).
+        on_progress: called with the samples each optimizer step applied (under the server lock).
+    Raises GBAConfigError for a bad spec, ValueError for mode ``sync`` (no server),
+    CheckpointError / ValueError for a committed checkpoint that cannot be read.
     """
 
     def __init__(self, spec: RunSpec, data: CTRData, on_eval: Callable[[dict], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, checkpoints: Checkpoints | None = None,
+                 on_checkpoint: Callable[[dict], None] | None = None, on_progress: Callable[[int], None] | None = None):
         validate(spec)
         if spec.mode == "sync":
             raise ValueError("mode 'sync' trains by all-reduce (ops.gba.sync), not on a parameter server")
         self.spec, self.data, self.on_eval, self.clock = spec, data, on_eval, clock
+        self.checkpoints, self.on_checkpoint, self.on_progress = checkpoints, on_checkpoint, on_progress
         self.steps_target = spec.global_steps(data.n_train)
         self.control = Control(spec, total_samples=self.steps_target * spec.global_batch)
         self.agg = Aggregator()
@@ -58,14 +75,26 @@ class ParameterServer:
         self.t_end: float | None = None
         self.next_eval = spec.cluster.eval_every * spec.global_batch
         self.failure: str | None = None
-        self._evaluate(0)
+        # checkpoints; the clock of earlier attempts (a resumed run adds its own on top)
+        self.ckpt_every = spec.cluster.checkpoint_every * spec.global_batch
+        self.next_ckpt = self.ckpt_every
+        self.ckpt_count, self.ckpt_s = 0, 0.0
+        self.before = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0}
+        self.resumes: list[dict] = []
+        self.resumed_from: dict | None = None
+        rec = checkpoints.find() if checkpoints is not None and self.ckpt_every else None
+        if rec is not None:
+            self._restore(rec)
+        else:
+            self._evaluate(0)
 
     # -- clock and evaluation --------------------------------------------------------------------
     def train_seconds(self) -> float:
+        """Wall seconds of training over every attempt, evaluation and checkpoint writes excluded."""
         if self.t0 is None:
-            return 0.0
+            return self.before["train_s"]
         end = self.t_end if self.t_end is not None else self.clock()
-        return end - self.t0 - self.eval_s
+        return self.before["train_s"] + end - self.t0 - self.eval_s - self.ckpt_s
 
     def _evaluate(self, samples: int) -> None:
         t = self.clock()
@@ -128,13 +157,65 @@ class ParameterServer:
         self._dense = self.model.dense()
         c = self.control
         self.loss_curve.append([c.samples_applied, up.loss])
+        if self.on_progress:
+            self.on_progress(up.samples)
         if c.done:
             self.t_end = self.clock()
             self._evaluate(c.samples_applied)
-        elif c.samples_applied >= self.next_eval:
+            return
+        if c.samples_applied >= self.next_eval:
             self._evaluate(c.samples_applied)
             while self.next_eval <= c.samples_applied:
                 self.next_eval += self.spec.cluster.eval_every * self.spec.global_batch
+        if self.checkpoints is not None and self.ckpt_every and c.samples_applied >= self.next_ckpt:
+            while self.next_ckpt <= c.samples_applied:
+                self.next_ckpt += self.ckpt_every
+            self._checkpoint()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        """Write and commit a checkpoint of the state right after an optimizer step."""
+        import torch
+
+        from .checkpoint import save_state
+
+        t = self.clock()
+        c, m = self.control, self.model.model
+        folder = self.checkpoints.stage(c.samples_applied)
+        server = {"version": self.version, "curve": self.curve, "loss_curve": self.loss_curve,
+                  "next_eval": self.next_eval, "next_ckpt": self.next_ckpt, "count": self.ckpt_count + 1,
+                  "train_s": self.train_seconds(), "eval_s": self.before["eval_s"] + self.eval_s,
+                  "ckpt_s": self.before["ckpt_s"] + self.ckpt_s, "resumes": self.resumes}
+        save_state(folder, "ps", {"net": m.net.state_dict(), "opt": m.opt.state_dict(), "control": c.state(),
+                                  "server": server, "rng": torch.get_rng_state()}, m.ec)
+        self.ckpt_count += 1
+        rec = self.checkpoints.commit(folder, {"count": self.ckpt_count, "samples": c.samples_applied,
+                                               "global_step": c.samples_applied / self.spec.global_batch,
+                                               "optimizer_steps": c.step, "writers": ["ps"]})
+        if self.t0 is not None:
+            self.ckpt_s += self.clock() - t
+        if self.on_checkpoint:
+            self.on_checkpoint(rec)
+
+    def _restore(self, rec: dict) -> None:
+        import torch
+
+        from .checkpoint import load_state
+
+        m = self.model.model
+        st = load_state(self.checkpoints.folder(rec), "ps", m.ec)
+        m.net.load_state_dict(st["net"])
+        m.opt.load_state_dict(st["opt"])
+        self.control.restore(st["control"])
+        s = st["server"]
+        self.version, self.curve, self.loss_curve = s["version"], s["curve"], s["loss_curve"]
+        self.next_eval, self.next_ckpt, self.ckpt_count = s["next_eval"], s["next_ckpt"], s["count"]
+        self.before = {"train_s": s["train_s"], "eval_s": s["eval_s"], "ckpt_s": s["ckpt_s"]}
+        self._dense = self.model.dense()
+        torch.set_rng_state(st["rng"])
+        self.resumed_from = {"checkpoint": rec["count"], "samples": rec["samples"], "global_step": rec["global_step"],
+                             "optimizer_steps": rec["optimizer_steps"], "reissued_batches": len(self.control.reissue)}
+        self.resumes = list(s["resumes"]) + [self.resumed_from]
 
     def _reply(self, w: int, r):
         if r == STOP:
@@ -183,7 +264,10 @@ class ParameterServer:
                 "batches_by_worker": dict(zip(names, c.batches_by_worker)),
                 "lost_workers": lost, "failure": self.failure,
                 "curve": self.curve, "loss_curve": self.loss_curve, "final": self.curve[-1] if self.curve else None,
-                "eval_seconds": self.eval_s,
+                "eval_seconds": self.before["eval_s"] + self.eval_s,
+                "checkpoints": {"every_global_steps": spec.cluster.checkpoint_every if self.checkpoints else 0,
+                                "written": self.ckpt_count, "seconds": self.before["ckpt_s"] + self.ckpt_s,
+                                "resumes": self.resumes},
             }
             return report.finish(res, c.samples_applied, self.train_seconds(), spec.cluster.target_auc)
 

@@ -12,6 +12,14 @@ with ``ACCELERATE_USE_CPU=true`` (``resources.compute.ComputeResource`` builds i
 that it got the world size and distributed type it was asked for (``check_launch``): ``accelerate
 launch --cpu --num_processes 2`` silently runs one process (FACTS.md). The straggler trace slows
 rank r exactly as it slows PS worker r; every other rank then waits at the all-reduce.
+
+Checkpoints (``ops.gba.checkpoint``) every ``cluster.checkpoint_every`` global steps: the sparse
+rows are sharded over the ranks, so every rank writes its shard of the tables, its copy of the
+dense parameters and Adam state, its RNG (dropout) state and the curves; after a barrier rank 0
+commits. A launch with the same ``--out``, spec and world size resumes from the last committed
+checkpoint: the sample stream is a function of the global step and the trace of (rank, local
+batch), so the resumed run applies exactly the updates of an uninterrupted one. A finished launch
+removes its checkpoints (its ``result.json`` is the record).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -31,6 +40,7 @@ from ops.sparse.train import CTRModel
 
 from . import report
 from .aggregate import dense_mean, rows_mean
+from .checkpoint import Checkpoints, load_state, save_state
 from .config import RunSpec, hyper_parameters, validate
 from .data import CTRData, SampleStream, take
 from .model import loss_sum, metrics
@@ -125,9 +135,21 @@ class SyncModel(CTRModel):
 
 
 class SyncTrainer:
-    """The sync run on one rank (the process group must be initialised; world 1 is fine)."""
+    """The sync run on one rank (the process group must be initialised; world 1 is fine).
 
-    def __init__(self, spec: RunSpec, data: CTRData, on_eval=None):
+    Args:
+        spec: the run (mode ``sync``). data: the encoded CTR data.
+        on_eval: rank 0: called with each evaluation point (a dict).
+        checkpoints: where to checkpoint and resume from (the same folder on every rank; None: neither).
+        on_checkpoint: every rank: called with each checkpoint's record once rank 0 committed it.
+        on_resume: rank 0: called with the resume record (checkpoint, global step) before training.
+        on_progress: rank 0: called with 0 when the training loop starts, then with the samples of
+            each applied global step.
+    Raises LaunchError (world size), ValueError (mode), CheckpointError (unreadable checkpoint).
+    """
+
+    def __init__(self, spec: RunSpec, data: CTRData, on_eval=None, checkpoints: Checkpoints | None = None,
+                 on_checkpoint=None, on_resume=None, on_progress=None):
         self.spec, self.data, self.on_eval = validate(spec), data, on_eval
         if spec.mode != "sync":
             raise ValueError(f"SyncTrainer runs mode 'sync', got {spec.mode!r}")
@@ -138,6 +160,55 @@ class SyncTrainer:
         self.stream = SampleStream(data.n_train, spec.local_batch, spec.train.seed)
         torch.manual_seed(spec.train.seed * 1000 + self.rank + 1)       # dropout stream of this rank (as PS worker r)
         self.curve, self.loss_curve, self.eval_s = [], [], 0.0
+        self.checkpoints = checkpoints if spec.cluster.checkpoint_every else None
+        self.on_checkpoint, self.on_resume, self.on_progress = on_checkpoint, on_resume, on_progress
+        self.ckpt_count, self.resumes = 0, []
+        self.before = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0}
+
+    def _checkpoint(self, step: int, train_s: float, eval_s: float, ckpt_s: float) -> None:
+        """Every rank writes its state into the staged folder; rank 0 commits after a barrier."""
+        ck = self.checkpoints
+        samples = step * self.spec.global_batch
+        folder = ck.root / f"step-{samples:012d}"
+        if self.rank == 0:
+            folder = ck.stage(samples)
+        dist.barrier()
+        state = {"net": self.model.net.state_dict(), "opt": self.model.opt.state_dict(), "rng": torch.get_rng_state(),
+                 "step": step, "curve": self.curve, "loss_curve": self.loss_curve, "count": self.ckpt_count + 1,
+                 "train_s": train_s, "eval_s": self.before["eval_s"] + eval_s, "ckpt_s": self.before["ckpt_s"] + ckpt_s,
+                 "resumes": self.resumes, "world": self.world}
+        save_state(folder, f"rank{self.rank}", state, self.model.ec)
+        dist.barrier()
+        self.ckpt_count += 1
+        rec = {"count": self.ckpt_count, "samples": samples, "global_step": step, "optimizer_steps": step,
+               "writers": [f"rank{r}" for r in range(self.world)]}
+        if self.rank == 0:
+            rec = ck.commit(folder, rec)
+        dist.barrier()
+        if self.on_checkpoint:
+            self.on_checkpoint(rec)
+
+    def _restore(self) -> int:
+        """Load this rank's part of the last committed checkpoint, if any. Returns the global step to
+        continue from (0: none)."""
+        rec = self.checkpoints.find() if self.checkpoints is not None else None
+        if rec is None:
+            return 0
+        st = load_state(self.checkpoints.folder(rec), f"rank{self.rank}", self.model.ec)
+        if st["world"] != self.world:
+            raise LaunchError(f"checkpoint {self.checkpoints.folder(rec)} was written by {st['world']} ranks, this launch "
+                              f"has {self.world}: the sparse rows are sharded by rank")
+        self.model.net.load_state_dict(st["net"])
+        self.model.opt.load_state_dict(st["opt"])
+        torch.set_rng_state(st["rng"])
+        self.curve, self.loss_curve, self.ckpt_count = st["curve"], st["loss_curve"], st["count"]
+        self.before = {"train_s": st["train_s"], "eval_s": st["eval_s"], "ckpt_s": st["ckpt_s"]}
+        resumed = {"checkpoint": rec["count"], "samples": rec["samples"], "global_step": st["step"],
+                   "optimizer_steps": st["step"], "reissued_batches": 0}
+        self.resumes = list(st["resumes"]) + [resumed]
+        if self.rank == 0 and self.on_resume:
+            self.on_resume(resumed)
+        return st["step"]
 
     def _evaluate(self, step: int, train_s: float) -> float:
         """Test metrics at global step ``step`` (every rank predicts: the lookups are collectives;
@@ -157,10 +228,16 @@ class SyncTrainer:
         G, M = spec.global_batch, spec.local_batches_per_step
         share = M // W
         steps = spec.global_steps(self.data.n_train)
-        self._evaluate(0, 0.0)
+        start = self._restore()
+        if start == 0:
+            self._evaluate(0, 0.0)
+        every = spec.cluster.checkpoint_every if self.checkpoints is not None else 0
         dist.barrier()
-        t0, eval_s = time.perf_counter(), 0.0
-        for s in range(steps):
+        if self.on_progress:
+            self.on_progress(0)
+        t0, eval_s, ckpt_s = time.perf_counter(), 0.0, 0.0
+        clock = lambda: self.before["train_s"] + time.perf_counter() - t0 - eval_s - ckpt_s  # noqa: E731
+        for s in range(start, steps):
             idx = self.stream.batches(s * M + r * share, share)
             t, comm = time.perf_counter(), self.model.ec.x.seconds
             bce = self.model.backward(take(self.data.train, idx), self.data.y_train[idx])
@@ -170,10 +247,15 @@ class SyncTrainer:
                 time.sleep(delay)
             loss = self.model.reduce_and_apply(bce, len(idx), G)
             self.loss_curve.append([(s + 1) * G, loss])
+            if self.on_progress:
+                self.on_progress(G)
             if (s + 1) % spec.cluster.eval_every == 0 or s + 1 == steps:
-                train_s = time.perf_counter() - t0 - eval_s
-                eval_s += self._evaluate(s + 1, train_s)
-        train_s = time.perf_counter() - t0 - eval_s
+                eval_s += self._evaluate(s + 1, clock())
+            if every and (s + 1) % every == 0 and s + 1 < steps:
+                t = time.perf_counter()
+                self._checkpoint(s + 1, clock(), eval_s, ckpt_s)
+                ckpt_s += time.perf_counter() - t
+        train_s = clock()
         res = {
             "mode": "sync", "workers": W, "world_size": W, "trace": spec.trace.kind, "spec": json.loads(spec.to_json()),
             "hyper_parameters": hyper_parameters(spec), "global_steps_target": steps, "global_steps": steps,
@@ -182,7 +264,9 @@ class SyncTrainer:
             "staleness_histogram": {0: steps * M}, "staleness_unit": "global steps",
             "batches_by_worker": {f"worker{w}": steps * share for w in range(W)}, "lost_workers": [], "failure": None,
             "curve": self.curve, "loss_curve": self.loss_curve, "final": self.curve[-1] if self.curve else None,
-            "eval_seconds": eval_s, "backend": dist.get_backend(), "exchange": self.model.ec.x.mode,
+            "eval_seconds": self.before["eval_s"] + eval_s, "backend": dist.get_backend(), "exchange": self.model.ec.x.mode,
+            "checkpoints": {"every_global_steps": every, "written": self.ckpt_count,
+                            "seconds": self.before["ckpt_s"] + ckpt_s, "resumes": self.resumes},
         }
         return report.finish(res, steps * G, train_s, spec.cluster.target_auc)
 
@@ -192,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     from accelerate import PartialState
 
     from ops.launch import rank0_pipes
+    from ops.progress import Progress
 
+    from .checkpoint import crash_if_asked, fingerprint
     from .data import load
 
     ap = argparse.ArgumentParser(description="GBA baseline: synchronous all-reduce training (one rank)")
@@ -214,11 +300,40 @@ def main(argv: list[str] | None = None) -> int:
                 pipes.log.info(f"sync: global step {point['global_step']}, {point['train_s']:.1f} s, test AUC {point['auc']:.4f}")
 
             data = load(spec.events_path, spec.train.crosses, spec.data_cache)
-            res = SyncTrainer(spec, data, on_eval=on_eval).run()
-            if state.process_index == 0:
+            fp = fingerprint(spec)
+            ckpts = Checkpoints(a.out, fp)
+            retry = getattr(pipes, "retry_number", "n/a")
+            total = spec.global_steps(data.n_train) * spec.global_batch
+            prog: dict = {"line": None, "done": 0, "label": "sync: training"}
+
+            def on_progress(n: int) -> None:                  # 0 once when the training loop starts
+                if prog["line"] is None:
+                    prog["line"] = Progress(total - prog["done"], prog["label"], pipes.log.info, unit="samples")
+                if n:
+                    prog["line"].update(n)
+
+            rank0 = state.process_index == 0
+            quiet = lambda _line: None  # noqa: E731
+
+            def on_checkpoint(rec: dict) -> None:            # every rank
+                if rank0:
+                    pipes.log.info(f"sync: checkpoint {rec['count']} at global step {rec['global_step']}")
+                crash_if_asked(rec["count"], pipes.log.info if rank0 else quiet)
+
+            def on_resume(r: dict) -> None:
+                pipes.log.info(f"sync: resuming from checkpoint {r['checkpoint']} at global step {r['global_step']} "
+                               f"({r['samples']} of {total} samples applied) on Dagster retry {retry}")
+                prog.update(done=r["samples"], label=f"sync: training (resumed at global step {r['global_step']})")
+
+            if rank0 and ckpts.find() is None and ckpts.skipped:
+                pipes.log.warning(f"sync: {ckpts.skipped}")
+            res = SyncTrainer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
+                              on_resume=on_resume, on_progress=on_progress if rank0 else None).run()
+            if rank0:
                 res.update(distributed_type=dtype, launcher="accelerate launch" if "ACCELERATE_DYNAMO_BACKEND" in os.environ
-                           else "torch.distributed.run")
+                           else "torch.distributed.run", fingerprint=fp, retry_number=getattr(pipes, "retry_number", None))
                 report.write_json(res, Path(a.out) / "result.json")
+                shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
                 pipes.log.info(f"sync: {res['optimizer_steps']} global steps on {res['world_size']} ranks ({dtype}), "
                                f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
     finally:

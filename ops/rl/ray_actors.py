@@ -10,6 +10,12 @@ service and the trainer as actors, and driver-side proxies with the in-process i
   its URL; the driver calls it with ``RewardClient``.
 * ``TrainerActor``: the policy, its optimizer and a StreamTrainer.
 
+Resume (``Actors.save_state`` / ``Actors.restore``): between steps the trainer writes its policy
+weights, optimizer state, policy version and RNG, and the engine its sampling RNG, to files (the
+actors write them: on a cluster the folder must be on storage every node mounts); a relaunch loads
+them and publishes the weights to the engine through the versioned sync. ``LocalActors`` runs the
+same roles in the calling process, without Ray (tests, debugging).
+
 Every ``ray.get`` has a timeout. ``ray`` is imported inside functions (``make_actors``).
 """
 
@@ -70,6 +76,38 @@ class _EngineImpl:
     def version(self) -> Optional[int]:
         return self.engine.version
 
+    def save_rng(self, path: str) -> None:
+        """Write this process's torch RNG state (the sampling stream) to ``path`` (temporary file, then rename)."""
+        import torch
+
+        _save_atomic({"rng": torch.get_rng_state()}, path)
+
+    def load_rng(self, path: str) -> None:
+        """Restore the sampling stream ``save_rng`` wrote. Raises FileNotFoundError naming the file."""
+        import torch
+
+        torch.set_rng_state(_load(path)["rng"])
+
+
+def _save_atomic(obj, path: str) -> None:
+    import os
+
+    import torch
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _load(path: str) -> dict:
+    import os
+
+    import torch
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"resume state {path} does not exist")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
 
 class _TrainerImpl:
     def __init__(self, spec: dict):
@@ -106,6 +144,34 @@ class _TrainerImpl:
         from .weights import export_state
 
         return export_state(self.trainer.model)
+
+    def save_checkpoint(self, path: str) -> int:
+        """Write the trainer between steps — policy weights, optimizer state, policy version, torch
+        RNG — to ``path`` (temporary file, then rename). Returns the version saved. Raises
+        RuntimeError when gradients of an unfinished step are accumulated."""
+        import torch
+
+        tr = self.trainer
+        if tr.samples:
+            raise RuntimeError(f"trainer holds gradients of {tr.samples} samples of an unfinished step: save between steps")
+        _save_atomic({"model": tr.model.state_dict(), "optimizer": tr.opt.state_dict(), "version": tr.version,
+                      "rng": torch.get_rng_state()}, path)
+        return tr.version
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore what ``save_checkpoint`` wrote (onto the policy this actor builds from its spec).
+        Returns the policy version. Raises FileNotFoundError naming the file, RuntimeError when the
+        weights do not fit the policy."""
+        import torch
+
+        st = _load(path)
+        tr = self.trainer
+        tr.model.load_state_dict(st["model"])
+        tr.opt.load_state_dict(st["optimizer"])
+        tr.version = int(st["version"])
+        torch.set_rng_state(st["rng"])
+        tr._reset()
+        return tr.version
 
 
 class _RewardImpl:
@@ -229,9 +295,75 @@ class Actors:
         state = tr.state.remote()
         self.engine.version = ray.get(eng.update_weights.remote(state, version), timeout=self.rpc_timeout_s)
 
+    def save_state(self, trainer_path: str, engine_path: str) -> int:
+        """Between steps: the trainer's state to ``trainer_path`` and the engine's sampling RNG to
+        ``engine_path`` (written by the actors). Returns the policy version saved."""
+        import ray
+
+        eng, tr, _ = self.handles
+        version, _ = ray.get([tr.save_checkpoint.remote(trainer_path), eng.save_rng.remote(engine_path)],
+                             timeout=self.rpc_timeout_s)
+        return version
+
+    def restore(self, trainer_path: str, engine_path: str) -> int:
+        """Load the trainer's state, publish its weights to the engine (versioned sync: returns once
+        the engine holds that version) and restore the engine's sampling RNG. Call after ``reset``.
+        Returns the policy version."""
+        import ray
+
+        eng, tr, _ = self.handles
+        version = ray.get(tr.load_checkpoint.remote(trainer_path), timeout=self.rpc_timeout_s)
+        self.publish(self.trainer, version)
+        ray.get(eng.load_rng.remote(engine_path), timeout=self.rpc_timeout_s)
+        return version
+
     def kill(self) -> None:
         import ray
 
         self.engine.close()
         for h in self.handles:
             ray.kill(h)
+
+
+class LocalActors:
+    """``Actors``' interface with the roles in this process (no Ray): the same ``_EngineImpl``,
+    ``_TrainerImpl`` and ``_RewardImpl`` called directly. For tests and debugging; the engine and
+    the trainer share this process's torch RNG, so runs are reproducible only against other
+    ``LocalActors`` runs.
+
+    Attributes: engine (the HFEngine), trainer (the StreamTrainer), reward_url.
+    """
+
+    def __init__(self, engine_spec: dict, trainer_spec: dict, reward_workers: int = 1,
+                 reward_item_timeout_s: float = 10.0, rpc_timeout_s: float = 600.0):
+        self._eng, self._tr = _EngineImpl(engine_spec), _TrainerImpl(trainer_spec)
+        self._rw = _RewardImpl(reward_workers, reward_item_timeout_s)
+        self.reward_url = self._rw.url()
+
+    @property
+    def engine(self):
+        return self._eng.engine
+
+    @property
+    def trainer(self):
+        return self._tr.trainer
+
+    def reset(self) -> None:
+        self._eng.reset()
+        self._tr.reinit()
+
+    def publish(self, _trainer, version: int) -> None:
+        self._eng.update_weights(self._tr.state(), version)
+
+    def save_state(self, trainer_path: str, engine_path: str) -> int:
+        self._eng.save_rng(engine_path)
+        return self._tr.save_checkpoint(trainer_path)
+
+    def restore(self, trainer_path: str, engine_path: str) -> int:
+        version = self._tr.load_checkpoint(trainer_path)
+        self.publish(self.trainer, version)
+        self._eng.load_rng(engine_path)
+        return version
+
+    def kill(self) -> None:
+        self._rw.stop()

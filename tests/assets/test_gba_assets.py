@@ -1,6 +1,8 @@
 """gba_run partitions materialize through Dagster Pipes: sync launches 2 real gloo ranks with
 accelerate (world size and distributed type asserted), gba 1 PS + 2 workers over RPC; both with
-one run config, so the same hyper-parameters; the comparison covers every mode materialized."""
+one run config, so the same hyper-parameters; the comparison covers every mode materialized. The
+sync launch is killed (SIGKILL to its process group) after its first checkpoint: the step is
+retried by RetryingComputeResource and resumes from that checkpoint."""
 
 import dataclasses
 
@@ -8,11 +10,13 @@ import dagster as dg
 import pytest
 
 from assets import gba, recsys
+from ops.gba.checkpoint import CRASH_ENV
 from ops.gba.config import MODES
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
+from resources.retry import RetryingComputeResource
 
-TINY = {"epochs": 0.1, "eval_every": 4, "straggler": "persistent", "run_timeout_s": 120.0}
+TINY = {"epochs": 0.1, "eval_every": 4, "checkpoint_every": 4, "straggler": "persistent", "run_timeout_s": 120.0}
 
 
 def _meta(res):
@@ -27,18 +31,34 @@ def test_every_partition_gets_the_same_hyper_parameters_from_one_run_config():
     assert gba.gba_run.partitions_def.get_partition_keys() == list(MODES)
 
 
-def test_gba_run_sync_and_gba_partitions_materialize_and_compare(tmp_path):
+def test_gba_run_partitions_materialize_compare_and_a_killed_sync_launch_resumes_on_retry(tmp_path, monkeypatch):
     lake = LakeResource(root=str(tmp_path))
-    compute = ComputeResource(num_processes=2, launch_timeout_s=300)
+    compute = RetryingComputeResource(num_processes=2, launch_timeout_s=300, launch_retries=1, retry_backoff_s=0.0)
     assert dg.materialize([recsys.ctr_events], resources={"lake": lake}).success
     run_config = {"ops": {"gba_run": {"config": TINY}}}
-    meta = {}
-    for mode in ("sync", "gba"):
-        res = dg.materialize([gba.gba_run], partition_key=mode, resources={"lake": lake, "compute": compute},
-                             run_config=run_config)
-        assert res.success
-        meta[mode] = _meta(res)
+    meta, logs, kinds = {}, {}, {}
+    with dg.DagsterInstance.ephemeral() as instance:
+        for mode in ("sync", "gba"):
+            if mode == "sync":
+                monkeypatch.setenv(CRASH_ENV, "1")           # SIGKILL the launch after checkpoint 1 (global step 4)
+            else:
+                monkeypatch.delenv(CRASH_ENV)
+            res = dg.materialize([gba.gba_run], partition_key=mode, resources={"lake": lake, "compute": compute},
+                                 run_config=run_config, instance=instance)
+            assert res.success
+            meta[mode] = _meta(res)
+            logs[mode] = "\n".join(e.user_message for e in instance.all_logs(res.run_id))
+            kinds[mode] = [e.event_type_value for e in res.all_events]
     s, g = meta["sync"], meta["gba"]
+    # the killed sync launch died by SIGKILL, was retried once and resumed from its checkpoint at global step 4
+    assert kinds["sync"].count("STEP_UP_FOR_RETRY") == 1 and "STEP_UP_FOR_RETRY" not in kinds["gba"]
+    assert "launch died (exit code -9)" in logs["sync"]
+    assert "sync: resuming from checkpoint 1 at global step 4 (2048 of 7680 samples applied) on Dagster retry 1" in logs["sync"]
+    assert "sync: training (resumed at global step 4): 5632/5632 samples (100%)" in logs["sync"]
+    assert "gba: training: 7680/7680 samples (100%)" in logs["gba"] and "ETA" in logs["gba"]
+    assert (s["retry_number"], s["resumed_from"], s["checkpoints_written"]) == (1, "global step 4", 3)   # at 4, 8, 12
+    assert (g["retry_number"], g["resumed_from"], g["checkpoints_written"]) == (0, "none", 3)
+    assert not list((tmp_path / "gba_run").glob(".run-*"))                 # run folders removed after success
     assert (s["world_size"], s["distributed_type"], s["launcher"]) == (2, "MULTI_CPU", "accelerate launch")
     assert (g["world_size"], g["distributed_type"]) == (3, "PS_RPC")
     assert s["hyper_parameters"] == g["hyper_parameters"] and s["hyper_parameters"]["global_batch"] == 512

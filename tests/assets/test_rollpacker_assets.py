@@ -1,6 +1,8 @@
 """rollpacker_run materializes through Dagster Pipes: the driver runs baseline and RollPacker steps
 on a local Ray instance (engine, reward service and trainer as actors) and the metadata carries the
-per-step comparison. The tiny random policy keeps it fast; the real policy runs in the benchmark."""
+per-step comparison. The driver is killed (SIGKILL to its process group, Ray included) after its
+3rd step: RetryingComputeResource retries the step and the driver resumes after that step. The
+tiny random policy keeps it fast; the real policy runs in the benchmark."""
 
 from pathlib import Path
 
@@ -9,8 +11,10 @@ import polars as pl
 import pytest
 
 from assets import rollpacker
+from ops.rl.rollpacker.driver import CRASH_ENV
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
+from resources.retry import RetryingComputeResource
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 TINY = {"policy": "tiny", "model_dir": str(MODEL_DIR), "steps": 2, "prompts_per_step": 2, "responses_per_prompt": 2,
@@ -27,22 +31,33 @@ def lake_with_problems(tmp_path) -> LakeResource:
     return lake
 
 
-def test_rollpacker_run_compares_methods_per_step(tmp_path):
+def test_rollpacker_run_compares_methods_per_step_and_a_killed_driver_resumes_on_retry(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     if not (MODEL_DIR / "tokenizer.json").exists():
         pytest.skip("SmolLM2 directory missing: run make setup")
     lake = lake_with_problems(tmp_path)
-    res = dg.materialize([rollpacker.rollpacker_run], resources={"lake": lake, "compute": ComputeResource()},
-                         run_config={"ops": {"rollpacker_run": {"config": TINY}}})
+    monkeypatch.setenv(CRASH_ENV, "3")                   # after baseline's 2 steps and rollpacker's step 0
+    compute = RetryingComputeResource(launch_retries=1, retry_backoff_s=0.0)
+    with dg.DagsterInstance.ephemeral() as instance:
+        res = dg.materialize([rollpacker.rollpacker_run], resources={"lake": lake, "compute": compute},
+                             run_config={"ops": {"rollpacker_run": {"config": TINY}}}, instance=instance)
+        log = "\n".join(e.user_message for e in instance.all_logs(res.run_id))
     assert res.success
     [m] = [e.materialization.metadata for e in res.get_asset_materialization_events()]
     meta = {k: v.value for k, v in m.items()}
+    assert [e.event_type_value for e in res.all_events].count("STEP_UP_FOR_RETRY") == 1
+    assert "launch died (exit code -9)" in log and "baseline: finished before this launch (2 steps), skipped" in log
+    assert "rollpacker: resuming after step 0 (policy version 1 published to the engine; 3 of 4 steps of the run done) " \
+           "on Dagster retry 1" in log
+    assert "rollpacker run: GRPO steps (resumed with 3 of 4 done): 1/1 steps (100%)" in log
+    assert (meta["retry_number"], meta["resumed_from"]) == (1, "rollpacker after step 0")
+    assert not list((tmp_path / "rollpacker_run").glob(".run-*"))          # run folder removed after success
     table = pl.read_parquet(lake.path("rollpacker_run"))
     assert table.height == 4 and table["method"].to_list() == ["baseline"] * 2 + ["rollpacker"] * 2
     assert table["round"].to_list() == ["sync", "sync", "short", "long"]
     assert table["policy_version"].to_list() == [0, 1, 0, 1]
     assert set(meta["speedup_vs_baseline"]) == {"baseline", "rollpacker"} and meta["speedup_vs_baseline"]["baseline"] == 1.0
-    assert meta["pipes_messages"] == 4 and meta["ray_address"] == "local"
+    assert meta["pipes_messages"] == 1 and meta["ray_address"] == "local"     # the relaunch ran the one missing step
     assert "| rollpacker |" in meta["summary"] and "| baseline |" in meta["comparison"]
     assert "data:image/png;base64" in meta["figure"]
 

@@ -8,19 +8,38 @@ message per step and writes ``result.json``.
 spec.json (``RunSpec.to_json``): methods, P0, R0, eta, steps, max_new_tokens, timeouts, the policy
 (a model directory, or the tiny random policy with ``tokenizer_dir``), the problems file, learning
 rate, reward settings, Ray address and CPUs.
+
+Resume (``RunState``): after every completed GRPO step the driver saves, under ``DIR/state/``, the
+finished step rows, the tail-batching planner's position (fresh prompts, long-prompt queue, step)
+and, through the actors, the trainer's state (policy weights, optimizer state, policy version,
+RNG) and the engine's sampling RNG; ``state.json`` is the commit point (written atomically after
+the tensor files). Launched again with the same ``--out`` and spec, the driver skips the methods
+that finished, and for the method in progress loads the trainer state, publishes its weights to
+the engine (versioned sync) and continues with the next step; it logs the Dagster retry number.
+Work of a step that had not finished is lost. A state of a different spec (``fingerprint``) is
+ignored. A finished launch removes its state (``result.json`` is the record). Progress lines
+(steps done / total, rate, ETA) go to the run view after every step.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
+import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+
+CRASH_ENV = "CRUCIBLE_ROLLPACKER_CRASH_AFTER_STEPS"
+"""Fault injection (tests): ``N`` makes the driver SIGKILL its process group (itself and a local Ray
+instance; the launch, as a node preemption would) right after saving the run's N-th step. Counted
+over the whole run, so the relaunch, which resumes past step N, is not killed again."""
 
 METHODS = {
     # name: (tail batching, reward scheduler, stream trainer)
@@ -66,14 +85,132 @@ class RunSpec:
 
         TailBatching(self.prompts_per_step, self.responses_per_prompt, self.eta)
         bad = [m for m in self.methods if m not in METHODS]
-        if bad or not self.methods:
-            raise ValueError(f"rollpacker.methods must be a non-empty subset of {sorted(METHODS)}, got {self.methods}")
+        if bad or not self.methods or len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"rollpacker.methods must be a non-empty subset of {sorted(METHODS)} without repeats, "
+                             f"got {self.methods}")
         for name, ok in (("steps", self.steps >= 1), ("max_new_tokens", self.max_new_tokens >= 1),
                          ("timeout_s", self.timeout_s > 0), ("lr", self.lr > 0),
                          ("max_failed_fraction", 0 <= self.max_failed_fraction <= 1), ("num_cpus", self.num_cpus >= 1)):
             if not ok:
                 raise ValueError(f"rollpacker.{name} is out of range: {getattr(self, name)}")
         return self
+
+
+def fingerprint(spec: RunSpec) -> str:
+    """Hash of what determines a run's steps: the spec without its timeouts, Ray address, CPUs and
+    threads, and the problems file's path, size and mtime. 16 hex digits."""
+    d = asdict(spec)
+    for k in ("ray_address", "num_cpus", "threads_per_actor", "timeout_s", "reward_timeout_s", "reward_retries"):
+        d.pop(k)
+    p = Path(spec.problems_path)
+    if p.exists():
+        st = p.stat()
+        d["problems_path"] = [str(p.resolve()), st.st_size, st.st_mtime_ns]
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class RunState:
+    """The finished steps of one run directory, saved after every step (see the module docstring).
+
+    Layout: ``<out>/state/state.json`` (fingerprint, steps saved, finished rows, finished methods,
+    the method in progress with its planner position and state files, resumes) and the state files
+    ``trainer-<method>-<step>.pt`` / ``engine-<method>-<step>.pt`` of the last saved step.
+
+    Attributes:
+        rows: finished step rows, every method, in run order. done: methods finished.
+        current: the method in progress (``method``, ``step``, ``version``, ``trainer``, ``engine``,
+            ``planner``) or None. count: steps saved over the run. skipped: why a state on disk was
+            ignored (None: it was not). seconds: time spent saving, over every launch.
+    """
+
+    def __init__(self, out: str | Path, fp: str):
+        self.dir = Path(out) / "state"
+        self.path = self.dir / "state.json"
+        self.fp = fp
+        self.rows: list[dict] = []
+        self.done: list[str] = []
+        self.current: Optional[dict] = None
+        self.count = 0
+        self.resumes: list[dict] = []
+        self.skipped: Optional[str] = None
+        self.seconds = 0.0
+
+    def load(self) -> bool:
+        """Read the saved state; True when there is one of this spec. Raises ValueError naming the
+        file when it is not valid JSON."""
+        if not self.path.exists():
+            return False
+        try:
+            d = json.loads(self.path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"run state {self.path} is not valid JSON ({e}); delete {self.dir} to start over") from e
+        if d.get("fingerprint") != self.fp:
+            self.skipped = f"run state {self.path} is from another spec (fingerprint {d.get('fingerprint')}, this run {self.fp})"
+            return False
+        self.rows, self.done, self.current = d["rows"], d["done"], d["current"]
+        self.count, self.resumes, self.seconds = d["count"], d["resumes"], d.get("seconds", 0.0)
+        return True
+
+    def rows_of(self, method: str) -> list[dict]:
+        return [r for r in self.rows if r["method"] == method]
+
+    def save(self, method: str, rows: list[dict], planner, actors, finished: bool) -> int:
+        """Record ``method``'s rows after a completed step: with the trainer and engine state and the
+        planner position, or, when the method is ``finished``, as done. Returns the steps saved so far."""
+        t = time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows = [r for r in self.rows if r["method"] != method] + list(rows)
+        if finished:
+            self.done.append(method)
+            self.current = None
+        else:
+            k = rows[-1]["step"]
+            files = {"trainer": f"trainer-{method}-{k}.pt", "engine": f"engine-{method}-{k}.pt"}
+            version = actors.save_state(str(self.dir / files["trainer"]), str(self.dir / files["engine"]))
+            self.current = {"method": method, "step": k, "version": version, **files,
+                            "planner": {"fresh": [q.uid for q in planner.fresh], "long_queue": [q.uid for q in planner.long_queue],
+                                        "step": planner.step}}
+        self.count += 1
+        tmp = self.dir / ".state.json.tmp"
+        tmp.write_text(json.dumps({"fingerprint": self.fp, "count": self.count, "rows": self.rows, "done": self.done,
+                                   "current": self.current, "resumes": self.resumes,
+                                   "seconds": self.seconds + time.monotonic() - t}, indent=1))
+        os.replace(tmp, self.path)
+        keep = {self.current["trainer"], self.current["engine"]} if self.current else set()
+        for f in self.dir.glob("*.pt"):
+            if f.name not in keep:
+                f.unlink(missing_ok=True)
+        self.seconds += time.monotonic() - t
+        return self.count
+
+
+def restore_planner(planner, saved: dict, prompts: list) -> None:
+    """Put a fresh ``RoundPlanner`` at a saved position (prompt uids of the fresh and long-prompt
+    queues, step). Raises ValueError naming a uid that is not in this epoch."""
+    from collections import deque
+
+    by_uid = {q.uid: q for q in prompts}
+    missing = [u for u in saved["fresh"] + saved["long_queue"] if u not in by_uid]
+    if missing:
+        raise ValueError(f"saved planner position names prompts {missing[:3]} that are not in this run's epoch")
+    planner.fresh = deque(by_uid[u] for u in saved["fresh"])
+    planner.long_queue = deque(by_uid[u] for u in saved["long_queue"])
+    planner.step = saved["step"]
+
+
+def crash_if_asked(count: int, log: Callable[[str], None]) -> None:
+    """Fault injection: SIGKILL this process group when ``CRASH_ENV`` equals ``count`` (steps saved).
+    Raises ValueError when the variable is not an integer."""
+    raw = os.environ.get(CRASH_ENV, "").strip()
+    if not raw:
+        return
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{CRASH_ENV} must be an integer (steps before the simulated crash), got {raw!r}") from None
+    if n == count:
+        log(f"fault injection ({CRASH_ENV}={n}): SIGKILL to the driver's process group after step {count}")
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def load_prompts(spec: RunSpec, tokenizer) -> list:
@@ -112,8 +249,14 @@ def make_actors(spec: RunSpec):
                   spec.reward_timeout_s)
 
 
-def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors) -> list[dict]:
-    """``spec.steps`` steps of one method, from the initial policy (actors reset first)."""
+def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: Optional[RunState] = None,
+               progress=None, on_saved: Optional[Callable[[int], None]] = None) -> list[dict]:
+    """``spec.steps`` steps of one method, from the initial policy (actors reset first).
+
+    With ``state``, every completed step is saved (``RunState.save``; then ``on_saved(steps saved)``),
+    and a method the state holds in progress continues after its last saved step: planner position
+    restored, trainer state loaded and published to the engine. ``progress.update()`` after each
+    step. Returns the method's rows (restored ones included)."""
     from ops.rl.reward import RewardClient
 
     from .loop import RLStep, StepConfig
@@ -121,14 +264,25 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors) -> list
 
     tb, overlap, stream = METHODS[method]
     actors.reset()
+    planner = RoundPlanner(prompts, TailBatching(spec.prompts_per_step, spec.responses_per_prompt, spec.eta, enabled=tb))
+    rows = []
+    cur = state.current if state is not None else None
+    if cur is not None and cur["method"] == method:
+        restore_planner(planner, cur["planner"], prompts)
+        version = actors.restore(str(state.dir / cur["trainer"]), str(state.dir / cur["engine"]))
+        rows = state.rows_of(method)
+        resumed = {"method": method, "after_step": cur["step"], "policy_version": version, "steps_done": len(state.rows),
+                   "retry_number": getattr(pipes, "retry_number", None)}
+        state.resumes.append(resumed)
+        pipes.log.info(f"{method}: resuming after step {cur['step']} (policy version {version} published to the engine; "
+                       f"{len(state.rows)} of {len(spec.methods) * spec.steps} steps of the run done) on Dagster retry "
+                       f"{getattr(pipes, 'retry_number', 'n/a')}")
     client = RewardClient(actors.reward_url, timeout_s=spec.reward_timeout_s, max_retries=spec.reward_retries,
                           backoff_s=0.2)
     client.health()                                           # before any training
     step = RLStep(actors.engine, actors.trainer, client.score, actors.publish,
                   StepConfig(max_new_tokens=spec.max_new_tokens, timeout_s=spec.timeout_s, reward_overlap=overlap,
                              stream_train=stream, max_failed_fraction=spec.max_failed_fraction), reward_threads=4)
-    planner = RoundPlanner(prompts, TailBatching(spec.prompts_per_step, spec.responses_per_prompt, spec.eta, enabled=tb))
-    rows = []
     try:
         while len(rows) < spec.steps and (plan := planner.next_round()) is not None:
             rnd, m = step.run(plan)
@@ -140,8 +294,34 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors) -> list
             pipes.report_custom_message({k: v for k, v in m.items() if k != "trained_prompts"})
             pipes.log.info(f"{method} step {m['step']} ({m['round']}): rollout {m['rollout_s']:.1f}s, step {m['step_s']:.1f}s, "
                            f"max len {m['max_response_len']}, bubble {m['bubble_ratio']:.2f}, reward {m['reward_mean']:.3f}")
+            if state is not None:
+                n = state.save(method, rows, planner, actors, finished=len(rows) >= spec.steps or planner.done())
+                if on_saved:
+                    on_saved(n)
+            if progress is not None:
+                progress.update()
     finally:
         step.close()
+    return rows
+
+
+def run_methods(spec: RunSpec, prompts: list, pipes, actors, state: RunState,
+                on_saved: Optional[Callable[[int], None]] = None) -> list[dict]:
+    """Every method of ``spec`` in order, resuming from ``state`` (loaded): methods it holds as done
+    are skipped (their saved rows kept), the one in progress continues. Logs a progress line after
+    each step. Returns every row, in run order."""
+    from ops.progress import Progress
+
+    total = len(spec.methods) * spec.steps
+    progress = Progress(total - len(state.rows), "rollpacker run: GRPO steps" + (
+        f" (resumed with {len(state.rows)} of {total} done)" if state.rows else ""), pipes.log.info, every_s=0.0, unit="steps")
+    rows = []
+    for method in spec.methods:
+        if method in state.done:
+            pipes.log.info(f"{method}: finished before this launch ({len(state.rows_of(method))} steps), skipped")
+            rows += state.rows_of(method)
+            continue
+        rows += run_method(method, spec, prompts, pipes, actors, state=state, progress=progress, on_saved=on_saved)
     return rows
 
 
@@ -163,6 +343,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         t0 = time.monotonic()
         tok = load_tokenizer(spec.tokenizer_dir)
         prompts = load_prompts(spec, tok)
+        state = RunState(out, fingerprint(spec))
+        if not state.load() and state.skipped:
+            pipes.log.warning(f"{state.skipped}: starting from the first step")
         root = str(Path(__file__).resolve().parents[3])
         env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
                             "OMP_NUM_THREADS": str(spec.threads_per_actor), "TOKENIZERS_PARALLELISM": "false"}}
@@ -176,16 +359,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             actors = make_actors(spec)
             init_s = time.monotonic() - t0
             pipes.log.info(f"ray and actors ready in {init_s:.1f}s")
-            for method in spec.methods:
-                rows += run_method(method, spec, prompts, pipes, actors)
+            rows = run_methods(spec, prompts, pipes, actors, state, on_saved=lambda n: crash_if_asked(n, pipes.log.info))
             actors.kill()
         finally:
             ray.shutdown()
         result = {"spec": asdict(spec), "steps": rows, "ray_init_s": init_s, "wall_s": time.monotonic() - t0,
-                  "ray_address": spec.ray_address or "local", "prompts": [p.uid for p in prompts]}
+                  "ray_address": spec.ray_address or "local", "prompts": [p.uid for p in prompts],
+                  "fingerprint": state.fp, "retry_number": getattr(pipes, "retry_number", None),
+                  "resumes": state.resumes, "state_save_s": state.seconds}
         tmp = out / ".result.json.tmp"
         tmp.write_text(json.dumps(result, indent=1, default=str))
         os.replace(tmp, out / "result.json")
+        shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
         pipes.log.info(f"rollpacker run done in {result['wall_s']:.1f}s: {len(rows)} steps")
     return 0
 
