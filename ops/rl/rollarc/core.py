@@ -1,0 +1,544 @@
+"""RollArc's trajectory-level asynchronous scheduler, and the monolithic synchronous baseline
+(RollArc, arXiv 2512.22560 §4: trajectory-level asynchrony, redundant rollouts, the staleness bound,
+versioned weight sync).
+
+The scheduler is written against *roles*, awaitables that may run anywhere (``Roles``): on Ray
+actors placed by resource pool (``ops.rl.rollarc.ray_roles``), or in-process scripted ones (tests).
+It owns only the algorithm:
+
+* **Trajectory-level asynchrony.** Every trajectory is its own asyncio task: LLM call -> env step
+  -> ... -> reward, each await bounded by a timeout. A slow or failing environment ends only its
+  own trajectory (status ``timeout`` / ``env_error``).
+* **Redundant rollouts.** A group launches ``group_size + redundancy`` trajectories; it completes
+  with the first ``group_size`` to finish and cancels the rest (their count is ``dropped``).
+* **Bounded staleness.** A finished group enters the ``GroupBuffer`` stamped with the trainer step
+  that created it. The trainer takes the oldest groups first; a group whose oldest segment version
+  v has ``step - v > async_ratio`` is discarded and counted. The producer never creates a group
+  more than ``async_ratio`` steps ahead (at most ``(step + 1 + async_ratio) * groups_per_step``
+  groups exist by step ``step``), so ``async_ratio = 0`` is exactly synchronous: the groups of step s
+  are created after version s is published and trained at step s.
+* **Versioned weight sync.** After each optimizer step the trainer's weights are pushed to every
+  engine; ``publish`` returns only once all engines hold the new version (a partial sync never
+  publishes; ``ops.rl.weights``). Every segment records the version of the engine that served it.
+
+The baseline (``run_monolithic``) is the synchronous agentic step on the same roles: every
+trajectory of the batch advances turn by turn in lock step (one batched LLM call per turn), the
+batch waits for its slowest environment, rewards are computed after the whole batch, then one
+optimizer step — nothing overlaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Awaitable, Callable, Iterator, Optional, Protocol, Sequence
+
+from .types import Group, Segment, StepResult, Task, Trajectory
+
+
+class RollArcError(RuntimeError):
+    """The run cannot continue (no fresh group within ``group_wait_timeout_s``, too many failed
+    rewards, a weight sync that did not complete)."""
+
+
+@dataclass(frozen=True)
+class ArcConfig:
+    """Scheduler settings.
+
+    Attributes:
+        steps: optimizer steps (the same for RollArc and the baseline).
+        groups_per_step: G, groups (tasks) per optimizer step.
+        group_size: R, trajectories per group that are trained (GRPO's group).
+        redundancy: extra trajectories launched per group (RollArc only); the first R to finish win.
+        async_ratio: the staleness bound (0 = synchronous).
+        max_turns: LLM calls per episode; reaching it ends the episode ``truncated``.
+        turn_timeout_s: limit of one env step (and of one LLM call).
+        episode_timeout_s: limit of one whole episode, reward included.
+        reward_timeout_s: limit of one reward request.
+        group_wait_timeout_s: how long the trainer waits for its next group before failing.
+        train_timeout_s: limit of one optimizer step plus the weight sync.
+        max_failed_fraction: a step fails when more than this fraction of its trained trajectories
+            have no reward (failed scoring, env errors and timeouts have none).
+    """
+
+    steps: int = 3
+    groups_per_step: int = 2
+    group_size: int = 2
+    redundancy: int = 1
+    async_ratio: int = 1
+    max_turns: int = 3
+    turn_timeout_s: float = 30.0
+    episode_timeout_s: float = 120.0
+    reward_timeout_s: float = 30.0
+    group_wait_timeout_s: float = 300.0
+    train_timeout_s: float = 300.0
+    max_failed_fraction: float = 1.0
+
+    def __post_init__(self):
+        checks = (("steps", self.steps >= 1), ("groups_per_step", self.groups_per_step >= 1),
+                  ("group_size", self.group_size >= 1), ("redundancy", self.redundancy >= 0),
+                  ("async_ratio", self.async_ratio >= 0), ("max_turns", self.max_turns >= 1),
+                  ("turn_timeout_s", self.turn_timeout_s > 0), ("episode_timeout_s", self.episode_timeout_s > 0),
+                  ("reward_timeout_s", self.reward_timeout_s > 0), ("group_wait_timeout_s", self.group_wait_timeout_s > 0),
+                  ("train_timeout_s", self.train_timeout_s > 0),
+                  ("max_failed_fraction", 0 <= self.max_failed_fraction <= 1))
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"rollarc.{name} is out of range: {getattr(self, name)}")
+
+
+class Roles(Protocol):
+    """Where the work runs. Every method is awaited under a timeout by the scheduler.
+
+    ``llm(messages, key, turn)`` -> Segment: one LLM call on the conversation so far (chat messages;
+    ``key`` = trajectory key, ``turn`` from 0); ``llm_batch(requests)`` -> [Segment]: the baseline's
+    lock-step call (one batch for every active trajectory); ``env_reset(key, task)`` -> first
+    observation; ``env_step(key, action_text)`` -> StepResult; ``env_close(key)``;
+    ``reward(trajectory)`` -> (score or None, status); ``train(groups, step)`` -> metrics dict (one
+    optimizer step); ``publish(version)`` -> None once every engine holds ``version``.
+    """
+
+    async def llm(self, messages: list, key: str, turn: int) -> Segment: ...
+
+    async def llm_batch(self, requests: list) -> list: ...
+
+    async def env_reset(self, key: str, task: Task) -> str: ...
+
+    async def env_step(self, key: str, action: str) -> StepResult: ...
+
+    async def env_close(self, key: str) -> None: ...
+
+    async def reward(self, traj: Trajectory) -> tuple: ...
+
+    async def train(self, groups: list, step: int) -> dict: ...
+
+    async def publish(self, version: int) -> None: ...
+
+
+SYSTEM = ("You are an agent. Each turn, read the observation and reply with exactly one action in the "
+          "format the observation asks for.")
+
+
+class GroupBuffer:
+    """Finished groups waiting for the trainer, oldest first, with the staleness filter.
+
+    ``take(n, step)`` returns the ``n`` oldest groups whose staleness ``step - oldest_version`` is
+    <= ``async_ratio``, discarding (and counting) older ones; it waits (bounded) until ``n`` are there.
+    """
+
+    def __init__(self, async_ratio: int):
+        self.async_ratio = async_ratio
+        self._groups: list[Group] = []
+        self.discarded: list[dict] = []
+
+    # Waits poll (10 ms) instead of awaiting a Condition/Event under wait_for: cancelling such a
+    # wait at shutdown can hang on Python 3.11's wait_for.
+
+    async def put(self, group: Group) -> None:
+        self._groups.append(group)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def _filter(self, step: int) -> None:
+        keep = []
+        for g in self._groups:
+            if step - g.oldest_version > self.async_ratio:
+                self.discarded.append({"group_id": g.group_id, "created_step": g.created_step,
+                                       "oldest_version": g.oldest_version, "discarded_at_step": step})
+            else:
+                keep.append(g)
+        self._groups = keep
+
+    async def take(self, n: int, step: int, timeout_s: float) -> list[Group]:
+        """The ``n`` oldest fresh groups. Raises RollArcError after ``timeout_s`` without them."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._filter(step)
+            if len(self._groups) >= n:
+                self._groups.sort(key=lambda g: (g.created_step, g.finished_at))
+                out, self._groups = self._groups[:n], self._groups[n:]
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RollArcError(f"rollarc: step {step} got {len(self._groups)} of {n} fresh groups within "
+                                   f"{timeout_s:.0f} s (group_wait_timeout_s)")
+            await asyncio.sleep(min(0.01, left))
+
+
+@dataclass
+class RunResult:
+    """What a run measured (JSON-serialisable via ``to_dict``).
+
+    Attributes:
+        method: ``rollarc`` | ``monolithic``.
+        steps: one dict per optimizer step (train metrics, wait seconds, staleness of its groups,
+            reward mean, statuses).
+        wall_s: seconds from the first rollout to the last publish.
+        trained_trajectories / generated_trajectories: kept for training / launched (redundant and
+            discarded ones included).
+        staleness_hist: {staleness: trained groups}; discarded_groups: count; dropped_trajectories:
+            redundant trajectories cancelled; statuses: episode status counts (trained trajectories).
+    """
+
+    method: str
+    config: dict
+    steps: list = field(default_factory=list)
+    wall_s: float = 0.0
+    trained_trajectories: int = 0
+    generated_trajectories: int = 0
+    staleness_hist: dict = field(default_factory=dict)
+    discarded_groups: int = 0
+    dropped_trajectories: int = 0
+    statuses: dict = field(default_factory=dict)
+    trajectories: list = field(default_factory=list)
+
+    @property
+    def trajectories_per_s(self) -> float:
+        return self.trained_trajectories / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["trajectories_per_s"] = self.trajectories_per_s
+        d["staleness_hist"] = {str(k): v for k, v in sorted(self.staleness_hist.items())}
+        return d
+
+
+def traj_summary(t: Trajectory) -> dict:
+    """One row per trajectory for the run's table (no token ids)."""
+    return {"group_id": t.group_id, "index": t.index, "task": t.task.uid, "env": t.task.env,
+            "created_step": t.created_step, "status": t.status, "turns": t.turns, "reward": t.reward,
+            "reward_status": t.reward_status, "versions": [s.policy_version for s in t.segments],
+            "pools": [s.pool for s in t.segments], "response_tokens": t.response_tokens,
+            "llm_s": round(t.llm_s, 4), "env_s": round(t.env_s, 4), "reward_s": round(t.reward_s, 4),
+            "wall_s": round(t.wall_s, 4), "error": t.error}
+
+
+async def _bounded(aw: Awaitable, timeout_s: float):
+    return await asyncio.wait_for(aw, timeout_s)
+
+
+async def run_trajectory(roles: Roles, cfg: ArcConfig, task: Task, group_id: str, index: int,
+                         created_step: int) -> Trajectory:
+    """One episode, then its reward. Never raises for env/LLM trouble: the status says what ended it
+    (``timeout`` for any wall-clock limit, ``env_error`` for an environment exception); cancellation
+    (a redundant trajectory that lost) propagates after the env session is closed."""
+    key = f"{group_id}/{index}"
+    traj = Trajectory(group_id=group_id, index=index, task=task, created_step=created_step)
+    t0 = time.monotonic()
+    deadline = t0 + cfg.episode_timeout_s
+
+    def left(limit: float) -> float:
+        return max(0.001, min(limit, deadline - time.monotonic()))
+
+    try:
+        try:
+            te = time.monotonic()
+            obs = await _bounded(roles.env_reset(key, task), left(cfg.turn_timeout_s))
+            traj.env_s += time.monotonic() - te
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": obs}]
+            traj.status = "truncated"
+            for turn in range(cfg.max_turns):
+                tl = time.monotonic()
+                seg = await _bounded(roles.llm(list(messages), key, turn), left(cfg.turn_timeout_s))
+                traj.llm_s += time.monotonic() - tl
+                traj.segments.append(seg)
+                traj.turns = turn + 1
+                te = time.monotonic()
+                res = await _bounded(roles.env_step(key, seg.text), left(cfg.turn_timeout_s))
+                traj.env_s += time.monotonic() - te
+                traj.submission = res.info
+                if res.done:
+                    traj.status = "ok"
+                    break
+                messages += [{"role": "assistant", "content": seg.text}, {"role": "user", "content": res.observation}]
+        except asyncio.TimeoutError:
+            traj.status, traj.error = "timeout", f"wall-clock limit hit at turn {traj.turns}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:                                    # the env (or its worker) failed
+            traj.status, traj.error = "env_error", f"{type(e).__name__}: {e}"[:500]
+        if traj.status in ("ok", "truncated"):
+            tr = time.monotonic()
+            try:
+                traj.reward, traj.reward_status = await _bounded(roles.reward(traj), left(cfg.reward_timeout_s))
+            except asyncio.TimeoutError:
+                traj.reward, traj.reward_status = None, "timeout"
+            traj.reward_s = time.monotonic() - tr
+        else:
+            traj.reward, traj.reward_status = None, traj.status
+    finally:
+        traj.wall_s = time.monotonic() - t0
+        try:
+            await asyncio.wait_for(asyncio.shield(roles.env_close(key)), 5.0)
+        except BaseException:                                     # closing is best effort
+            pass
+    return traj
+
+
+async def run_group(roles: Roles, cfg: ArcConfig, task: Task, group_id: str, created_step: int,
+                    redundancy: int) -> Group:
+    """``group_size + redundancy`` trajectories; the group completes with the first ``group_size``."""
+    tasks = [asyncio.ensure_future(run_trajectory(roles, cfg, task, group_id, i, created_step))
+             for i in range(cfg.group_size + redundancy)]
+    kept: list[Trajectory] = []
+    try:
+        for fut in asyncio.as_completed(tasks):
+            kept.append(await fut)
+            if len(kept) == cfg.group_size:
+                break
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    kept.sort(key=lambda t: t.index)
+    return Group(group_id=group_id, task=task, created_step=created_step, trajectories=kept,
+                 dropped=len(tasks) - len(kept), finished_at=time.monotonic())
+
+
+def _step_row(step: int, groups: list[Group], metrics: dict, wait_s: float, train_s: float) -> dict:
+    trajs = [t for g in groups for t in g.trajectories]
+    rewards = [t.reward for t in trajs if t.reward is not None and math.isfinite(t.reward)]
+    stale = [step - g.oldest_version for g in groups]
+    return {"step": step, "groups": [g.group_id for g in groups], "staleness": stale,
+            "max_staleness": max(stale, default=0), "wait_s": wait_s, "train_s": train_s,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "failed_rewards": sum(t.reward is None for t in trajs), "trajectories": len(trajs),
+            "statuses": dict(Counter(t.status for t in trajs)), **metrics}
+
+
+def _check_failed(step: int, groups: list[Group], cfg: ArcConfig) -> None:
+    trajs = [t for g in groups for t in g.trajectories]
+    failed = sum(t.reward is None for t in trajs)
+    if trajs and failed / len(trajs) > cfg.max_failed_fraction:
+        raise RollArcError(f"rollarc: step {step}: {failed} of {len(trajs)} trajectories have no reward "
+                           f"(> max_failed_fraction {cfg.max_failed_fraction})")
+
+
+async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
+                      on_step: Optional[Callable[[dict], None]] = None) -> RunResult:
+    """The asynchronous run: a producer creating groups within the staleness budget, every
+    trajectory advancing independently, and the trainer taking the oldest fresh groups.
+
+    Args:
+        roles: see ``Roles``. tasks: an endless (or long enough) iterator of tasks; the producer
+            takes one per group. on_step: called with each step's row (progress, Pipes messages).
+    Returns: RunResult. Raises: RollArcError (no fresh group in time, too many failed rewards, a
+        train/publish call past ``train_timeout_s``).
+    """
+    res = RunResult(method="rollarc", config=asdict(cfg))
+    buf = GroupBuffer(cfg.async_ratio)
+    state = {"step": 0, "created": 0}
+    stop = {"now": False}
+    running: set = set()
+    hist: Counter = Counter()
+    t0 = time.monotonic()
+
+    async def group_task(task: Task, gid: str, created_step: int):
+        g = await run_group(roles, cfg, task, gid, created_step, cfg.redundancy)
+        res.generated_trajectories += len(g.trajectories) + g.dropped
+        res.dropped_trajectories += g.dropped
+        await buf.put(g)
+
+    async def producer():
+        while not stop["now"]:
+            # discarded groups free their slot: otherwise a discard would starve the trainer
+            if state["created"] - len(buf.discarded) >= (state["step"] + 1 + cfg.async_ratio) * cfg.groups_per_step:
+                await asyncio.sleep(0.01)
+                continue
+            created_step = state["step"]
+            state["created"] += 1
+            n = state["created"]
+            try:
+                task = next(tasks)
+            except StopIteration:
+                return
+            t = asyncio.ensure_future(group_task(task, f"s{created_step}-g{n - 1}-{task.uid}", created_step))
+            running.add(t)
+            t.add_done_callback(running.discard)
+
+    prod = asyncio.ensure_future(producer())
+    try:
+        for step in range(cfg.steps):
+            tw = time.monotonic()
+            if prod.done() and prod.exception() is not None:
+                raise prod.exception()
+            groups = await buf.take(cfg.groups_per_step, step, cfg.group_wait_timeout_s)
+            wait_s = time.monotonic() - tw
+            _check_failed(step, groups, cfg)
+            tt = time.monotonic()
+            metrics = await _bounded(roles.train(groups, step), cfg.train_timeout_s)
+            await _bounded(roles.publish(step + 1), cfg.train_timeout_s)
+            train_s = time.monotonic() - tt
+            for g in groups:
+                hist[step - g.oldest_version] += 1
+                res.trained_trajectories += len(g.trajectories)
+                res.trajectories += [traj_summary(t) for t in g.trajectories]
+            row = _step_row(step, groups, metrics, wait_s, train_s)
+            res.steps.append(row)
+            if on_step:
+                on_step(row)
+            state["step"] = step + 1
+    finally:
+        stop["now"] = True
+        await asyncio.gather(prod, return_exceptions=True)
+        for t in list(running):
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+    res.wall_s = time.monotonic() - t0
+    res.staleness_hist = dict(hist)
+    res.discarded_groups = len(buf.discarded)
+    res.statuses = dict(Counter(t["status"] for t in res.trajectories))
+    return res
+
+
+async def _lockstep_rollout(roles: Roles, cfg: ArcConfig, batch: list[tuple[Task, str, int]], step: int) -> list[Trajectory]:
+    """The baseline's rollout: every trajectory of the batch advances one turn at a time together."""
+    trajs = [Trajectory(group_id=gid, index=i, task=task, created_step=step) for task, gid, i in batch]
+    keys = [f"{t.group_id}/{t.index}" for t in trajs]
+    msgs: list[list] = [[] for _ in trajs]
+    active = []
+
+    async def reset(k):
+        try:
+            obs = await _bounded(roles.env_reset(keys[k], trajs[k].task), cfg.turn_timeout_s)
+            msgs[k] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": obs}]
+            trajs[k].status = "truncated"
+            return k
+        except asyncio.TimeoutError:
+            trajs[k].status, trajs[k].error = "timeout", "env reset past turn_timeout_s"
+        except Exception as e:
+            trajs[k].status, trajs[k].error = "env_error", f"{type(e).__name__}: {e}"[:500]
+        return None
+
+    active = [k for k in await asyncio.gather(*(reset(k) for k in range(len(trajs)))) if k is not None]
+    t_start = time.monotonic()
+    for turn in range(cfg.max_turns):
+        if not active:
+            break
+        tl = time.monotonic()
+        try:
+            segs = await _bounded(roles.llm_batch([(msgs[k], keys[k], turn) for k in active]),
+                                  cfg.turn_timeout_s * max(1, len(active)))
+        except asyncio.TimeoutError:
+            for k in active:
+                trajs[k].status, trajs[k].error = "timeout", f"batched LLM call past its limit at turn {turn}"
+            break
+        llm_s = time.monotonic() - tl
+        for k, seg in zip(active, segs):
+            trajs[k].segments.append(seg)
+            trajs[k].turns = turn + 1
+            trajs[k].llm_s += llm_s
+
+        async def step_one(k, seg):
+            te = time.monotonic()
+            try:
+                r = await _bounded(roles.env_step(keys[k], seg.text), cfg.turn_timeout_s)
+                return k, r, None, time.monotonic() - te
+            except asyncio.TimeoutError:
+                return k, None, "timeout", time.monotonic() - te
+            except Exception as e:
+                return k, None, f"{type(e).__name__}: {e}"[:500], time.monotonic() - te
+
+        out = await asyncio.gather(*(step_one(k, s) for k, s in zip(active, segs)))   # waits for the slowest
+        env_s = max(o[3] for o in out)
+        nxt = []
+        for k, r, err, _ in out:
+            trajs[k].env_s += env_s
+            if err == "timeout":
+                trajs[k].status, trajs[k].error = "timeout", f"env step past turn_timeout_s at turn {turn}"
+            elif err is not None:
+                trajs[k].status, trajs[k].error = "env_error", err
+            else:
+                trajs[k].submission = r.info
+                if r.done:
+                    trajs[k].status = "ok"
+                else:
+                    msgs[k] = msgs[k] + [{"role": "assistant", "content": segs[active.index(k)].text},
+                                         {"role": "user", "content": r.observation}]
+                    nxt.append(k)
+        active = nxt
+        if time.monotonic() - t_start > cfg.episode_timeout_s:
+            for k in active:
+                trajs[k].status, trajs[k].error = "timeout", "episode_timeout_s"
+            break
+
+    async def score(t: Trajectory):
+        if t.status not in ("ok", "truncated"):
+            t.reward, t.reward_status = None, t.status
+            return
+        tr = time.monotonic()
+        try:
+            t.reward, t.reward_status = await _bounded(roles.reward(t), cfg.reward_timeout_s)
+        except asyncio.TimeoutError:
+            t.reward, t.reward_status = None, "timeout"
+        t.reward_s = time.monotonic() - tr
+
+    await asyncio.gather(*(score(t) for t in trajs))                     # rewards after the whole batch
+    await asyncio.gather(*(asyncio.wait_for(roles.env_close(k), 5.0) for k in keys), return_exceptions=True)
+    return trajs
+
+
+async def run_monolithic(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
+                         on_step: Optional[Callable[[dict], None]] = None) -> RunResult:
+    """The synchronous baseline: per step, G tasks x R trajectories in lock step, rewards after the
+    batch, one optimizer step, publish; no redundancy, staleness always 0."""
+    res = RunResult(method="monolithic", config=asdict(cfg))
+    t0 = time.monotonic()
+    for step in range(cfg.steps):
+        tw = time.monotonic()
+        batch_tasks = [next(tasks) for _ in range(cfg.groups_per_step)]
+        gids = [f"s{step}-g{step * cfg.groups_per_step + j}-{t.uid}" for j, t in enumerate(batch_tasks)]
+        batch = [(t, gid, i) for t, gid in zip(batch_tasks, gids) for i in range(cfg.group_size)]
+        trajs = await _lockstep_rollout(roles, cfg, batch, step)
+        groups = [Group(group_id=gid, task=t, created_step=step,
+                        trajectories=[x for x in trajs if x.group_id == gid], finished_at=time.monotonic())
+                  for t, gid in zip(batch_tasks, gids)]
+        wait_s = time.monotonic() - tw
+        _check_failed(step, groups, cfg)
+        tt = time.monotonic()
+        metrics = await _bounded(roles.train(groups, step), cfg.train_timeout_s)
+        await _bounded(roles.publish(step + 1), cfg.train_timeout_s)
+        train_s = time.monotonic() - tt
+        res.generated_trajectories += len(trajs)
+        res.trained_trajectories += len(trajs)
+        res.trajectories += [traj_summary(t) for t in trajs]
+        res.staleness_hist[0] = res.staleness_hist.get(0, 0) + len(groups)
+        row = _step_row(step, groups, metrics, wait_s, train_s)
+        res.steps.append(row)
+        if on_step:
+            on_step(row)
+    res.wall_s = time.monotonic() - t0
+    res.statuses = dict(Counter(t["status"] for t in res.trajectories))
+    return res
+
+
+def grpo_samples(groups: Sequence[Group], std_floor: float = 1e-6) -> tuple[list, dict]:
+    """GRPO training samples of trajectories: each segment (LLM turn) is one sample with the
+    trajectory's group-normalised advantage and its engine log-probabilities as the old policy
+    (off-policy ratio for stale segments); environment tokens are context only (never trained).
+
+    Returns: (list of ``ops.rl.rollpacker.stream.TrainSample``, stats: zero_signal_groups,
+    invalid_trajectories, segments).
+    """
+    from ops.rl.grpo import GRPOConfig, group_advantages
+    from ops.rl.rollpacker.stream import TrainSample
+
+    cfg = GRPOConfig(std_floor=std_floor)
+    out, zero, invalid = [], 0, 0
+    for g in groups:
+        rewards = [t.reward for t in g.trajectories]
+        lengths = [t.response_tokens for t in g.trajectories]
+        adv, valid, z = group_advantages(rewards, lengths, cfg)
+        zero += z
+        invalid += sum(not v for v in valid)
+        for t, a, v in zip(g.trajectories, adv, valid):
+            for s in t.segments:
+                out.append(TrainSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids, advantage=a,
+                                       valid=v and len(s.response_ids) > 0, old_logprobs=s.logprobs))
+    return out, {"zero_signal_groups": zero / max(1, len(groups)), "invalid_trajectories": invalid, "segments": len(out)}
