@@ -93,6 +93,8 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
                 return 1
         if not _run(job("rollpacker_job"), instance, "rollpacker_run (baseline vs tail batching)", loggers):
             return 1
+        if not _run(job("rollarc_job"), instance, "rollarc_run (monolithic vs RollArc)", loggers):
+            return 1
     if "mixture" not in skip:
         for name, label in (("mixture_data_job", "mixture: corpora + tokenizer"),
                             ("cpt_base_job", "mixture: base models (all sizes, one launch)"),

@@ -79,6 +79,11 @@ rollpacker_job, rollpacker_job_full = _jobs(
     "rollpacker_job", dg.AssetSelection.assets("rollpacker_run"), ["rollpacker_run"], "training",
     "RollPacker (tail batching) vs synchronous GRPO baseline, a few steps each.", gpu=True)
 
+# RollArc (trajectory-level async agentic RL, disaggregated on Ray pools) vs the monolithic baseline.
+rollarc_job, rollarc_job_full = _jobs(
+    "rollarc_job", dg.AssetSelection.assets("rollarc_run"), ["rollarc_run"], "training",
+    "RollArc (disaggregated, trajectory-level async agentic RL) vs the monolithic synchronous baseline.", gpu=True)
+
 # The mixture group (D-CPT Law). Partitioned assets get their own jobs; the main job runs each over
 # its whole partition range in one run (the assets' BackfillPolicy.single_run: one launch).
 mixture_data_job, mixture_data_job_full = _jobs(
@@ -104,7 +109,7 @@ posttrain_job, posttrain_job_full = _jobs(
 
 GROUP_JOBS = {
     "curation": ["curation_job"],
-    "training": ["training_job", "gba_job", "rollpacker_job", "posttrain_job"],
+    "training": ["training_job", "gba_job", "rollpacker_job", "rollarc_job", "posttrain_job"],
     "evaluation": ["posttrain_job"],
     "mixture": ["mixture_data_job", "cpt_base_job", "cpt_probe_job", "mixture_job"],
 }
@@ -116,6 +121,7 @@ LIFECYCLE: tuple[tuple[str, str], ...] = (
     ("training_job", "one run"),
     ("gba_job", "each partition"),
     ("rollpacker_job", "one run"),
+    ("rollarc_job", "one run"),
     ("mixture_data_job", "one run"),
     ("cpt_base_job", "partition range, one run"),
     ("cpt_probe_job", "partition range, one run"),
@@ -128,6 +134,7 @@ LIFECYCLE: tuple[tuple[str, str], ...] = (
 ALL_JOBS = [
     sources_job, sources_job_full, source_refresh_job, curation_job, curation_job_full,
     training_job, training_job_full, gba_job, gba_job_full, rollpacker_job, rollpacker_job_full,
+    rollarc_job, rollarc_job_full,
     mixture_data_job, mixture_data_job_full, cpt_base_job, cpt_base_job_full,
     cpt_probe_job, cpt_probe_job_full, mixture_job, mixture_job_full, posttrain_job, posttrain_job_full,
 ]

@@ -25,6 +25,7 @@ EXPECTED_DEPS = {
     "ctr_model": {"ctr_events"},
     "gba_run": {"ctr_events"},
     "rollpacker_run": {"decontaminated_problems"},
+    "rollarc_run": {"decontaminated_problems"},
     "sft_checkpoint": {"benchmark_problems", "cpt_base_models", "cpt_tokenizer", "mixture_plan", "sft_dataset"},
     "failure_regions": {"sft_checkpoint"},
     "targeted_synthesis": {"benchmark_problems", "decontaminated_problems", "failure_regions"},

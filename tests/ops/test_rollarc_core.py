@@ -221,3 +221,58 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="rollarc.group_size"):
         ArcConfig(group_size=0)
 
+
+
+class NeverEnds(Scripted):
+    """Case rollout-never-ends: trajectory index 1's LLM call never returns."""
+
+    async def llm(self, messages, key, turn):
+        if key.endswith("/1"):
+            await asyncio.sleep(3600)
+        return await super().llm(messages, key, turn)
+
+
+def test_case_rollout_never_ends_is_bounded_by_the_turn_timeout():
+    tasks = tasks_of([{"turns": 2}] * 2)
+    cfg = ArcConfig(steps=1, groups_per_step=1, group_size=3, redundancy=0, async_ratio=0, turn_timeout_s=0.5)
+    res = run(run_rollarc, NeverEnds(), cfg, tasks)
+    by = {t["index"]: t for t in res.trajectories}
+    assert by[1]["status"] == "timeout" and by[1]["reward"] is None and by[1]["turns"] == 0
+    assert by[0]["status"] == by[2]["status"] == "ok"
+    assert res.steps[0]["statuses"] == {"ok": 2, "timeout": 1} and res.steps[0]["failed_rewards"] == 1
+    assert res.wall_s < 2.0
+
+
+def test_cases_grpo_zero_variance_and_empty_or_nan_are_masked():
+    task = Task("t", "x", {})
+    seg = Segment([1, 2], [3, 4], [-0.1, -0.2], 0, "gpu_compute", "stop")
+    same = [Trajectory("g", i, task, 0, segments=[seg], reward=1.0) for i in range(3)]
+    samples, st = grpo_samples([Group("g", task, 0, same)])
+    assert st["zero_signal_groups"] == 1.0 and all(s.advantage == 0.0 for s in samples)
+    empty = Segment([1, 2], [], [], 0, "gpu_compute", "stop")
+    mixed = [Trajectory("h", 0, task, 0, segments=[empty], reward=1.0),          # zero generated tokens
+             Trajectory("h", 1, task, 0, segments=[seg], reward=float("nan")),     # NaN reward
+             Trajectory("h", 2, task, 0, segments=[seg], reward=1.0),
+             Trajectory("h", 3, task, 0, segments=[seg], reward=0.0)]
+    samples, st = grpo_samples([Group("h", task, 0, mixed)])
+    assert [s.valid for s in samples] == [False, False, True, True] and st["invalid_trajectories"] == 2
+    # the group statistics use only the two valid rewards (1, 0): advantages +-1/sqrt(2)*... symmetric
+    assert samples[2].advantage == -samples[3].advantage > 0
+    assert samples[0].advantage == samples[1].advantage == 0.0
+
+
+def test_redundancy_prefers_healthy_trajectories_over_fast_failures():
+    tasks = tasks_of([{"turns": 2, "crash_index": 0, "env_sleep": 0.05}] * 2)
+    cfg = ArcConfig(steps=1, groups_per_step=1, group_size=2, redundancy=1, async_ratio=0)
+    res = run(run_rollarc, Scripted(), cfg, tasks)
+    assert sorted(t["index"] for t in res.trajectories) == [1, 2] and res.statuses == {"ok": 2}
+    assert res.dropped_trajectories == 1
+
+
+def test_running_out_of_tasks_fails_fast_with_a_clear_error():
+    tasks = tasks_of([{"turns": 1}] * 3)
+    cfg = ArcConfig(steps=5, groups_per_step=1, group_size=1, redundancy=0, async_ratio=0)
+    with pytest.raises(RollArcError, match="tasks ran out"):
+        run(run_rollarc, Scripted(), cfg, tasks)
+    with pytest.raises(RollArcError, match="tasks ran out at step 3"):
+        run(run_monolithic, Scripted(), cfg, tasks)

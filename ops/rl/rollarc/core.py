@@ -30,6 +30,7 @@ optimizer step — nothing overlaps.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections import Counter
@@ -153,10 +154,16 @@ class GroupBuffer:
                 keep.append(g)
         self._groups = keep
 
-    async def take(self, n: int, step: int, timeout_s: float) -> list[Group]:
-        """The ``n`` oldest fresh groups. Raises RollArcError after ``timeout_s`` without them."""
+    async def take(self, n: int, step: int, timeout_s: float, errors: Optional[list] = None,
+                   starved: Optional[Callable[[], bool]] = None) -> list[Group]:
+        """The ``n`` oldest fresh groups. Raises RollArcError after ``timeout_s`` without them, or the
+        first of ``errors`` (failures of the producing tasks) as soon as there is one."""
         deadline = time.monotonic() + timeout_s
         while True:
+            if errors:
+                raise errors[0]
+            if starved is not None and starved() and len(self._groups) < n:
+                raise RollArcError(f"rollarc: the tasks ran out at step {step}: {len(self._groups)} of {n} groups left")
             self._filter(step)
             if len(self._groups) >= n:
                 self._groups.sort(key=lambda g: (g.created_step, g.finished_at))
@@ -267,6 +274,10 @@ async def run_trajectory(roles: Roles, cfg: ArcConfig, task: Task, group_id: str
                 traj.reward, traj.reward_status = await _bounded(roles.reward(traj), left(cfg.reward_timeout_s))
             except asyncio.TimeoutError:
                 traj.reward, traj.reward_status = None, "timeout"
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:                                # failed, never 0.0
+                traj.reward, traj.reward_status, traj.error = None, "failed", f"reward: {type(e).__name__}: {e}"[:500]
             traj.reward_s = time.monotonic() - tr
         else:
             traj.reward, traj.reward_status = None, traj.status
@@ -281,14 +292,18 @@ async def run_trajectory(roles: Roles, cfg: ArcConfig, task: Task, group_id: str
 
 async def run_group(roles: Roles, cfg: ArcConfig, task: Task, group_id: str, created_step: int,
                     redundancy: int) -> Group:
-    """``group_size + redundancy`` trajectories; the group completes with the first ``group_size``."""
+    """``group_size + redundancy`` trajectories; the group completes with the first ``group_size`` that
+    finished with a reward (a fast env_error / timeout does not take a healthy one's place; failed
+    ones fill the group only when too few succeed)."""
     tasks = [asyncio.ensure_future(run_trajectory(roles, cfg, task, group_id, i, created_step))
              for i in range(cfg.group_size + redundancy)]
-    kept: list[Trajectory] = []
+    good: list[Trajectory] = []
+    bad: list[Trajectory] = []
     try:
         for fut in asyncio.as_completed(tasks):
-            kept.append(await fut)
-            if len(kept) == cfg.group_size:
+            t = await fut
+            (good if t.reward is not None else bad).append(t)
+            if len(good) == cfg.group_size or len(good) + len(bad) == len(tasks):
                 break
     finally:
         pending = [t for t in tasks if not t.done()]
@@ -296,6 +311,7 @@ async def run_group(roles: Roles, cfg: ArcConfig, task: Task, group_id: str, cre
             t.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+    kept = (good + bad)[: cfg.group_size]
     kept.sort(key=lambda t: t.index)
     return Group(group_id=group_id, task=task, created_step=created_step, trajectories=kept,
                  dropped=len(tasks) - len(kept), finished_at=time.monotonic())
@@ -305,11 +321,12 @@ def _step_row(step: int, groups: list[Group], metrics: dict, wait_s: float, trai
     trajs = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajs if t.reward is not None and math.isfinite(t.reward)]
     stale = [step - g.oldest_version for g in groups]
-    return {"step": step, "groups": [g.group_id for g in groups], "staleness": stale,
+    row = {"step": step, "groups": [g.group_id for g in groups], "staleness": stale,
             "max_staleness": max(stale, default=0), "wait_s": wait_s, "train_s": train_s,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "failed_rewards": sum(t.reward is None for t in trajs), "trajectories": len(trajs),
-            "statuses": dict(Counter(t.status for t in trajs)), **metrics}
+            "statuses": dict(Counter(t.status for t in trajs))}
+    return {**metrics, **row}
 
 
 def _check_failed(step: int, groups: list[Group], cfg: ArcConfig) -> None:
@@ -339,8 +356,16 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
     hist: Counter = Counter()
     t0 = time.monotonic()
 
+    errors: list = []
+
     async def group_task(task: Task, gid: str, created_step: int):
-        g = await run_group(roles, cfg, task, gid, created_step, cfg.redundancy)
+        try:
+            g = await run_group(roles, cfg, task, gid, created_step, cfg.redundancy)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:                  # a bug, not an env failure: stop the run, say where
+            errors.append(RollArcError(f"rollarc: group {gid} failed: {type(e).__name__}: {e}"))
+            raise
         res.generated_trajectories += len(g.trajectories) + g.dropped
         res.dropped_trajectories += g.dropped
         await buf.put(g)
@@ -357,6 +382,7 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
             try:
                 task = next(tasks)
             except StopIteration:
+                state["exhausted"] = True
                 return
             t = asyncio.ensure_future(group_task(task, f"s{created_step}-g{n - 1}-{task.uid}", created_step))
             running.add(t)
@@ -368,7 +394,8 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
             tw = time.monotonic()
             if prod.done() and prod.exception() is not None:
                 raise prod.exception()
-            groups = await buf.take(cfg.groups_per_step, step, cfg.group_wait_timeout_s)
+            groups = await buf.take(cfg.groups_per_step, step, cfg.group_wait_timeout_s, errors,
+                                    starved=lambda: state.get("exhausted", False) and not running)
             wait_s = time.monotonic() - tw
             _check_failed(step, groups, cfg)
             tt = time.monotonic()
@@ -492,7 +519,9 @@ async def run_monolithic(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
     t0 = time.monotonic()
     for step in range(cfg.steps):
         tw = time.monotonic()
-        batch_tasks = [next(tasks) for _ in range(cfg.groups_per_step)]
+        batch_tasks = list(itertools.islice(tasks, cfg.groups_per_step))
+        if len(batch_tasks) < cfg.groups_per_step:
+            raise RollArcError(f"rollarc: the tasks ran out at step {step} (need {cfg.groups_per_step} per step)")
         gids = [f"s{step}-g{step * cfg.groups_per_step + j}-{t.uid}" for j, t in enumerate(batch_tasks)]
         batch = [(t, gid, i) for t, gid in zip(batch_tasks, gids) for i in range(cfg.group_size)]
         trajs = await _lockstep_rollout(roles, cfg, batch, step)

@@ -1,0 +1,536 @@
+"""RollArc's roles on real engines: disaggregated on Ray (``RayRoles``) and colocated in one process for
+the monolithic baseline (``LocalRoles``). Both implement ``ops.rl.rollarc.core.Roles`` with the same
+policy, engine (``ops.rl.engine.HFEngine``), environments, verifiers and trainer
+(``ops.rl.rollpacker.stream.StreamTrainer`` with the engine's log-probabilities as the old policy).
+
+Placement (RollArc, arXiv 2512.22560 §3, hardware-affinity mapping): every role asks for one unit of
+its pool's Ray custom resource and 0 CPUs — engines on ``gpu_compute`` / ``gpu_bandwidth``, the
+trainer on ``gpu_compute``, environment workers on ``cpu_env``, reward replicas (Ray Serve, elastic)
+on ``reward``. A cluster's nodes advertise the pools their hardware fits (``ray start
+--resources='{"gpu_bandwidth": 8}'``); the local default advertises all four on this node.
+
+* Engine actor (asyncio actor): requests from many trajectories are batched as they arrive (up to
+  ``max_batch``, waiting at most ``batch_wait_s`` for company) — the dynamic batching a serving
+  engine does; generation and weight updates run on one executor thread, so a version is never
+  half-applied (``ops.rl.weights``). Each response carries the version that generated it.
+* Environment worker (threaded actor, ``max_concurrency`` sessions at once): one stateful session
+  per trajectory; a slow step occupies one thread only, so it blocks only its own trajectory.
+* The driver routes each LLM request with ``router.RequestRouter`` (prompt tokens known after
+  tokenisation, decode tokens from ``DecodeLengthEstimator``).
+
+``ray``, ``torch`` and ``transformers`` are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from .types import POOLS, Segment, StepResult, Task, Trajectory
+
+
+@dataclass
+class RoleSpec:
+    """What the roles need (JSON-serialisable; part of the driver's RunSpec).
+
+    Attributes:
+        tokenizer_dir / model_dir: the policy (model_dir None = the tiny random policy).
+        engines: engine actors per pool (``gpu_compute``, ``gpu_bandwidth``).
+        route_policy: ``affinity`` | ``uniform`` (router.RequestRouter).
+        prefill_heavy_ratio: prompt / expected-decode tokens at or above which a request is
+            prefill-heavy (affinity: to ``gpu_compute``). It depends on the pools' hardware: 4.0 for
+            H800-class vs H20-class GPUs (``router.DEFAULT_PREFILL_HEAVY_RATIO``). On the embedded
+            default both pools are the same CPU and replies are short (16 tokens): 12 separates the
+            first turn (system + first observation, ~250 tokens) from later, longer-context turns so
+            that both pools serve.
+        max_new_tokens: response budget per LLM call; max_prompt_tokens: context kept (left-truncated).
+        max_batch, batch_wait_s: engine dynamic batching (requests, seconds).
+        env_workers, env_concurrency: environment actors and sessions per actor.
+        env_latency, env_latency_mean_s: injected per-step latency kind (envs.EnvLatency) and mean (s).
+        reward_min_replicas / reward_max_replicas / reward_target_ongoing: Serve autoscaling.
+        lr, temperature, seed, tiny_hidden: policy / trainer settings; threads: torch threads of each
+            engine actor; trainer_threads: of the trainer actor (the heaviest role).
+    """
+
+    tokenizer_dir: str
+    model_dir: Optional[str] = None
+    engines: dict = field(default_factory=lambda: {"gpu_compute": 1, "gpu_bandwidth": 1})
+    route_policy: str = "affinity"
+    prefill_heavy_ratio: float = 12.0
+    max_new_tokens: int = 16
+    max_prompt_tokens: int = 256
+    max_batch: int = 8
+    batch_wait_s: float = 0.02
+    llm_timeout_s: float = 60.0
+    env_workers: int = 1
+    env_concurrency: int = 64
+    env_latency: str = "heavy"
+    env_latency_mean_s: float = 1.0
+    reward_min_replicas: int = 1
+    reward_max_replicas: int = 2
+    reward_target_ongoing: float = 1.0
+    reward_timeout_s: float = 30.0
+    reward_retries: int = 2
+    lr: float = 1e-6
+    temperature: float = 1.0
+    seed: int = 0
+    threads: int = 1
+    trainer_threads: int = 2
+    tiny_hidden: int = 64
+
+    def policy(self) -> dict:
+        return {"tokenizer_dir": self.tokenizer_dir, "model_dir": self.model_dir, "seed": self.seed,
+                "threads": self.threads, "tiny_hidden": self.tiny_hidden, "temperature": self.temperature,
+                "lr": self.lr}
+
+
+# ------------------------------------------------------------------------------ shared helpers
+
+def encode(tokenizer, messages: list, max_prompt_tokens: int) -> list[int]:
+    """Chat-template token ids of the conversation with the generation prompt, left-truncated to
+    ``max_prompt_tokens`` (the latest turns are kept)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in list(ids)[-max_prompt_tokens:]]
+
+
+def reward_request(traj: Trajectory):
+    """What the verifier scores: the FrozenLake action replay, or the ToolMath final answer."""
+    from .envs import tool_math_reward_item
+
+    key = f"{traj.group_id}/{traj.index}"
+    if traj.task.env == "frozenlake":
+        return {"key": key, "kind": "frozenlake", "spec": dict(traj.task.spec),
+                "actions": list(traj.submission.get("actions", []))}
+    return tool_math_reward_item(key, traj.task.spec, traj.submission.get("final_answer"))
+
+
+def env_latency_for(spec: RoleSpec, key: str):
+    """A per-trajectory seeded latency model (the same trajectory key gets the same draws in both
+    methods)."""
+    from .envs import EnvLatency
+
+    return EnvLatency(spec.env_latency, spec.env_latency_mean_s, seed=spec.seed * 1_000_003 + zlib.crc32(key.encode()))
+
+
+class BusyClock:
+    """Seconds during which at least one call was in flight (union of intervals), thread-safe."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.since = 0.0
+        self.busy_s = 0.0
+        self.t0 = time.monotonic()
+        self.calls = 0
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.inflight == 0:
+                self.since = time.monotonic()
+            self.inflight += 1
+            self.calls += 1
+
+    def exit(self) -> None:
+        with self.lock:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.busy_s += time.monotonic() - self.since
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            extra = time.monotonic() - self.since if self.inflight else 0.0
+            return {"busy_s": self.busy_s + extra, "uptime_s": time.monotonic() - self.t0, "calls": self.calls}
+
+
+# ------------------------------------------------------------------------------------ actors
+
+class EngineServer:
+    """Body of an engine actor (asyncio actor). ``generate`` returns one response dict:
+    response_ids [T], logprobs [T], version, finish_reason, text."""
+
+    def __init__(self, spec: dict, pool: str, max_batch: int, batch_wait_s: float):
+        import torch
+
+        from ops.rl.engine import HFEngine
+        from ops.rl.ray_actors import _build_policy
+
+        torch.set_num_threads(spec.get("threads", 1))
+        torch.manual_seed(spec.get("seed", 0) + 1000 + POOLS.index(pool))
+        model, tok = _build_policy(spec)
+        self.engine = HFEngine(model, tok, temperature=spec.get("temperature", 1.0), version=0)
+        self.pool, self.max_batch, self.batch_wait_s = pool, max_batch, batch_wait_s
+        self.pending: list = []
+        self._batcher = None
+        self._executor = None
+        self.clock = BusyClock()
+        self.batches = 0
+        self.tokens = 0
+
+    def _exec(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        return self._executor
+
+    async def generate(self, prompt_ids: list, max_new_tokens: int, timeout_s: float) -> dict:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((prompt_ids, max_new_tokens, timeout_s, fut))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.ensure_future(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        from ops.rl.types import Prompt
+
+        loop = asyncio.get_running_loop()
+        while self.pending:
+            if len(self.pending) < self.max_batch:
+                await asyncio.sleep(self.batch_wait_s)              # let concurrent requests join the batch
+            batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch:]
+            prompts = [Prompt(uid=str(i), token_ids=tuple(b[0])) for i, b in enumerate(batch)]
+            mnt, timeout = max(b[1] for b in batch), min(b[2] for b in batch)
+            self.clock.enter()
+            try:
+                rb = await loop.run_in_executor(self._exec(), lambda: self.engine.generate(prompts, 1, mnt, timeout_s=timeout))
+            except Exception as e:                                  # every request of the batch fails
+                for b in batch:
+                    if not b[3].done():
+                        b[3].set_exception(e)
+                continue
+            finally:
+                self.clock.exit()
+            self.batches += 1
+            for b, c in zip(batch, rb.completions):
+                self.tokens += len(c.token_ids)
+                if not b[3].done():
+                    b[3].set_result({"response_ids": list(c.token_ids), "logprobs": list(c.logprobs),
+                                     "version": c.policy_version, "finish_reason": c.finish_reason, "text": c.text})
+
+    async def update_weights(self, state: dict, version: int) -> int:
+        """Versioned sync on the generation thread (between batches). Returns the published version."""
+        from ops.rl.weights import sync_weights
+
+        return await asyncio.get_running_loop().run_in_executor(self._exec(), sync_weights, self.engine, state, version)
+
+    async def stats(self) -> dict:
+        return {"pool": self.pool, **self.clock.snapshot(), "batches": self.batches, "tokens": self.tokens,
+                "version": self.engine.version}
+
+
+class EnvWorker:
+    """Body of an environment actor (threaded). Sessions keyed by trajectory key."""
+
+    def __init__(self, spec: dict):
+        self.spec = RoleSpec(**spec)
+        self.sessions: dict = {}
+        self.lock = threading.Lock()
+        self.clock = BusyClock()
+
+    def reset(self, key: str, task: Task) -> str:
+        from .envs import make_env
+
+        env = make_env(task.env, latency=env_latency_for(self.spec, key))
+        with self.lock:
+            self.sessions[key] = env
+        self.clock.enter()
+        try:
+            return env.reset(task)
+        finally:
+            self.clock.exit()
+
+    def step(self, key: str, action: str) -> StepResult:
+        with self.lock:
+            env = self.sessions.get(key)
+        if env is None:
+            raise KeyError(f"no environment session {key!r} (closed or never reset)")
+        self.clock.enter()
+        try:
+            return env.step(action)
+        finally:
+            self.clock.exit()
+
+    def close(self, key: str) -> None:
+        with self.lock:
+            env = self.sessions.pop(key, None)
+        if env is not None:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+    def stats(self) -> dict:
+        return {"pool": "cpu_env", **self.clock.snapshot(), "open_sessions": len(self.sessions)}
+
+
+# -------------------------------------------------------------------------- disaggregated (Ray)
+
+class RayRoles:
+    """The disaggregated roles (Ray must be initialised with the pool resources, see
+    ``pool_resources``). ``start()`` creates the actors and the reward pool and checks their health;
+    ``close()`` removes them (Ray itself is the caller's)."""
+
+    def __init__(self, spec: RoleSpec, tokenizer, rpc_timeout_s: float = 600.0):
+        from .router import DecodeLengthEstimator, RequestRouter
+
+        self.spec, self.tok, self.rpc_timeout_s = spec, tokenizer, rpc_timeout_s
+        self.router = RequestRouter({p: n for p, n in spec.engines.items() if n > 0}, policy=spec.route_policy,
+                                    prefill_heavy_ratio=spec.prefill_heavy_ratio)
+        self.estimator = DecodeLengthEstimator(spec.max_new_tokens)
+        self.engines: dict[str, list] = {}
+        self.env_workers: list = []
+        self.trainer = None
+        self.reward_pool = None
+        self.train_clock = BusyClock()
+        self.sync_s: list[float] = []
+
+    def start(self) -> "RayRoles":
+        import ray
+
+        from ops.rl.ray_actors import _TrainerImpl
+
+        from .reward_pool import RewardPool
+
+        s = self.spec
+        pol = s.policy()
+        Eng = ray.remote(EngineServer)
+        for pool in ("gpu_compute", "gpu_bandwidth"):
+            self.engines[pool] = [Eng.options(num_cpus=0, resources={pool: 1}, name=None).remote(pol, pool, s.max_batch, s.batch_wait_s)
+                                  for _ in range(s.engines.get(pool, 0))]
+        Env = ray.remote(EnvWorker)
+        self.env_workers = [Env.options(num_cpus=0, resources={"cpu_env": 1}, max_concurrency=s.env_concurrency,
+                                        max_restarts=1).remote(asdict(s)) for _ in range(max(1, s.env_workers))]
+        self.trainer = ray.remote(_TrainerImpl).options(num_cpus=0, resources={"gpu_compute": 1}).remote(
+            {**pol, "threads": s.trainer_threads})
+        self.reward_pool = RewardPool(name="rollarc_reward", timeout_s=s.reward_timeout_s, max_retries=s.reward_retries,
+                                 backoff_s=0.2).start(min_replicas=s.reward_min_replicas, max_replicas=s.reward_max_replicas,
+                                                      target_ongoing_requests=s.reward_target_ongoing,
+                                                      upscale_delay_s=0.5, downscale_delay_s=5.0,
+                                                      look_back_period_s=1.0, metrics_interval_s=0.25)
+        handles = [e for es in self.engines.values() for e in es]
+        ray.get([e.stats.remote() for e in handles] + [w.stats.remote() for w in self.env_workers] +
+                [self.trainer.reset.remote()], timeout=self.rpc_timeout_s)
+        self.reward_pool.health()                                       # before any training
+        return self
+
+    def pool_of(self, pool: str, index: int):
+        return self.engines[pool][index]
+
+    async def llm(self, messages: list, key: str, turn: int) -> Segment:
+        ids = encode(self.tok, messages, self.spec.max_prompt_tokens)
+        kind = "first" if turn == 0 else "later"
+        pool, i = self.router.route(len(ids), int(self.estimator.estimate(kind)))
+        t0 = time.monotonic()
+        try:
+            out = await self.engines[pool][i].generate.remote(ids, self.spec.max_new_tokens, self.spec.llm_timeout_s)
+        finally:
+            self.router.done(pool, i)
+        self.estimator.observe(kind, len(out["response_ids"]))
+        return Segment(prompt_ids=ids, response_ids=out["response_ids"], logprobs=out["logprobs"],
+                       policy_version=out["version"], pool=pool, finish_reason=out["finish_reason"],
+                       latency_s=time.monotonic() - t0, text=out["text"])
+
+    async def llm_batch(self, requests: list) -> list:
+        return await asyncio.gather(*(self.llm(m, k, t) for m, k, t in requests))
+
+    def _env(self, key: str):
+        return self.env_workers[int(hashlib.sha1(key.encode()).hexdigest(), 16) % len(self.env_workers)]
+
+    async def env_reset(self, key: str, task: Task) -> str:
+        return await self._env(key).reset.remote(key, task)
+
+    async def env_step(self, key: str, action: str) -> StepResult:
+        return await self._env(key).step.remote(key, action)
+
+    async def env_close(self, key: str) -> None:
+        await self._env(key).close.remote(key)
+
+    async def reward(self, traj: Trajectory) -> tuple:
+        r = await self.reward_pool.ascore(reward_request(traj))
+        return r.score, r.status
+
+    async def train(self, groups: list, step: int) -> dict:
+        from .core import grpo_samples
+
+        samples, st = grpo_samples(groups)
+        self.train_clock.enter()
+        try:
+            await self.trainer.add.remote(samples)
+            m = await self.trainer.step.remote()
+        finally:
+            self.train_clock.exit()
+        return {**{k: m[k] for k in ("loss", "grad_norm", "clip_fraction", "tokens") if k in m}, **st}
+
+    async def publish(self, version: int) -> None:
+        from .core import RollArcError
+
+        t0 = time.monotonic()
+        state = self.trainer.state.remote()
+        got = await asyncio.gather(*(e.update_weights.remote(state, version) for es in self.engines.values() for e in es))
+        if any(v != version for v in got):
+            raise RollArcError(f"weight sync to version {version} incomplete: engines hold {got}")
+        self.sync_s.append(time.monotonic() - t0)
+
+    def utilisation(self, wall_s: float) -> dict:
+        """Per-pool busy fraction of ``wall_s``: engines (generation), trainer (optimizer steps, on
+        gpu_compute), environment workers (a step in flight), reward (a request in flight); plus the
+        reward pool's replica counts and the router's stats."""
+        import ray
+
+        eng = {p: ray.get([e.stats.remote() for e in es], timeout=60) for p, es in self.engines.items()}
+        envs = ray.get([w.stats.remote() for w in self.env_workers], timeout=60)
+        rs = self.reward_pool.stats()
+        series = rs.get("series") or []
+        busy_reward = sum(1 for x in series if x[3] > 0) / len(series) if series else 0.0
+        running = [x[1] for x in series] or [0]
+        tr = self.train_clock.snapshot()
+        out = {}
+        for p in ("gpu_compute", "gpu_bandwidth"):
+            actors = eng.get(p, [])
+            busy = sum(a["busy_s"] for a in actors) + (tr["busy_s"] if p == "gpu_compute" else 0.0)
+            n = len(actors) + (1 if p == "gpu_compute" else 0)
+            out[p] = {"utilisation": round(busy / (wall_s * n), 4) if n and wall_s > 0 else 0.0, "actors": n,
+                      "engine_busy_s": round(sum(a["busy_s"] for a in actors), 3),
+                      "batches": sum(a["batches"] for a in actors), "tokens": sum(a["tokens"] for a in actors)}
+        out["gpu_compute"]["trainer_busy_s"] = round(tr["busy_s"], 3)
+        out["cpu_env"] = {"utilisation": round(sum(e["busy_s"] for e in envs) / (wall_s * len(envs)), 4) if wall_s > 0 else 0.0,
+                          "actors": len(envs)}
+        out["reward"] = {"utilisation": round(busy_reward, 4), "replicas_peak": rs.get("peak_replicas"),
+                         "replicas_mean": round(sum(running) / len(running), 3), "requests": rs.get("requests"),
+                         "retries": rs.get("retries"), "failures": rs.get("failures")}
+        out["router"] = self.router.stats()
+        out["weight_sync_s_mean"] = round(sum(self.sync_s) / len(self.sync_s), 4) if self.sync_s else None
+        return out
+
+    def close(self) -> None:
+        import ray
+
+        if self.reward_pool is not None:
+            self.reward_pool.shutdown()
+        for h in [e for es in self.engines.values() for e in es] + self.env_workers + [self.trainer]:
+            if h is not None:
+                ray.kill(h)
+
+
+def pool_resources(engines: dict, env_workers: int, reward_max_replicas: int) -> dict:
+    """Ray custom resources the local node advertises so every role fits (``ray.init(resources=)``)."""
+    return {"gpu_compute": engines.get("gpu_compute", 0) + 1, "gpu_bandwidth": max(1, engines.get("gpu_bandwidth", 0)),
+            "cpu_env": max(1, env_workers), "reward": max(1, reward_max_replicas)}
+
+
+# ---------------------------------------------------------------------- colocated (baseline)
+
+class LocalRoles:
+    """The monolithic baseline's roles: engine, environments, verifier and trainer in this process
+    (environment steps on threads; math verification in ``ops.rl.reward.RewardServer``'s process
+    pool, since math-verify needs a main thread)."""
+
+    def __init__(self, spec: RoleSpec, tokenizer):
+        import torch
+
+        from ops.rl.engine import HFEngine
+        from ops.rl.grpo import GRPOConfig
+        from ops.rl.ray_actors import _build_policy
+        from ops.rl.reward import RewardServer
+        from ops.rl.rollpacker.stream import StreamTrainer
+
+        self.spec, self.tok = spec, tokenizer
+        pol = spec.policy()
+        torch.manual_seed(spec.seed + 1000)
+        model, _ = _build_policy(pol)
+        self.engine = HFEngine(model, tokenizer, temperature=spec.temperature, version=0)
+        tmodel, _ = _build_policy(pol)
+        opt = torch.optim.AdamW(tmodel.parameters(), lr=spec.lr, weight_decay=0.0)
+        self.trainer = StreamTrainer(tmodel, opt, GRPOConfig(), micro_batch=2, max_grad_norm=1.0,
+                                     pad_id=tokenizer.pad_token_id)
+        self.verifier = RewardServer(workers=1, item_timeout_s=spec.reward_timeout_s).start()
+        self.envs: dict = {}
+        self.engine_clock, self.train_clock, self.env_clock = BusyClock(), BusyClock(), BusyClock()
+
+    async def llm(self, messages: list, key: str, turn: int) -> Segment:
+        return (await self.llm_batch([(messages, key, turn)]))[0]
+
+    async def llm_batch(self, requests: list) -> list:
+        from ops.rl.types import Prompt
+
+        ids = [encode(self.tok, m, self.spec.max_prompt_tokens) for m, _, _ in requests]
+        prompts = [Prompt(uid=str(i), token_ids=tuple(x)) for i, x in enumerate(ids)]
+        t0 = time.monotonic()
+        self.engine_clock.enter()
+        try:
+            rb = await asyncio.to_thread(self.engine.generate, prompts, 1, self.spec.max_new_tokens,
+                                         None, self.spec.llm_timeout_s)
+        finally:
+            self.engine_clock.exit()
+        dt = time.monotonic() - t0
+        return [Segment(prompt_ids=x, response_ids=list(c.token_ids), logprobs=list(c.logprobs),
+                        policy_version=c.policy_version, pool="colocated", finish_reason=c.finish_reason,
+                        latency_s=dt, text=c.text) for x, c in zip(ids, rb.completions)]
+
+    async def env_reset(self, key: str, task: Task) -> str:
+        from .envs import make_env
+
+        env = make_env(task.env, latency=env_latency_for(self.spec, key))
+        self.envs[key] = env
+        return await asyncio.to_thread(env.reset, task)
+
+    async def env_step(self, key: str, action: str) -> StepResult:
+        self.env_clock.enter()
+        try:
+            return await asyncio.to_thread(self.envs[key].step, action)
+        finally:
+            self.env_clock.exit()
+
+    async def env_close(self, key: str) -> None:
+        env = self.envs.pop(key, None)
+        if env is not None:
+            env.close()
+
+    async def reward(self, traj: Trajectory) -> tuple:
+        from .envs import verify_frozenlake
+
+        req = reward_request(traj)
+        if isinstance(req, dict):                                   # FrozenLake replay: pure Python
+            try:
+                s = float(verify_frozenlake(req["spec"], req["actions"]))
+                return s, "verified" if s > 0 else "wrong"
+            except ValueError as e:
+                return None, f"failed: {e}"
+        r = (await asyncio.to_thread(self.verifier.score, [req]))[0]
+        return r.score, r.status
+
+    async def train(self, groups: list, step: int) -> dict:
+        from .core import grpo_samples
+
+        samples, st = grpo_samples(groups)
+
+        def run():
+            self.trainer.add(samples)
+            return self.trainer.step()
+
+        self.train_clock.enter()
+        try:
+            m = await asyncio.to_thread(run)
+        finally:
+            self.train_clock.exit()
+        return {**{k: m[k] for k in ("loss", "grad_norm", "clip_fraction", "tokens") if k in m}, **st}
+
+    async def publish(self, version: int) -> None:
+        from ops.rl.weights import export_state, sync_weights
+
+        await asyncio.to_thread(sync_weights, self.engine, export_state(self.trainer.model), version)
+
+    def utilisation(self, wall_s: float) -> dict:
+        e, t, v = self.engine_clock.snapshot(), self.train_clock.snapshot(), self.env_clock.snapshot()
+        f = (lambda x: round(x["busy_s"] / wall_s, 4) if wall_s > 0 else 0.0)
+        return {"colocated": {"engine": f(e), "trainer": f(t), "env": f(v)}}
+
+    def close(self) -> None:
+        self.verifier.stop()
