@@ -38,7 +38,7 @@ from ._meta import image, md_table, table_result
 # default (2 CPU cores, SmolLM2: the asset adds < 3 minutes to the main job; the `full` preset is
 # production-sized).
 _A = {**{f.name: f.default for f in dataclasses.fields(ArcConfig)},
-      "steps": 3, "groups_per_step": 1, "group_size": 3, "redundancy": 1, "async_ratio": 1, "max_turns": 2}
+      "steps": 3, "groups_per_step": 1, "group_size": 2, "redundancy": 1, "async_ratio": 1, "max_turns": 2}
 _R = {f.name: f.default for f in dataclasses.fields(RoleSpec) if f.default is not dataclasses.MISSING}
 
 

@@ -20,7 +20,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "ctr_model": {"epochs": 3},
     "gba_run": {"epochs": 1.0},
     "rollpacker_run": {"steps": 2, "prompts_per_step": 2, "responses_per_prompt": 4, "max_new_tokens": 48},
-    "rollarc_run": {"steps": 3, "groups_per_step": 1, "group_size": 3, "redundancy": 1, "max_turns": 2,
+    "rollarc_run": {"steps": 3, "groups_per_step": 1, "group_size": 2, "redundancy": 1, "max_turns": 2,
                     "max_new_tokens": 16},
     "cpt_base_models": {"base_tokens": 200_000, "seq_len": 128, "global_batch": 16, "timeout_s": 1800.0},
     "cpt_probe_runs": {"cpt_tokens": 131_072, "first_checkpoint": 4_096, "timeout_s": 1800.0},

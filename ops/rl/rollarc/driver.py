@@ -227,16 +227,23 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run_benchmark(problems_path: str, tokenizer_dir: str, model_dir: Optional[str], kinds=("low", "medium", "heavy"),
                   arc: Optional[dict] = None, roles: Optional[dict] = None, seed: int = 0) -> dict:
     """The real-engine benchmark: for each env latency kind, the baseline and RollArc on the same
-    tasks and steps (one Ray start per kind). Returns {kind: result of ``run``}."""
+    tasks and steps (one Ray start per kind). Returns {"settings", kind: {summary rows per method,
+    per-pool utilisation, speedups}} (no per-trajectory rows)."""
     from ops.launch import _LocalPipes
 
-    out = {}
+    from .report import summary_rows, utilisation_rows
+
+    arc = {"steps": 4, "groups_per_step": 2, "group_size": 3, "redundancy": 1, "async_ratio": 1, "max_turns": 3,
+           **(arc or {})}
+    roles = {"env_latency_mean_s": 0.5, **(roles or {})}
+    out: dict = {"settings": {"arc": arc, "roles": roles, "policy": model_dir or "tiny random Llama", "seed": seed}}
     for kind in kinds:
         spec = RunSpec(problems_path=problems_path, tokenizer_dir=tokenizer_dir, model_dir=model_dir, seed=seed,
-                       arc=dict(arc or {}), roles={**(roles or {}), "env_latency": kind}).validate()
-        out[kind] = run(spec, _LocalPipes(0))
+                       arc=dict(arc), roles={**roles, "env_latency": kind}).validate()
+        r = run(spec, _LocalPipes(0))
+        out[kind] = {"summary": summary_rows(r), "utilisation": utilisation_rows(r), "speedup_e2e": r.get("speedup_e2e"),
+                     "speedup_trajectories_per_s": r.get("speedup_trajectories_per_s"), "ray_init_s": r["ray_init_s"]}
     return out
-
 
 
 if __name__ == "__main__":
