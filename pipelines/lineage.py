@@ -18,7 +18,7 @@ KEY_FIGURES = ("rows_in", "rows_out", "removed", "math500_recall", "math500_prec
                # mixture: the ratio chosen (and used downstream), the law form behind it
                "tradeoff_r_d", "mixture_ratio", "chosen_form", "probe_points",
                # training runs
-               "final_auc", "samples_per_s", "world_size")
+               "final_auc", "samples_per_s", "world_size", "speedup_e2e", "max_staleness")
 POINTER = "dagster/input_event_pointer/"
 
 
