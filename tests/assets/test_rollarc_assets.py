@@ -1,7 +1,10 @@
 """rollarc_run materializes through Dagster Pipes: the monolithic baseline in the launched process,
 then RollArc on a local Ray instance with the roles on the four named pools (engines behind the
-router, trainer, environment workers, the Ray Serve reward pool). The tiny random policy keeps it
-fast; the real policy runs in the main job and the benchmark."""
+router, trainer, environment workers, the Ray Serve reward pool). The driver is killed (SIGKILL to
+its process group, Ray included) after the baseline's 3 steps and RollArc's step 0:
+RetryingComputeResource retries the step, the relaunch skips the baseline and RollArc resumes after
+step 0 (one materialization: the resume costs one more Ray start, not another run). The tiny random
+policy keeps it fast; the real policy runs in the main job and the benchmark."""
 
 from pathlib import Path
 
@@ -10,13 +13,15 @@ import polars as pl
 import pytest
 
 from assets import rollarc
+from ops.rl.rollarc.driver import CRASH_ENV
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
+from resources.retry import RetryingComputeResource
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 TINY = {"policy": "tiny", "model_dir": str(MODEL_DIR), "steps": 3, "groups_per_step": 2, "group_size": 2,
         "redundancy": 1, "async_ratio": 1, "max_turns": 2, "max_new_tokens": 16, "env_latency": "medium",
-        "env_latency_mean_s": 0.2, "run_timeout_s": 400.0}
+        "env_latency_mean_s": 0.2, "checkpoint_every": 1, "run_timeout_s": 400.0}
 
 
 def lake_with_problems(tmp_path) -> LakeResource:
@@ -29,19 +34,27 @@ def lake_with_problems(tmp_path) -> LakeResource:
     return lake
 
 
-def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools(tmp_path):
+def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_driver_resumes_on_retry(
+        tmp_path, monkeypatch):
     pytest.importorskip("ray")
     if not (MODEL_DIR / "tokenizer.json").exists():
         pytest.skip("SmolLM2 directory missing: run make setup")
     lake = lake_with_problems(tmp_path)
+    monkeypatch.setenv(CRASH_ENV, "4")                   # after the baseline's 3 steps and RollArc's step 0
+    compute = RetryingComputeResource(launch_retries=1, retry_backoff_s=0.0)
     with dg.DagsterInstance.ephemeral() as instance:
-        res = dg.materialize([rollarc.rollarc_run], resources={"lake": lake, "compute": ComputeResource()},
+        res = dg.materialize([rollarc.rollarc_run], resources={"lake": lake, "compute": compute},
                              run_config={"ops": {"rollarc_run": {"config": TINY}}}, instance=instance)
         log = "\n".join(e.user_message for e in instance.all_logs(res.run_id))
     assert res.success
     [m] = [e.materialization.metadata for e in res.get_asset_materialization_events()]
     meta = {k: v.value for k, v in m.items()}
+    assert [e.event_type_value for e in res.all_events].count("STEP_UP_FOR_RETRY") == 1
+    assert "launch died (exit code -9)" in log and "after 4 saved steps" in log
+    assert "monolithic: finished before this launch (3 steps), skipped" in log
+    assert "rollarc: resuming after step 0 (policy version 1 published to the engines) on Dagster retry 1" in log
     assert "rollarc: step 3/3" in log and "monolithic: step 3/3" in log and "ETA" in log
+    assert (meta["retry_number"], meta["resumed_from"]) == (1, "rollarc after step 0")
     table = pl.read_parquet(lake.path("rollarc_run"))
     assert table["method"].to_list() == ["monolithic"] * 3 + ["rollarc"] * 3
     assert table["step"].to_list() == [0, 1, 2] * 2
@@ -61,10 +74,11 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools(tmp_path):
         assert f"| rollarc | {pool} |" in util
     router = meta["router"]
     routed = [router["pools"][p]["routed"] for p in ("gpu_compute", "gpu_bandwidth")]
-    assert min(routed) > 0 and sum(routed) >= arc["turns"].sum()          # + redundant / discarded ones
+    relaunched = arc.filter(pl.col("created_step") >= 1)                   # the router's stats are the relaunch's
+    assert min(routed) > 0 and sum(routed) >= relaunched["turns"].sum()   # + redundant / discarded ones
     assert meta["ray_address"] == "local" and meta["max_staleness"] <= 1
     assert set(meta["trajectories_per_s"]) == {"monolithic", "rollarc"}
-    assert meta["pipes_messages"] == 6                                    # one per step and method
+    assert meta["pipes_messages"] == 2                                    # the relaunch ran RollArc's steps 1 and 2
     assert not list((tmp_path / "rollarc_run").glob(".run-*"))
 
 

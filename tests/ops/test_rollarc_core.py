@@ -276,3 +276,116 @@ def test_running_out_of_tasks_fails_fast_with_a_clear_error():
         run(run_rollarc, Scripted(), cfg, tasks)
     with pytest.raises(RollArcError, match="tasks ran out at step 3"):
         run(run_monolithic, Scripted(), cfg, tasks)
+
+
+# ------------------------------------------------------------------- resume from a checkpoint (start_step)
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupted_after(coro_fn, roles, cfg, tasks, k):
+    """Run until step ``k`` is trained and published, then stop the launch (as a kill would right after
+    the checkpoint). Returns the RunResult snapshot a checkpoint of step ``k`` holds."""
+    from ops.rl.rollarc.core import RunResult
+
+    res = RunResult(method="rollarc" if coro_fn is run_rollarc else "monolithic", config={})
+    snap = {}
+
+    def on_step(row):
+        if row["step"] == k:
+            snap["result"] = res.to_dict()
+            raise Interrupted()
+
+    roles._tasks = {t.uid: t for t in tasks}
+    with pytest.raises(Interrupted):
+        asyncio.run(coro_fn(roles, cfg, iter(tasks), on_step=on_step, result=res))
+    return RunResult.from_dict(snap["result"])
+
+
+def resumed(coro_fn, roles, cfg, tasks, prior):
+    """The relaunch: the roles hold policy version ``len(prior.steps)`` (checkpoint loaded and
+    published), the tasks continue after the consumed ones."""
+    start = len(prior.steps)
+    roles._tasks = {t.uid: t for t in tasks}
+    asyncio.run(roles.publish(start))
+    return asyncio.run(coro_fn(roles, cfg, iter(tasks[prior.tasks_consumed:]), start_step=start, result=prior))
+
+
+@pytest.mark.parametrize("ratio", [0, 1, 2])
+def test_resumed_rollarc_trains_from_start_step_with_versions_from_it_within_the_staleness_bound(ratio):
+    tasks = tasks_of([{"turns": 1 + i % 3, "env_sleep": 0.002 * (i % 5)} for i in range(120)])
+    cfg = ArcConfig(steps=7, groups_per_step=2, group_size=2, redundancy=1, async_ratio=ratio, max_turns=3)
+    prior = interrupted_after(run_rollarc, Scripted(seed=ratio, jitter=0.004), cfg, tasks, k=1)
+    assert [r["step"] for r in prior.steps] == [0, 1] and prior.trained_trajectories == 8
+    # created by the end of step 1: at most (1 + 1 + ratio) * G groups; all of them if ratio 0
+    assert 4 <= prior.tasks_consumed <= (2 + ratio) * 2 and (ratio or prior.tasks_consumed == 4)
+    before = prior.to_dict()                                               # the result is continued in place
+    roles = Scripted(seed=10 + ratio, jitter=0.004)
+    res = resumed(run_rollarc, roles, cfg, tasks, prior)
+    assert [s for s, _ in roles.trained] == [2, 3, 4, 5, 6]                  # steps 0 and 1 are not retrained
+    for s, gs in roles.trained:                                            # versions from 2, staleness <= ratio
+        assert all(max(2, s - ratio) <= v <= s for _, trajs in gs for _, _, vs, _ in trajs for v in vs)
+    assert [r["step"] for r in res.steps] == list(range(7)) and res.steps[:2] == before["steps"]
+    assert all(r["max_staleness"] <= ratio for r in res.steps) and max(res.staleness_hist) <= ratio
+    assert sum(res.staleness_hist.values()) == 14 and res.trained_trajectories == 28
+    assert res.generated_trajectories >= before["generated_trajectories"] + 5 * 2 * 3
+    # the relaunch takes the tasks after the consumed ones; group indices continue over the run
+    uids = {uid for _, gs in roles.trained for uid, _ in gs}
+    assert min(int(u[1:]) for u in uids) >= before["tasks_consumed"]
+    later = [t for t in res.trajectories if t["created_step"] >= 2]
+    assert len(later) == 20 and all(int(t["group_id"].split("-")[1][1:]) >= before["tasks_consumed"] for t in later)
+    assert res.tasks_consumed > before["tasks_consumed"] and res.wall_s >= before["wall_s"]
+
+
+def test_resumed_monolithic_equals_the_uninterrupted_run():
+    tasks = tasks_of([{"turns": 1 + i % 3} for i in range(12)])
+    cfg = ArcConfig(steps=5, groups_per_step=2, group_size=2, redundancy=0, async_ratio=0, max_turns=4)
+    whole = Scripted()
+    ref = run(run_monolithic, whole, cfg, tasks)
+    first, second = Scripted(), Scripted()
+    prior = interrupted_after(run_monolithic, first, cfg, tasks, k=2)
+    assert prior.tasks_consumed == 6
+    res = resumed(run_monolithic, second, cfg, tasks, prior)
+    assert first.trained + second.trained == whole.trained                 # same tasks, steps, versions
+    assert [r["groups"] for r in res.steps] == [r["groups"] for r in ref.steps]
+    assert (res.trained_trajectories, res.staleness_hist, res.tasks_consumed) == (20, {0: 10}, 10)
+
+
+def test_on_step_awaitable_holds_the_trainer_not_the_rollouts_and_is_bounded():
+    tasks = tasks_of([{"turns": 1, "env_sleep": 0.01}] * 40)
+    cfg = ArcConfig(steps=3, groups_per_step=1, group_size=1, redundancy=0, async_ratio=1, max_turns=2,
+                    train_timeout_s=0.3)
+    roles = Scripted()
+    roles._tasks = {t.uid: t for t in tasks}
+    seen = []
+
+    def on_step(row):
+        async def checkpoint():
+            n = len(roles.trained)
+            await asyncio.sleep(0.1)
+            seen.append((row["step"], n, len(roles.trained)))
+        return checkpoint()
+
+    res = asyncio.run(run_rollarc(roles, cfg, iter(tasks), on_step=on_step))
+    assert [(s, a == b) for s, a, b in seen] == [(0, True), (1, True), (2, True)]   # no training during a save
+    assert len(res.steps) == 3
+
+    def slow(row):
+        return asyncio.sleep(5)
+
+    with pytest.raises(RollArcError, match="step 0's on_step .checkpoint. took more than"):
+        asyncio.run(run_rollarc(Scripted(), cfg, iter(tasks), on_step=slow))
+
+
+def test_start_step_must_match_the_earlier_result():
+    from ops.rl.rollarc.core import RunResult
+
+    cfg = ArcConfig(steps=3, groups_per_step=1, group_size=1, redundancy=0, async_ratio=0)
+    tasks = tasks_of([{"turns": 1}] * 6)
+    with pytest.raises(ValueError, match="start_step 1 needs the RunResult"):
+        asyncio.run(run_rollarc(Scripted(), cfg, iter(tasks), start_step=1))
+    with pytest.raises(ValueError, match="cannot continue a rollarc result with 0 steps as rollarc from step 2"):
+        asyncio.run(run_rollarc(Scripted(), cfg, iter(tasks), start_step=2, result=RunResult("rollarc", {})))
+    with pytest.raises(ValueError, match=r"start_step must be in \[0, steps=3\)"):
+        asyncio.run(run_monolithic(Scripted(), cfg, iter(tasks), start_step=3))

@@ -25,16 +25,21 @@ The baseline (``run_monolithic``) is the synchronous agentic step on the same ro
 trajectory of the batch advances turn by turn in lock step (one batched LLM call per turn), the
 batch waits for its slowest environment, rewards are computed after the whole batch, then one
 optimizer step — nothing overlaps.
+
+Resume (both schedulers): ``start_step=k`` with ``result`` (the ``RunResult`` of steps 0..k-1, e.g.
+``RunResult.from_dict`` of a checkpoint) continues a run whose roles already hold policy version k;
+``tasks`` must continue after the ``result.tasks_consumed`` tasks the earlier steps took.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import math
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Awaitable, Callable, Iterator, Optional, Protocol, Sequence
 
 from .types import Group, Segment, StepResult, Task, Trajectory
@@ -189,6 +194,12 @@ class RunResult:
             discarded ones included).
         staleness_hist: {staleness: trained groups}; discarded_groups: count; dropped_trajectories:
             redundant trajectories cancelled; statuses: episode status counts (trained trajectories).
+        tasks_consumed: tasks taken from the task iterator (one per group created, trained or not);
+            a resumed run continues after them.
+
+    During a run ``steps``, the counters, ``staleness_hist``, ``discarded_groups``, ``wall_s`` and
+    ``tasks_consumed`` are current whenever ``on_step`` is called (a checkpoint can snapshot them);
+    ``statuses`` is set at the end.
     """
 
     method: str
@@ -202,6 +213,7 @@ class RunResult:
     dropped_trajectories: int = 0
     statuses: dict = field(default_factory=dict)
     trajectories: list = field(default_factory=list)
+    tasks_consumed: int = 0
 
     @property
     def trajectories_per_s(self) -> float:
@@ -212,6 +224,44 @@ class RunResult:
         d["trajectories_per_s"] = self.trajectories_per_s
         d["staleness_hist"] = {str(k): v for k, v in sorted(self.staleness_hist.items())}
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunResult":
+        """The RunResult ``to_dict`` wrote (other keys ignored). Raises TypeError when ``method`` or
+        ``config`` is missing."""
+        names = {f.name for f in fields(cls)}
+        r = cls(**{k: v for k, v in d.items() if k in names})
+        r.staleness_hist = {int(k): v for k, v in r.staleness_hist.items()}
+        return r
+
+
+def _continued(result: Optional[RunResult], method: str, cfg: ArcConfig, start_step: int) -> RunResult:
+    """The RunResult a run (re)starting at ``start_step`` appends to. Raises ValueError when
+    ``start_step`` is outside [0, steps) or does not match ``result``'s method and step count."""
+    if not 0 <= start_step < cfg.steps:
+        raise ValueError(f"rollarc: start_step must be in [0, steps={cfg.steps}), got {start_step}")
+    if result is None:
+        if start_step:
+            raise ValueError(f"rollarc: start_step {start_step} needs the RunResult of the earlier steps")
+        return RunResult(method=method, config=asdict(cfg))
+    if result.method != method or len(result.steps) != start_step:
+        raise ValueError(f"rollarc: cannot continue a {result.method} result with {len(result.steps)} steps as "
+                         f"{method} from step {start_step}")
+    return result
+
+
+async def _after_step(on_step: Optional[Callable[[dict], Optional[Awaitable]]], row: dict, timeout_s: float) -> None:
+    """Call ``on_step(row)``; await what it returns (e.g. a checkpoint). Raises RollArcError when that
+    takes more than ``timeout_s``."""
+    if on_step is None:
+        return
+    r = on_step(row)
+    if inspect.isawaitable(r):
+        try:
+            await _bounded(r, timeout_s)
+        except asyncio.TimeoutError:
+            raise RollArcError(f"rollarc: step {row['step']}'s on_step (checkpoint) took more than {timeout_s:.0f} s "
+                               f"(train_timeout_s)") from None
 
 
 def traj_summary(t: Trajectory) -> dict:
@@ -226,6 +276,22 @@ def traj_summary(t: Trajectory) -> dict:
 
 async def _bounded(aw: Awaitable, timeout_s: float):
     return await asyncio.wait_for(aw, timeout_s)
+
+
+async def _train_and_publish(roles: Roles, groups: list, step: int, cfg: ArcConfig) -> dict:
+    """One optimizer step and the versioned publish of ``step + 1``. Raises RollArcError naming the
+    call that overran ``train_timeout_s``."""
+    try:
+        metrics = await _bounded(roles.train(groups, step), cfg.train_timeout_s)
+    except asyncio.TimeoutError:
+        raise RollArcError(f"rollarc: the optimizer step {step} took longer than train_timeout_s "
+                           f"({cfg.train_timeout_s:.0f} s)") from None
+    try:
+        await _bounded(roles.publish(step + 1), cfg.train_timeout_s)
+    except asyncio.TimeoutError:
+        raise RollArcError(f"rollarc: publishing policy version {step + 1} took longer than train_timeout_s "
+                           f"({cfg.train_timeout_s:.0f} s); the engines keep version {step}") from None
+    return metrics
 
 
 async def run_trajectory(roles: Roles, cfg: ArcConfig, task: Task, group_id: str, index: int,
@@ -338,22 +404,36 @@ def _check_failed(step: int, groups: list[Group], cfg: ArcConfig) -> None:
 
 
 async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
-                      on_step: Optional[Callable[[dict], None]] = None) -> RunResult:
+                      on_step: Optional[Callable[[dict], Optional[Awaitable]]] = None, start_step: int = 0,
+                      result: Optional[RunResult] = None) -> RunResult:
     """The asynchronous run: a producer creating groups within the staleness budget, every
     trajectory advancing independently, and the trainer taking the oldest fresh groups.
 
     Args:
         roles: see ``Roles``. tasks: an endless (or long enough) iterator of tasks; the producer
-            takes one per group. on_step: called with each step's row (progress, Pipes messages).
+            takes one per group. on_step: called with each step's row (progress, Pipes messages)
+            once the step's version is published; when it returns an awaitable (a checkpoint), the
+            trainer awaits it (within ``train_timeout_s``) before its next step while rollouts go on.
+        start_step: the first optimizer step to train (resume; 0 = from the start). The roles must
+            hold policy version ``start_step`` (trainer state loaded, published to every engine);
+            the producer's staleness budget counts from it, so the first groups are created at
+            ``start_step`` and trained within ``async_ratio`` steps of it.
+        result: the RunResult of steps ``0..start_step-1`` (its ``steps`` has ``start_step`` rows),
+            continued in place: counters add up over the launches, ``wall_s`` adds this launch's
+            seconds, group ids continue after ``tasks_consumed``. None: a new one.
+    Resuming loses the groups that were in flight or waiting in the buffer when the earlier launch
+    stopped (their tasks count as consumed; the producer creates fresh groups from the next tasks).
     Returns: RunResult. Raises: RollArcError (no fresh group in time, too many failed rewards, a
-        train/publish call past ``train_timeout_s``).
+        train/publish call or ``on_step``'s awaitable past ``train_timeout_s``); ValueError
+        (``start_step`` outside [0, steps) or not matching ``result``).
     """
-    res = RunResult(method="rollarc", config=asdict(cfg))
+    res = _continued(result, "rollarc", cfg, start_step)
     buf = GroupBuffer(cfg.async_ratio)
-    state = {"step": 0, "created": 0}
+    state = {"step": start_step, "created": 0}
     stop = {"now": False}
     running: set = set()
-    hist: Counter = Counter()
+    hist: Counter = Counter(res.staleness_hist)
+    discarded0, wall0 = res.discarded_groups, res.wall_s
     t0 = time.monotonic()
 
     errors: list = []
@@ -372,25 +452,28 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
 
     async def producer():
         while not stop["now"]:
-            # discarded groups free their slot: otherwise a discard would starve the trainer
-            if state["created"] - len(buf.discarded) >= (state["step"] + 1 + cfg.async_ratio) * cfg.groups_per_step:
+            # discarded groups free their slot: otherwise a discard would starve the trainer; the
+            # budget counts from start_step (groups of this launch)
+            if (state["created"] - len(buf.discarded)
+                    >= (state["step"] - start_step + 1 + cfg.async_ratio) * cfg.groups_per_step):
                 await asyncio.sleep(0.01)
                 continue
             created_step = state["step"]
             state["created"] += 1
-            n = state["created"]
             try:
                 task = next(tasks)
             except StopIteration:
                 state["exhausted"] = True
                 return
+            res.tasks_consumed += 1
+            n = res.tasks_consumed                  # the group's index over the whole run
             t = asyncio.ensure_future(group_task(task, f"s{created_step}-g{n - 1}-{task.uid}", created_step))
             running.add(t)
             t.add_done_callback(running.discard)
 
     prod = asyncio.ensure_future(producer())
     try:
-        for step in range(cfg.steps):
+        for step in range(start_step, cfg.steps):
             tw = time.monotonic()
             if prod.done() and prod.exception() is not None:
                 raise prod.exception()
@@ -399,8 +482,7 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
             wait_s = time.monotonic() - tw
             _check_failed(step, groups, cfg)
             tt = time.monotonic()
-            metrics = await _bounded(roles.train(groups, step), cfg.train_timeout_s)
-            await _bounded(roles.publish(step + 1), cfg.train_timeout_s)
+            metrics = await _train_and_publish(roles, groups, step, cfg)
             train_s = time.monotonic() - tt
             for g in groups:
                 hist[step - g.oldest_version] += 1
@@ -408,18 +490,20 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
                 res.trajectories += [traj_summary(t) for t in g.trajectories]
             row = _step_row(step, groups, metrics, wait_s, train_s)
             res.steps.append(row)
-            if on_step:
-                on_step(row)
-            state["step"] = step + 1
+            res.staleness_hist = dict(hist)
+            res.discarded_groups = discarded0 + len(buf.discarded)
+            res.wall_s = wall0 + time.monotonic() - t0
+            state["step"] = step + 1                # version step + 1 is published: the producer may go on
+            await _after_step(on_step, row, cfg.train_timeout_s)
     finally:
         stop["now"] = True
         await asyncio.gather(prod, return_exceptions=True)
         for t in list(running):
             t.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-    res.wall_s = time.monotonic() - t0
+    res.wall_s = wall0 + time.monotonic() - t0
     res.staleness_hist = dict(hist)
-    res.discarded_groups = len(buf.discarded)
+    res.discarded_groups = discarded0 + len(buf.discarded)
     res.statuses = dict(Counter(t["status"] for t in res.trajectories))
     return res
 
@@ -512,16 +596,22 @@ async def _lockstep_rollout(roles: Roles, cfg: ArcConfig, batch: list[tuple[Task
 
 
 async def run_monolithic(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
-                         on_step: Optional[Callable[[dict], None]] = None) -> RunResult:
+                         on_step: Optional[Callable[[dict], Optional[Awaitable]]] = None, start_step: int = 0,
+                         result: Optional[RunResult] = None) -> RunResult:
     """The synchronous baseline: per step, G tasks x R trajectories in lock step, rewards after the
-    batch, one optimizer step, publish; no redundancy, staleness always 0."""
-    res = RunResult(method="monolithic", config=asdict(cfg))
+    batch, one optimizer step, publish; no redundancy, staleness always 0. ``on_step``,
+    ``start_step`` and ``result`` as in ``run_rollarc`` (nothing is in flight between steps, so a
+    resume loses no work). Raises RollArcError (tasks ran out, too many failed rewards, a call past
+    ``train_timeout_s``), ValueError (``start_step`` not matching ``result``)."""
+    res = _continued(result, "monolithic", cfg, start_step)
+    wall0 = res.wall_s
     t0 = time.monotonic()
-    for step in range(cfg.steps):
+    for step in range(start_step, cfg.steps):
         tw = time.monotonic()
         batch_tasks = list(itertools.islice(tasks, cfg.groups_per_step))
         if len(batch_tasks) < cfg.groups_per_step:
             raise RollArcError(f"rollarc: the tasks ran out at step {step} (need {cfg.groups_per_step} per step)")
+        res.tasks_consumed += len(batch_tasks)
         gids = [f"s{step}-g{step * cfg.groups_per_step + j}-{t.uid}" for j, t in enumerate(batch_tasks)]
         batch = [(t, gid, i) for t, gid in zip(batch_tasks, gids) for i in range(cfg.group_size)]
         trajs = await _lockstep_rollout(roles, cfg, batch, step)
@@ -531,8 +621,7 @@ async def run_monolithic(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
         wait_s = time.monotonic() - tw
         _check_failed(step, groups, cfg)
         tt = time.monotonic()
-        metrics = await _bounded(roles.train(groups, step), cfg.train_timeout_s)
-        await _bounded(roles.publish(step + 1), cfg.train_timeout_s)
+        metrics = await _train_and_publish(roles, groups, step, cfg)
         train_s = time.monotonic() - tt
         res.generated_trajectories += len(trajs)
         res.trained_trajectories += len(trajs)
@@ -540,9 +629,9 @@ async def run_monolithic(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
         res.staleness_hist[0] = res.staleness_hist.get(0, 0) + len(groups)
         row = _step_row(step, groups, metrics, wait_s, train_s)
         res.steps.append(row)
-        if on_step:
-            on_step(row)
-    res.wall_s = time.monotonic() - t0
+        res.wall_s = wall0 + time.monotonic() - t0
+        await _after_step(on_step, row, cfg.train_timeout_s)
+    res.wall_s = wall0 + time.monotonic() - t0
     res.statuses = dict(Counter(t["status"] for t in res.trajectories))
     return res
 

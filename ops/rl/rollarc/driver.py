@@ -7,22 +7,46 @@ Pipes; streams one message per step and writes ``result.json``.
 The baseline runs first, colocated in this process (``LocalRoles``); then Ray starts (local
 ``ray.init`` with the four pool resources, or ``ray_address``) with the disaggregated roles
 (``RayRoles``) and the elastic reward pool.
+
+Resume (``RunState``): every ``checkpoint_every`` optimizer steps of a method the driver saves,
+under ``DIR/state/``, the trainer's state (``trainer-<method>-<step>.pt``: weights, AdamW state,
+policy version, RNG; written by the trainer, ``ops.rl.ray_actors._TrainerImpl``) and, in
+``state.json`` (the commit point, written atomically after the trainer file), the method's
+``RunResult`` so far: step rows, trajectory summaries, counters and the number of tasks consumed. A
+finished method is stored whole. Launched again with the same ``--out`` and spec, the driver skips
+the finished methods, and for the method in progress loads the trainer state, publishes it to every
+engine (versioned sync: policy version k + 1 after step k) and continues with step k + 1 on the
+tasks after the consumed ones (``core.run_rollarc(start_step=...)``), logging the Dagster retry
+number. Lost: the steps after the last save, and RollArc's groups in flight at the interruption
+(fresh groups are generated from the next tasks). ``wall_s`` adds the launches' training seconds
+(setup and lost work excluded); a resumed method's utilisation covers its last launch. A state of
+another spec (``fingerprint``) is ignored; a finished launch removes its state (``result.json`` is
+the record).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import random
+import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 METHODS = ("monolithic", "rollarc")
+
+CRASH_ENV = "CRUCIBLE_ROLLARC_CRASH_AFTER_STEPS"
+"""Fault injection (tests): ``N`` makes the driver SIGKILL its process group (itself and a local Ray
+instance: the launch, as a node preemption would) right after the first save that holds N or more
+steps of the run (finished methods' steps included). Counted over the whole run: a relaunch whose
+saved state already holds N steps is not killed again."""
 
 
 @dataclass
@@ -41,6 +65,11 @@ class RunSpec:
     seed: int = 0
     ray_address: Optional[str] = None
     num_cpus: int = 2
+    checkpoint_every: int = 2
+    """Save the trainer state every this many optimizer steps of a method (resume granularity; the
+    last step is never saved: the finished method is). A SmolLM2 save (weights + AdamW moments,
+    1.6 GB) took 1.6-6.3 s (median 2.0 s, 5 saves) on the embedded default, against ~5 s of optimizer
+    step; a run folder holds two saves at once while one is written."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -73,7 +102,126 @@ class RunSpec:
             raise ValueError(f"rollarc.env_latency must be none|low|medium|heavy, got {rs.env_latency!r}")
         if sum(rs.engines.values()) < 1 or any(p not in ("gpu_compute", "gpu_bandwidth") for p in rs.engines):
             raise ValueError(f"rollarc.engines must map gpu_compute/gpu_bandwidth to counts (>= 1 in all), got {rs.engines}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"rollarc.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         return self
+
+
+def fingerprint(spec: RunSpec) -> str:
+    """Hash of what determines a run's steps: the spec without its Ray address, CPUs,
+    ``checkpoint_every``, timeouts and reward retries, with the problems file's path, size and mtime.
+    16 hex digits."""
+    d = asdict(spec)
+    for k in ("ray_address", "num_cpus", "checkpoint_every"):
+        d.pop(k)
+    for part in ("arc", "roles"):
+        d[part] = {k: v for k, v in d[part].items() if not k.endswith("timeout_s") and k != "reward_retries"}
+    p = Path(spec.problems_path)
+    if p.exists():
+        st = p.stat()
+        d["problems_path"] = [str(p.resolve()), st.st_size, st.st_mtime_ns]
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class RunState:
+    """What one run directory has saved (see the module docstring).
+
+    Layout: ``<out>/state/state.json`` (fingerprint, finished methods, the method in progress,
+    resumes, seconds spent saving) and ``trainer-<method>-<step>.pt`` of the last saved step.
+
+    Attributes:
+        done: {method: its result dict (``RunResult.to_dict`` + utilisation, setup_s)}, finished methods.
+        current: the method in progress (``method``, ``step`` saved last, ``version``, ``trainer``
+            file name, ``result``: ``RunResult.to_dict`` after that step) or None.
+        resumes: one dict per resume (method, after_step, policy_version, steps_done, retry_number).
+        skipped: why a state on disk was ignored (None: it was not). seconds: time spent saving, over
+            every launch.
+    """
+
+    def __init__(self, out: str | Path, fp: str):
+        self.dir = Path(out) / "state"
+        self.path = self.dir / "state.json"
+        self.fp = fp
+        self.done: dict = {}
+        self.current: Optional[dict] = None
+        self.resumes: list[dict] = []
+        self.skipped: Optional[str] = None
+        self.seconds = 0.0
+
+    def load(self) -> bool:
+        """Read the saved state; True when there is one of this spec. Raises ValueError naming the
+        file when it is not valid JSON."""
+        if not self.path.exists():
+            return False
+        try:
+            d = json.loads(self.path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"run state {self.path} is not valid JSON ({e}); delete {self.dir} to start over") from e
+        if d.get("fingerprint") != self.fp:
+            self.skipped = f"run state {self.path} is from another spec (fingerprint {d.get('fingerprint')}, this run {self.fp})"
+            return False
+        self.done, self.current, self.resumes, self.seconds = d["done"], d["current"], d["resumes"], d.get("seconds", 0.0)
+        return True
+
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps of the run the state holds (finished methods and the saved part of the
+        method in progress)."""
+        cur = len(self.current["result"]["steps"]) if self.current else 0
+        return sum(len(r["steps"]) for r in self.done.values()) + cur
+
+    def _commit(self, t: float) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".state.json.tmp"
+        tmp.write_text(json.dumps({"fingerprint": self.fp, "done": self.done, "current": self.current,
+                                   "resumes": self.resumes, "seconds": self.seconds + time.monotonic() - t},
+                                  indent=1, default=str))
+        os.replace(tmp, self.path)
+        keep = {self.current["trainer"]} if self.current else set()
+        for f in self.dir.glob("*.pt"):
+            if f.name not in keep:
+                f.unlink(missing_ok=True)
+        self.seconds += time.monotonic() - t
+
+    async def save_step(self, method: str, result: dict, roles, timeout_s: float) -> int:
+        """Record ``method`` in progress after the last step of ``result`` (``RunResult.to_dict``,
+        snapshot when the step ended): the trainer state through ``roles.save_checkpoint`` (bounded
+        by ``timeout_s``), then ``state.json``. Returns ``steps_done``. Raises RuntimeError when the
+        trainer's version is not the number of steps trained."""
+        t = time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        k = result["steps"][-1]["step"]
+        name = f"trainer-{method}-{k}.pt"
+        version = await asyncio.wait_for(roles.save_checkpoint(str(self.dir / name)), timeout_s)
+        if version != k + 1:
+            raise RuntimeError(f"{method}: the trainer holds policy version {version} after step {k} (expected {k + 1})")
+        self.current = {"method": method, "step": k, "version": version, "trainer": name, "result": result}
+        self._commit(t)
+        return self.steps_done
+
+    def save_done(self, method: str, result: dict) -> int:
+        """Record ``method`` as finished with its whole result dict. Returns ``steps_done``."""
+        t = time.monotonic()
+        self.done[method] = result
+        self.current = None
+        self._commit(t)
+        return self.steps_done
+
+
+def crash_if_asked(count: int, loaded: int, log: Callable[[str], None]) -> None:
+    """Fault injection: SIGKILL this process group when ``CRASH_ENV`` = N with ``loaded`` < N <=
+    ``count`` (steps saved now; ``loaded``: steps the state held when this launch started). Raises
+    ValueError when the variable is not an integer."""
+    raw = os.environ.get(CRASH_ENV, "").strip()
+    if not raw:
+        return
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{CRASH_ENV} must be an integer (steps before the simulated crash), got {raw!r}") from None
+    if loaded < n <= count:
+        log(f"fault injection ({CRASH_ENV}={n}): SIGKILL to the driver's process group after {count} saved steps")
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def load_tasks(spec: RunSpec) -> list:
@@ -116,39 +264,88 @@ def load_tasks(spec: RunSpec) -> list:
     return out
 
 
-def _progress(pipes, method: str, steps: int, t0: float):
+def _progress(pipes, method: str, steps: int, t0: float, start_step: int = 0):
     def on_step(row: dict) -> None:
         done = row["step"] + 1
         el = time.monotonic() - t0
-        eta = el / done * (steps - done)
+        eta = el / (done - start_step) * (steps - done)
         msg = {k: row[k] for k in ("step", "max_staleness", "wait_s", "train_s", "reward_mean", "failed_rewards",
                                    "trajectories", "loss") if k in row}
         pipes.report_custom_message({"method": method, **msg})
-        pipes.log.info(f"{method}: step {done}/{steps}, {done / el:.3f} steps/s, ETA {eta:.0f} s; staleness "
+        pipes.log.info(f"{method}: step {done}/{steps}, {(done - start_step) / el:.3f} steps/s, ETA {eta:.0f} s; staleness "
                        f"{row['staleness']}, wait {row['wait_s']:.1f}s, train {row['train_s']:.1f}s, "
                        f"reward {row['reward_mean']}, statuses {row['statuses']}")
     return on_step
 
 
-def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes) -> dict:
-    """One method from the initial policy. Returns ``RunResult.to_dict()`` plus ``utilisation``,
-    ``setup_s`` (actors / Serve start, outside ``wall_s``)."""
-    from .core import run_monolithic, run_rollarc
+def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes, state: Optional[RunState] = None,
+               on_saved: Optional[Callable[[int], None]] = None) -> dict:
+    """One method, from the initial policy or, when ``state`` holds it in progress, after its last
+    saved step: trainer state loaded, ``publish(k + 1)`` to every engine, the saved RunResult
+    continued on the tasks after the consumed ones. With ``state``, the trainer state and the
+    RunResult are saved every ``spec.checkpoint_every`` steps (not after the last step: the finished
+    method is saved whole), then ``on_saved(steps saved over the run)``.
+
+    Returns ``RunResult.to_dict()`` plus ``utilisation`` (of this launch), ``setup_s`` (actors /
+    Serve start, outside ``wall_s``). Raises RollArcError (see ``core``), RuntimeError when the
+    saved trainer's version does not match the saved steps, FileNotFoundError naming a missing
+    trainer file."""
+    from .core import RunResult, run_monolithic, run_rollarc
     from .ray_roles import LocalRoles, RayRoles
 
     cfg, rs = spec.arc_config(), spec.role_spec()
+    cur = state.current if state is not None and state.current and state.current["method"] == method else None
+    res = RunResult.from_dict(cur["result"]) if cur else RunResult(method=method, config=asdict(cfg))
+    start, wall0 = len(res.steps), res.wall_s
     t0 = time.monotonic()
     roles = LocalRoles(rs, tok) if method == "monolithic" else RayRoles(rs, tok).start()
     setup_s = time.monotonic() - t0
     pipes.log.info(f"{method}: roles ready in {setup_s:.1f}s")
-    try:
+
+    async def go():
+        if cur:
+            path = str(state.dir / cur["trainer"])
+            version = await asyncio.wait_for(roles.load_checkpoint(path), cfg.train_timeout_s)
+            if version != start:
+                raise RuntimeError(f"{method}: {path} holds policy version {version}, the saved run has {start} steps")
+            await asyncio.wait_for(roles.publish(version), cfg.train_timeout_s)
+            retry = getattr(pipes, "retry_number", None)
+            state.resumes.append({"method": method, "after_step": cur["step"], "policy_version": version,
+                                  "steps_done": state.steps_done, "retry_number": retry})
+            pipes.log.info(f"{method}: resuming after step {cur['step']} (policy version {version} published to the "
+                           f"engines) on Dagster retry {'n/a' if retry is None else retry}")
+            pipes.log.info(f"{method}: {state.steps_done} of {len(spec.methods) * cfg.steps} steps of the run done; "
+                           f"continuing with task {res.tasks_consumed} of {len(tasks)}"
+                           + (" (groups in flight at the interruption are lost)" if method == "rollarc" else ""))
+        progress = _progress(pipes, method, cfg.steps, time.monotonic(), start)
+
+        def on_step(row: dict):
+            progress(row)
+            k = row["step"]
+            if state is None or k >= cfg.steps - 1 or (k + 1) % spec.checkpoint_every:
+                return None
+            snapshot = res.to_dict()                 # now: the producer keeps counting during the save
+
+            async def save():
+                n = await state.save_step(method, snapshot, roles, cfg.train_timeout_s)
+                if on_saved:
+                    on_saved(n)
+            return save()
+
         fn = run_monolithic if method == "monolithic" else run_rollarc
-        res = asyncio.run(fn(roles, cfg, iter(tasks), on_step=_progress(pipes, method, cfg.steps, time.monotonic())))
+        return await fn(roles, cfg, iter(tasks[res.tasks_consumed:]), on_step=on_step, start_step=start, result=res)
+
+    try:
+        asyncio.run(go())
         out = res.to_dict()
-        out["utilisation"] = roles.utilisation(res.wall_s)
+        out["utilisation"] = roles.utilisation(res.wall_s - wall0)
     finally:
         roles.close()
     out["setup_s"] = setup_s
+    if state is not None:
+        n = state.save_done(method, out)
+        if on_saved:
+            on_saved(n)
     return out
 
 
@@ -168,8 +365,11 @@ def init_ray(spec: RunSpec) -> None:
                  include_dashboard=False, runtime_env=env, log_to_driver=False, configure_logging=False)
 
 
-def run(spec: RunSpec, pipes) -> dict:
-    """Every method of ``spec`` on the same tasks. Returns the result dict (see ``main``)."""
+def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
+        on_saved: Optional[Callable[[int], None]] = None) -> dict:
+    """Every method of ``spec`` on the same tasks; with ``state`` (loaded), saving as it goes and
+    resuming: methods it holds as done are skipped (their saved results kept), the one in progress
+    continues (``run_method``). Returns the result dict (see ``main``)."""
     from ops.rl.policy import load_tokenizer
 
     t0 = time.monotonic()
@@ -177,6 +377,10 @@ def run(spec: RunSpec, pipes) -> dict:
     tasks = load_tasks(spec)
     results, ray_init_s = {}, None
     for method in spec.methods:
+        if state is not None and method in state.done:
+            results[method] = state.done[method]
+            pipes.log.info(f"{method}: finished before this launch ({len(results[method]['steps'])} steps), skipped")
+            continue
         if method == "rollarc":
             import ray
 
@@ -186,16 +390,19 @@ def run(spec: RunSpec, pipes) -> dict:
             init_ray(spec)
             ray_init_s = time.monotonic() - ti
             try:
-                results[method] = run_method(method, spec, tasks, tok, pipes)
+                results[method] = run_method(method, spec, tasks, tok, pipes, state, on_saved)
             finally:
                 try:
                     serve.shutdown()
                 finally:
                     ray.shutdown()
         else:
-            results[method] = run_method(method, spec, tasks, tok, pipes)
+            results[method] = run_method(method, spec, tasks, tok, pipes, state, on_saved)
     out = {"spec": asdict(spec), "methods": results, "ray_init_s": ray_init_s, "wall_s": time.monotonic() - t0,
            "ray_address": spec.ray_address or "local"}
+    if state is not None:
+        out.update(fingerprint=state.fp, retry_number=getattr(pipes, "retry_number", None), resumes=state.resumes,
+                   state_save_s=state.seconds)
     if "monolithic" in results and "rollarc" in results:
         a, b = results["rollarc"], results["monolithic"]
         out["speedup_e2e"] = b["wall_s"] / a["wall_s"] if a["wall_s"] > 0 else None
@@ -216,10 +423,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     from ops.launch import rank0_pipes
 
     with rank0_pipes() as pipes:
-        result = run(spec, pipes)
+        state = RunState(out, fingerprint(spec))
+        if not state.load() and state.skipped:
+            pipes.log.warning(f"{state.skipped}: starting from the first step")
+        loaded = state.steps_done
+        result = run(spec, pipes, state, on_saved=lambda n: crash_if_asked(n, loaded, pipes.log.info))
         tmp = out / ".result.json.tmp"
         tmp.write_text(json.dumps(result, indent=1, default=str))
         os.replace(tmp, out / "result.json")
+        shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
         pipes.log.info(f"rollarc run done in {result['wall_s']:.1f}s; speedup {result.get('speedup_e2e')}")
     return 0
 

@@ -18,6 +18,11 @@ on ``reward``. A cluster's nodes advertise the pools their hardware fits (``ray 
 * The driver routes each LLM request with ``router.RequestRouter`` (prompt tokens known after
   tokenisation, decode tokens from ``DecodeLengthEstimator``).
 
+Resume: both roles run the trainer as ``ops.rl.ray_actors._TrainerImpl`` (a Ray actor, or in this
+process), so ``save_checkpoint(path)`` / ``load_checkpoint(path)`` write and read the same file
+(policy weights, AdamW state, policy version, torch RNG) with the same code as RollPacker's trainer;
+after a load, ``publish(version)`` brings every engine to the loaded version.
+
 ``ray``, ``torch`` and ``transformers`` are imported inside functions.
 """
 
@@ -378,6 +383,18 @@ class RayRoles:
             raise RollArcError(f"weight sync to version {version} incomplete: engines hold {got}")
         self.sync_s.append(time.monotonic() - t0)
 
+    async def save_checkpoint(self, path: str) -> int:
+        """Between optimizer steps: the trainer actor writes its state to ``path`` (on a cluster, a
+        folder every node mounts). Returns the policy version saved. Raises asyncio.TimeoutError
+        past ``rpc_timeout_s``, RuntimeError (from the actor) when a step is half accumulated."""
+        return await asyncio.wait_for(self.trainer.save_checkpoint.remote(path), self.rpc_timeout_s)
+
+    async def load_checkpoint(self, path: str) -> int:
+        """The trainer actor loads what ``save_checkpoint`` wrote; publish the returned version
+        afterwards. Raises asyncio.TimeoutError past ``rpc_timeout_s``, FileNotFoundError naming the
+        file."""
+        return await asyncio.wait_for(self.trainer.load_checkpoint.remote(path), self.rpc_timeout_s)
+
     def utilisation(self, wall_s: float) -> dict:
         """Per-pool busy fraction of ``wall_s``: engines (generation), trainer (optimizer steps, on
         gpu_compute), environment workers (a step in flight), reward (a request in flight); plus the
@@ -436,20 +453,18 @@ class LocalRoles:
         import torch
 
         from ops.rl.engine import HFEngine
-        from ops.rl.grpo import GRPOConfig
-        from ops.rl.ray_actors import _build_policy
+        from ops.rl.ray_actors import _build_policy, _TrainerImpl
         from ops.rl.reward import RewardServer
-        from ops.rl.rollpacker.stream import StreamTrainer
 
         self.spec, self.tok = spec, tokenizer
         pol = spec.policy()
         torch.manual_seed(spec.seed + 1000)
         model, _ = _build_policy(pol)
         self.engine = HFEngine(model, tokenizer, temperature=spec.temperature, version=0)
-        tmodel, _ = _build_policy(pol)
-        opt = torch.optim.AdamW(tmodel.parameters(), lr=spec.lr, weight_decay=0.0)
-        self.trainer = StreamTrainer(tmodel, opt, GRPOConfig(), micro_batch=2, max_grad_norm=1.0,
-                                     pad_id=tokenizer.pad_token_id)
+        # the Ray trainer's body in this process (same StreamTrainer, AdamW and checkpoint format);
+        # this process's torch thread count is left as it is
+        self._trainer = _TrainerImpl({**pol, "threads": torch.get_num_threads()})
+        self.trainer = self._trainer.trainer
         self.verifier = RewardServer(workers=1, item_timeout_s=spec.reward_timeout_s).start()
         self.envs: dict = {}
         self.engine_clock, self.train_clock, self.env_clock = BusyClock(), BusyClock(), BusyClock()
@@ -526,6 +541,14 @@ class LocalRoles:
         from ops.rl.weights import export_state, sync_weights
 
         await asyncio.to_thread(sync_weights, self.engine, export_state(self.trainer.model), version)
+
+    async def save_checkpoint(self, path: str) -> int:
+        """``RayRoles.save_checkpoint`` in this process (on a thread). Returns the version saved."""
+        return await asyncio.to_thread(self._trainer.save_checkpoint, path)
+
+    async def load_checkpoint(self, path: str) -> int:
+        """``RayRoles.load_checkpoint`` in this process (on a thread). Returns the version loaded."""
+        return await asyncio.to_thread(self._trainer.load_checkpoint, path)
 
     def utilisation(self, wall_s: float) -> dict:
         e, t, v = self.engine_clock.snapshot(), self.train_clock.snapshot(), self.env_clock.snapshot()
