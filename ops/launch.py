@@ -76,3 +76,16 @@ def data_parallel(global_batch: int):
     if global_batch % world:
         raise ValueError(f"global_batch {global_batch} is not a multiple of the {world} processes")
     return acc, world, acc.process_index, global_batch // world
+
+
+def crash_after(env_var: str, unit: str) -> "int | None":
+    """Fault injection shared by the training launches: the integer N in ``env_var`` (kill the launch
+    after N ``unit``), or None when it is unset. Raises ValueError naming the variable when it is not
+    an integer."""
+    raw = os.environ.get(env_var, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{env_var} must be an integer ({unit} before the simulated crash), got {raw!r}") from None

@@ -169,14 +169,10 @@ def crash_if_asked(count: int, log: Callable[[str], None]) -> None:
     (its parent's) and then itself; otherwise (the parameter server, which is the launch and whose
     workers share its group) it kills its own process group. Raises ValueError when the variable
     is not an integer."""
-    raw = os.environ.get(CRASH_ENV, "").strip()
-    if not raw:
-        return
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{CRASH_ENV} must be an integer (checkpoints before the simulated crash), got {raw!r}") from None
-    if n != count:
+    from ops.launch import crash_after
+
+    n = crash_after(CRASH_ENV, "checkpoints")
+    if n is None or n != count:
         return
     log(f"fault injection ({CRASH_ENV}={n}): SIGKILL to the launch after checkpoint {count}")
     if "TORCHELASTIC_RUN_ID" in os.environ:

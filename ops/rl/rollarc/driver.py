@@ -212,14 +212,10 @@ def crash_if_asked(count: int, loaded: int, log: Callable[[str], None]) -> None:
     """Fault injection: SIGKILL this process group when ``CRASH_ENV`` = N with ``loaded`` < N <=
     ``count`` (steps saved now; ``loaded``: steps the state held when this launch started). Raises
     ValueError when the variable is not an integer."""
-    raw = os.environ.get(CRASH_ENV, "").strip()
-    if not raw:
-        return
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{CRASH_ENV} must be an integer (steps before the simulated crash), got {raw!r}") from None
-    if loaded < n <= count:
+    from ops.launch import crash_after
+
+    n = crash_after(CRASH_ENV, "steps")
+    if n is not None and loaded < n <= count:
         log(f"fault injection ({CRASH_ENV}={n}): SIGKILL to the driver's process group after {count} saved steps")
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
