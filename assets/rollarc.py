@@ -34,7 +34,7 @@ import polars as pl
 
 from ops import lake as lakeio
 from ops.rl.rollarc.core import ArcConfig
-from ops.rl.rollarc.driver import RunSpec, RunState, fingerprint
+from ops.rl.rollarc.driver import RunSpec, tool_math_problems, RunState, fingerprint
 from ops.rl.rollarc.ray_roles import RoleSpec
 from ops.rl.rollarc.report import staleness_plot, step_rows, summary_rows, utilisation_rows
 from resources.compute import ComputeResource
@@ -137,6 +137,14 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
     if not problems.exists():
         raise FileNotFoundError(f"decontaminated_problems has no table at {problems}: materialize it first")
     spec = spec_from(config, problems, compute.ray_address)
+    if "tool_math" in spec.envs:                      # fail here, before a launch and a run folder
+        df = pl.read_parquet(problems)
+        missing = {"problem_id", "problem", "answer"} - set(df.columns)
+        if missing:
+            raise ValueError(f"decontaminated_problems ({problems}) lacks columns {sorted(missing)}")
+        if tool_math_problems(df).is_empty():
+            raise ValueError(f"decontaminated_problems ({problems}) has no numeric problem for the tool_math "
+                             f"environment ({df.height} rows); use envs ['frozenlake'] or curate more problems")
     run_dir = lake.base / "rollarc_run" / f".run-{context.run.root_run_id or context.run.run_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
     fp = fingerprint(spec)
@@ -173,6 +181,12 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
     for r in summary.iter_rows(named=True):
         context.log.info(f"rollarc_run {r['method']}: {r['steps']} steps in {r['wall_s']}s, {r['trajectories_per_s']} "
                          f"trajectories/s, speedup {r['speedup_vs_monolithic']}, staleness {r['staleness_hist']}")
+    zero = [s.get("zero_signal_groups") for m in res["methods"].values() for s in m["steps"]]
+    no_signal = bool(zero) and all(z == 1.0 for z in zero)
+    if no_signal:
+        context.log.warning("rollarc_run: every group had equal rewards (zero-signal groups, advantage 0): the "
+                            "optimizer steps changed nothing. The policy never solved a task here (small model, "
+                            "few turns); the run measures the systems path, not learning.")
     arc = res["methods"].get("rollarc", {})
     resumes = res.get("resumes", [])
     result = table_result(
@@ -183,6 +197,10 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
         router=dg.MetadataValue.json((arc.get("utilisation") or {}).get("router", {})),
         staleness=image(staleness_plot(res), "trained groups by staleness"),
         speedup_e2e=dg.MetadataValue.float(round(res["speedup_e2e"], 3)) if res.get("speedup_e2e") else dg.MetadataValue.text("n/a"),
+        speedup_incl_setup=(dg.MetadataValue.float(round(res["speedup_incl_setup"], 3)) if res.get("speedup_incl_setup")
+                            else dg.MetadataValue.text("n/a")),
+        training_signal=dg.MetadataValue.text("none: every group zero-signal (equal rewards)" if no_signal else
+                                              "yes: some groups had reward variance"),
         trajectories_per_s=dg.MetadataValue.json({r["method"]: r["trajectories_per_s"] for r in summary.iter_rows(named=True)}),
         max_staleness=dg.MetadataValue.int(max([int(k) for k in arc.get("staleness_hist", {})] or [0])),
         discarded_groups=dg.MetadataValue.int(arc.get("discarded_groups", 0)),
@@ -192,7 +210,9 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
         pipes_messages=dg.MetadataValue.int(len(messages)),
         hyper_parameters=dg.MetadataValue.json(res["spec"]),
         retry_number=dg.MetadataValue.int(context.retry_number),
-        resumed_from=dg.MetadataValue.text(", ".join(f"{r['method']} after step {r['after_step']}" for r in resumes) or "none"),
+        resumed_from=dg.MetadataValue.text(", ".join(
+            f"{r['method']} finished before the retry, skipped" if r.get("skipped") else f"{r['method']} after step {r['after_step']}"
+            for r in resumes) or "none"),
         state_save_s=dg.MetadataValue.float(round(res.get("state_save_s", 0.0), 3)),
     )
     shutil.rmtree(run_dir, ignore_errors=True)          # only now: every failure above may be retried over it

@@ -54,7 +54,7 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_d
     assert "monolithic: finished before this launch (3 steps), skipped" in log
     assert "rollarc: resuming after step 0 (policy version 1 published to the engines) on Dagster retry 1" in log
     assert "rollarc: step 3/3" in log and "monolithic: step 3/3" in log and "ETA" in log
-    assert (meta["retry_number"], meta["resumed_from"]) == (1, "rollarc after step 0")
+    assert (meta["retry_number"], meta["resumed_from"]) == (1, "monolithic finished before the retry, skipped, rollarc after step 0")
     table = pl.read_parquet(lake.path("rollarc_run"))
     assert table["method"].to_list() == ["monolithic"] * 3 + ["rollarc"] * 3
     assert table["step"].to_list() == [0, 1, 2] * 2
@@ -92,3 +92,23 @@ def test_rollarc_config_errors_name_the_field(tmp_path):
         rollarc.spec_from(rollarc.RollArcRunConfig(env_latency="huge"), problems, None)
     with pytest.raises(ValueError, match="rollarc.envs"):
         rollarc.spec_from(rollarc.RollArcRunConfig(envs=["chess"]), problems, None)
+
+
+def test_sizes_are_capped_and_an_unusable_problems_table_fails_before_any_launch(tmp_path):
+    problems = tmp_path / "p.parquet"
+    with pytest.raises(ValueError, match="rollarc.group_size"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(group_size=100_000), problems, None)
+    with pytest.raises(ValueError, match="rollarc.redundancy"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(group_size=2, redundancy=5), problems, None)
+    lake = LakeResource(root=str(tmp_path))
+    lake.write(pl.DataFrame({"problem_id": ["p0"], "problem": ["Which is a prime? (A) 4 (B) 5"], "answer": ["B"],
+                             "answer_type": ["multiple_choice"]}), "decontaminated_problems", refresh=False)
+    with dg.DagsterInstance.ephemeral() as instance:
+        res = dg.materialize([rollarc.rollarc_run], resources={"lake": lake, "compute": ComputeResource()},
+                             run_config={"ops": {"rollarc_run": {"config": TINY}}}, instance=instance,
+                             raise_on_error=False)
+    assert not res.success
+    [failure] = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
+    err = failure.step_failure_data.error
+    assert "has no numeric problem for the tool_math environment (1 rows)" in (err.cause or err).message
+    assert not (tmp_path / "rollarc_run").exists()                        # no run folder, nothing launched

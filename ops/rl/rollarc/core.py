@@ -57,8 +57,9 @@ class ArcConfig:
     Attributes:
         steps: optimizer steps (the same for RollArc and the baseline).
         groups_per_step: G, groups (tasks) per optimizer step.
-        group_size: R, trajectories per group that are trained (GRPO's group).
-        redundancy: extra trajectories launched per group (RollArc only); the first R to finish win.
+        group_size: R, trajectories per group that are trained (GRPO's group), 1..1024.
+        redundancy: extra trajectories launched per group (RollArc only; <= group_size); the first R
+            to finish with a reward win.
         async_ratio: the staleness bound (0 = synchronous).
         max_turns: LLM calls per episode; reaching it ends the episode ``truncated``.
         turn_timeout_s: limit of one env step (and of one LLM call).
@@ -90,7 +91,11 @@ class ArcConfig:
                   ("turn_timeout_s", self.turn_timeout_s > 0), ("episode_timeout_s", self.episode_timeout_s > 0),
                   ("reward_timeout_s", self.reward_timeout_s > 0), ("group_wait_timeout_s", self.group_wait_timeout_s > 0),
                   ("train_timeout_s", self.train_timeout_s > 0),
-                  ("max_failed_fraction", 0 <= self.max_failed_fraction <= 1))
+                  ("max_failed_fraction", 0 <= self.max_failed_fraction <= 1),
+                  # sanity caps: a typo (group_size 100000) must fail at once, not after a long launch
+                  ("group_size", self.group_size <= 1024), ("redundancy", self.redundancy <= self.group_size),
+                  ("groups_per_step", self.groups_per_step <= 8192), ("max_turns", self.max_turns <= 1024),
+                  ("steps", self.steps <= 1_000_000))
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"rollarc.{name} is out of range: {getattr(self, name)}")

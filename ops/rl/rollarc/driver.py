@@ -220,6 +220,18 @@ def crash_if_asked(count: int, loaded: int, log: Callable[[str], None]) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def tool_math_problems(df):
+    """The rows of a problems table that ToolMath uses: a non-empty answer, a problem under 600
+    characters, numeric answer type (when the column exists). Polars in, Polars out."""
+    import polars as pl
+
+    df = df.filter(pl.col("answer").is_not_null() & (pl.col("answer").str.strip_chars() != "")
+                   & (pl.col("problem").str.len_chars() < 600))
+    if "answer_type" in df.columns:
+        df = df.filter(pl.col("answer_type") == "numeric")
+    return df
+
+
 def load_tasks(spec: RunSpec) -> list:
     """One task per group of the run (enough for the baseline's steps x G and RollArc's look-ahead),
     environments round-robin: FrozenLake maps by seed, ToolMath problems with numeric answers from
@@ -239,11 +251,7 @@ def load_tasks(spec: RunSpec) -> list:
         need = {"problem_id", "problem", "answer"}
         if not need <= set(df.columns):
             raise ValueError(f"problems table {p} lacks columns {sorted(need - set(df.columns))}")
-        df = df.filter(pl.col("answer").is_not_null() & (pl.col("answer").str.strip_chars() != "")
-                       & (pl.col("problem").str.len_chars() < 600))
-        if "answer_type" in df.columns:
-            df = df.filter(pl.col("answer_type") == "numeric")
-        math_rows = df.sort("problem_id").to_dicts()
+        math_rows = tool_math_problems(df).sort("problem_id").to_dicts()
         random.Random(spec.seed).shuffle(math_rows)
         if not math_rows:
             raise ValueError(f"problems table {p} has no numeric problem for tool_math")
@@ -376,6 +384,9 @@ def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
         if state is not None and method in state.done:
             results[method] = state.done[method]
             pipes.log.info(f"{method}: finished before this launch ({len(results[method]['steps'])} steps), skipped")
+            if not any(r.get("method") == method for r in state.resumes):
+                state.resumes.append({"method": method, "skipped": True, "steps_done": len(results[method]["steps"]),
+                                      "retry_number": getattr(pipes, "retry_number", None)})
             continue
         if method == "rollarc":
             import ray
@@ -402,6 +413,9 @@ def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
     if "monolithic" in results and "rollarc" in results:
         a, b = results["rollarc"], results["monolithic"]
         out["speedup_e2e"] = b["wall_s"] / a["wall_s"] if a["wall_s"] > 0 else None
+        # with each method's start-up (RollArc: Ray, Serve and the actors; the baseline: loading the policy)
+        tot_a, tot_b = a["wall_s"] + a.get("setup_s", 0.0) + (ray_init_s or 0.0), b["wall_s"] + b.get("setup_s", 0.0)
+        out["speedup_incl_setup"] = tot_b / tot_a if tot_a > 0 else None
         out["speedup_trajectories_per_s"] = (a["trajectories_per_s"] / b["trajectories_per_s"]
                                              if b["trajectories_per_s"] > 0 else None)
     return out

@@ -415,7 +415,8 @@ class RayRoles:
             n = len(actors) + (1 if p == "gpu_compute" else 0)
             out[p] = {"utilisation": round(busy / (wall_s * n), 4) if n and wall_s > 0 else 0.0, "actors": n,
                       "engine_busy_s": round(sum(a["busy_s"] for a in actors), 3),
-                      "batches": sum(a["batches"] for a in actors), "tokens": sum(a["tokens"] for a in actors)}
+                      "batches": sum(a["batches"] for a in actors),
+                      "generated_tokens": sum(a["tokens"] for a in actors)}
         out["gpu_compute"]["trainer_busy_s"] = round(tr["busy_s"], 3)
         out["cpu_env"] = {"utilisation": round(sum(e["busy_s"] for e in envs) / (wall_s * len(envs)), 4) if wall_s > 0 else 0.0,
                           "actors": len(envs)}
