@@ -23,9 +23,7 @@ is reused).
 """
 
 import dataclasses
-import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -41,7 +39,7 @@ from resources.compute import ComputeResource
 from resources.lake import LakeResource
 from resources.teacher import default_model_dir
 
-from ._meta import image, md_table, table_result
+from ._meta import image, md_table, resumable_launch, table_result
 
 # Defaults: the roles' RoleSpec and the scheduler's ArcConfig, with the batch sized for the embedded
 # default (2 CPU cores, SmolLM2: the asset adds < 3 minutes to the main job; the `full` preset is
@@ -145,31 +143,14 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
         if tool_math_problems(df).is_empty():
             raise ValueError(f"decontaminated_problems ({problems}) has no numeric problem for the tool_math "
                              f"environment ({df.height} rows); use envs ['frozenlake'] or curate more problems")
-    run_dir = lake.base / "rollarc_run" / f".run-{context.run.root_run_id or context.run.run_id}"
-    run_dir.mkdir(parents=True, exist_ok=True)
     fp = fingerprint(spec)
-    res_path = run_dir / "result.json"
-    done = json.loads(res_path.read_text()) if res_path.exists() else None
-    if done is not None and done.get("fingerprint") == fp:
-        context.log.info(f"rollarc_run: attempt {context.retry_number + 1} reuses the finished launch's result in {run_dir}")
-        res, messages = done, []
-    else:
-        res_path.unlink(missing_ok=True)               # another spec's result must not pass for this launch's
+
+    def saved_steps(run_dir: Path) -> int:
         state = RunState(run_dir, fp)
-        context.log.info(f"rollarc_run: attempt {context.retry_number + 1} in {run_dir}: " + (
-            f"{state.steps_done} finished step(s) saved, the driver resumes after them" if state.load() and state.steps_done
-            else "no saved steps, starting from the first step"))
-        spec_path = run_dir / "spec.json"
-        tmp = run_dir / ".spec.json.tmp"
-        tmp.write_text(spec.to_json())
-        tmp.replace(spec_path)
-        inv = compute.run(context, "", command=[sys.executable, "-m", "ops.rl.rollarc.driver", "--spec", str(spec_path),
-                                                "--out", str(run_dir)],
-                          timeout_s=config.run_timeout_s, env={"RAY_DEDUP_LOGS": "0"})
-        if not res_path.exists():
-            raise dg.Failure(f"rollarc_run: the driver finished without a result file at {res_path}")
-        res = json.loads(res_path.read_text())
-        messages = inv.get_custom_messages()
+        return state.steps_done if state.load() else 0
+
+    res, messages, run_dir = resumable_launch(context, compute, lake.base, "rollarc_run", "ops.rl.rollarc.driver",
+                                              spec.to_json(), fp, saved_steps, config.run_timeout_s)
     table = pl.DataFrame(step_rows(res))
     path, version = lake.write(table, "rollarc_run")
     traj = pl.DataFrame([{**t, "method": m, "versions": ",".join(map(str, t["versions"])), "pools": ",".join(t["pools"])}

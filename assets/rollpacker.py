@@ -21,9 +21,7 @@ materialized; a launch that finished but whose step failed later is not rerun (i
 """
 
 import dataclasses
-import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -37,7 +35,7 @@ from resources.compute import ComputeResource
 from resources.lake import LakeResource
 from resources.teacher import default_model_dir
 
-from ._meta import image, md_table, table_result
+from ._meta import image, md_table, resumable_launch, table_result
 
 # One source of truth for the run defaults: the driver's RunSpec (torch-free import).
 _D = {f.name: f.default for f in dataclasses.fields(RunSpec) if f.default is not dataclasses.MISSING}
@@ -102,31 +100,14 @@ def rollpacker_run(context: dg.AssetExecutionContext, config: RollPackerRunConfi
     if not problems.exists():
         raise FileNotFoundError(f"decontaminated_problems has no table at {problems}: materialize it first")
     spec = spec_from(config, problems, compute.ray_address)
-    run_dir = lake.base / "rollpacker_run" / f".run-{context.run.root_run_id or context.run.run_id}"
-    run_dir.mkdir(parents=True, exist_ok=True)
     fp = fingerprint(spec)
-    res_path = run_dir / "result.json"
-    done = json.loads(res_path.read_text()) if res_path.exists() else None
-    if done is not None and done.get("fingerprint") == fp:
-        context.log.info(f"rollpacker_run: attempt {context.retry_number + 1} reuses the finished launch's result in {run_dir}")
-        res, messages = done, []
-    else:
-        res_path.unlink(missing_ok=True)               # another spec's result must not pass for this launch's
+
+    def saved_steps(run_dir: Path) -> int:
         state = RunState(run_dir, fp)
-        context.log.info(f"rollpacker_run: attempt {context.retry_number + 1} in {run_dir}: " + (
-            f"{len(state.rows)} finished step(s) saved, the driver resumes after them" if state.load() and state.rows
-            else "no saved steps, starting from the first step"))
-        spec_path = run_dir / "spec.json"
-        tmp = run_dir / ".spec.json.tmp"
-        tmp.write_text(spec.to_json())
-        tmp.replace(spec_path)
-        inv = compute.run(context, "", command=[sys.executable, "-m", "ops.rl.rollpacker.driver", "--spec", str(spec_path),
-                                                "--out", str(run_dir)],
-                          timeout_s=config.run_timeout_s, env={"RAY_DEDUP_LOGS": "0"})
-        if not res_path.exists():
-            raise dg.Failure(f"rollpacker_run: the driver finished without a result file at {res_path}")
-        res = json.loads(res_path.read_text())
-        messages = inv.get_custom_messages()
+        return len(state.rows) if state.load() else 0
+
+    res, messages, run_dir = resumable_launch(context, compute, lake.base, "rollpacker_run", "ops.rl.rollpacker.driver",
+                                              spec.to_json(), fp, saved_steps, config.run_timeout_s)
     rows = step_rows(res["steps"])
     table = pl.DataFrame(rows)
     path, version = lake.write(table, "rollpacker_run")
