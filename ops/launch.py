@@ -89,3 +89,66 @@ def crash_after(env_var: str, unit: str) -> "int | None":
         return int(raw)
     except ValueError:
         raise ValueError(f"{env_var} must be an integer ({unit} before the simulated crash), got {raw!r}") from None
+
+
+class DriverState:
+    """A training driver's saved progress in ``<out>/state/``: ``state.json`` (the commit point, with
+    the spec ``fingerprint``) and the ``*.pt`` files it names. Subclasses list the JSON fields they
+    keep in ``FIELDS`` (name -> default) and add what they save; ``load`` and ``commit`` do the file
+    handling: a state of another spec is ignored (``skipped`` says why), a commit is atomic (temporary
+    file + rename) and then removes the ``*.pt`` files the new state no longer names.
+
+    Attributes: dir, path, fp, resumes (one dict per resume), skipped, seconds (time spent saving,
+    over every launch), plus one attribute per ``FIELDS`` entry.
+    """
+
+    FIELDS: dict = {}
+
+    def __init__(self, out, fp: str):
+        import copy
+        from pathlib import Path
+
+        self.dir = Path(out) / "state"
+        self.path = self.dir / "state.json"
+        self.fp = fp
+        self.resumes: list = []
+        self.skipped = None
+        self.seconds = 0.0
+        for k, v in self.FIELDS.items():
+            setattr(self, k, copy.deepcopy(v))
+
+    def load(self) -> bool:
+        """Read the saved state; True when there is one of this spec. Raises ValueError naming the
+        file when it is not valid JSON."""
+        import json
+
+        if not self.path.exists():
+            return False
+        try:
+            d = json.loads(self.path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"run state {self.path} is not valid JSON ({e}); delete {self.dir} to start over") from e
+        if d.get("fingerprint") != self.fp:
+            self.skipped = f"run state {self.path} is from another spec (fingerprint {d.get('fingerprint')}, this run {self.fp})"
+            return False
+        for k in self.FIELDS:
+            setattr(self, k, d[k])
+        self.resumes, self.seconds = d["resumes"], d.get("seconds", 0.0)
+        return True
+
+    def commit(self, t_start: float, keep_files: set) -> None:
+        """Write ``state.json`` atomically (``t_start``: ``time.monotonic()`` when this save began),
+        then delete the ``*.pt`` files not in ``keep_files``."""
+        import json
+        import time
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".state.json.tmp"
+        tmp.write_text(json.dumps({"fingerprint": self.fp, **{k: getattr(self, k) for k in self.FIELDS},
+                                   "resumes": self.resumes, "seconds": self.seconds + time.monotonic() - t_start},
+                                  indent=1, default=str))
+        os.replace(tmp, self.path)
+        for f in self.dir.glob("*.pt"):
+            if f.name not in keep_files:
+                f.unlink(missing_ok=True)
+        self.seconds += time.monotonic() - t_start

@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from ops.launch import DriverState
+
 METHODS = ("monolithic", "rollarc")
 
 CRASH_ENV = "CRUCIBLE_ROLLARC_CRASH_AFTER_STEPS"
@@ -123,7 +125,7 @@ def fingerprint(spec: RunSpec) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class RunState:
+class RunState(DriverState):
     """What one run directory has saved (see the module docstring).
 
     Layout: ``<out>/state/state.json`` (fingerprint, finished methods, the method in progress,
@@ -138,30 +140,7 @@ class RunState:
             every launch.
     """
 
-    def __init__(self, out: str | Path, fp: str):
-        self.dir = Path(out) / "state"
-        self.path = self.dir / "state.json"
-        self.fp = fp
-        self.done: dict = {}
-        self.current: Optional[dict] = None
-        self.resumes: list[dict] = []
-        self.skipped: Optional[str] = None
-        self.seconds = 0.0
-
-    def load(self) -> bool:
-        """Read the saved state; True when there is one of this spec. Raises ValueError naming the
-        file when it is not valid JSON."""
-        if not self.path.exists():
-            return False
-        try:
-            d = json.loads(self.path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"run state {self.path} is not valid JSON ({e}); delete {self.dir} to start over") from e
-        if d.get("fingerprint") != self.fp:
-            self.skipped = f"run state {self.path} is from another spec (fingerprint {d.get('fingerprint')}, this run {self.fp})"
-            return False
-        self.done, self.current, self.resumes, self.seconds = d["done"], d["current"], d["resumes"], d.get("seconds", 0.0)
-        return True
+    FIELDS = {"done": {}, "current": None}
 
     @property
     def steps_done(self) -> int:
@@ -171,17 +150,7 @@ class RunState:
         return sum(len(r["steps"]) for r in self.done.values()) + cur
 
     def _commit(self, t: float) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / ".state.json.tmp"
-        tmp.write_text(json.dumps({"fingerprint": self.fp, "done": self.done, "current": self.current,
-                                   "resumes": self.resumes, "seconds": self.seconds + time.monotonic() - t},
-                                  indent=1, default=str))
-        os.replace(tmp, self.path)
-        keep = {self.current["trainer"]} if self.current else set()
-        for f in self.dir.glob("*.pt"):
-            if f.name not in keep:
-                f.unlink(missing_ok=True)
-        self.seconds += time.monotonic() - t
+        self.commit(t, {self.current["trainer"]} if self.current else set())
 
     async def save_step(self, method: str, result: dict, roles, timeout_s: float) -> int:
         """Record ``method`` in progress after the last step of ``result`` (``RunResult.to_dict``,

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from ops.launch import DriverState
+
 CRASH_ENV = "CRUCIBLE_ROLLPACKER_CRASH_AFTER_STEPS"
 """Fault injection (tests): ``N`` makes the driver SIGKILL its process group (itself and a local Ray
 instance; the launch, as a node preemption would) right after saving the run's N-th step. Counted
@@ -109,7 +111,7 @@ def fingerprint(spec: RunSpec) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class RunState:
+class RunState(DriverState):
     """The finished steps of one run directory, saved after every step (see the module docstring).
 
     Layout: ``<out>/state/state.json`` (fingerprint, steps saved, finished rows, finished methods,
@@ -123,33 +125,7 @@ class RunState:
             ignored (None: it was not). seconds: time spent saving, over every launch.
     """
 
-    def __init__(self, out: str | Path, fp: str):
-        self.dir = Path(out) / "state"
-        self.path = self.dir / "state.json"
-        self.fp = fp
-        self.rows: list[dict] = []
-        self.done: list[str] = []
-        self.current: Optional[dict] = None
-        self.count = 0
-        self.resumes: list[dict] = []
-        self.skipped: Optional[str] = None
-        self.seconds = 0.0
-
-    def load(self) -> bool:
-        """Read the saved state; True when there is one of this spec. Raises ValueError naming the
-        file when it is not valid JSON."""
-        if not self.path.exists():
-            return False
-        try:
-            d = json.loads(self.path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"run state {self.path} is not valid JSON ({e}); delete {self.dir} to start over") from e
-        if d.get("fingerprint") != self.fp:
-            self.skipped = f"run state {self.path} is from another spec (fingerprint {d.get('fingerprint')}, this run {self.fp})"
-            return False
-        self.rows, self.done, self.current = d["rows"], d["done"], d["current"]
-        self.count, self.resumes, self.seconds = d["count"], d["resumes"], d.get("seconds", 0.0)
-        return True
+    FIELDS = {"rows": [], "done": [], "current": None, "count": 0}
 
     def rows_of(self, method: str) -> list[dict]:
         return [r for r in self.rows if r["method"] == method]
@@ -171,16 +147,7 @@ class RunState:
                             "planner": {"fresh": [q.uid for q in planner.fresh], "long_queue": [q.uid for q in planner.long_queue],
                                         "step": planner.step}}
         self.count += 1
-        tmp = self.dir / ".state.json.tmp"
-        tmp.write_text(json.dumps({"fingerprint": self.fp, "count": self.count, "rows": self.rows, "done": self.done,
-                                   "current": self.current, "resumes": self.resumes,
-                                   "seconds": self.seconds + time.monotonic() - t}, indent=1))
-        os.replace(tmp, self.path)
-        keep = {self.current["trainer"], self.current["engine"]} if self.current else set()
-        for f in self.dir.glob("*.pt"):
-            if f.name not in keep:
-                f.unlink(missing_ok=True)
-        self.seconds += time.monotonic() - t
+        self.commit(t, {self.current["trainer"], self.current["engine"]} if self.current else set())
         return self.count
 
 
