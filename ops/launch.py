@@ -152,3 +152,37 @@ class DriverState:
             if f.name not in keep_files:
                 f.unlink(missing_ok=True)
         self.seconds += time.monotonic() - t_start
+
+
+def spec_fingerprint(spec: dict, data_path: str) -> str:
+    """Hash of what determines a run's steps: ``spec`` (JSON-serialisable, the caller drops the fields
+    that do not, e.g. timeouts and addresses) plus the data file's resolved path, size and mtime (so a
+    rewritten table is a new run). 16 hex digits."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    d = dict(spec)
+    p = Path(data_path)
+    if p.exists():
+        st = p.stat()
+        d["__data__"] = [str(p.resolve()), st.st_size, st.st_mtime_ns]
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def init_ray(address, num_cpus: int, threads: int, resources: "dict | None" = None) -> None:
+    """Start Ray for a training driver: connect to ``address`` (a cluster) or start a local instance
+    with ``num_cpus`` and custom ``resources``; actors get this repository on PYTHONPATH and
+    ``threads`` OpenMP threads. No dashboard, no log forwarding (the driver reports through Pipes)."""
+    from pathlib import Path
+
+    import ray
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                        "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}}
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, resources=resources or {}, include_dashboard=False, runtime_env=env,
+                 log_to_driver=False, configure_logging=False)

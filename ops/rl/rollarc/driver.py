@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import random
@@ -113,16 +112,14 @@ def fingerprint(spec: RunSpec) -> str:
     """Hash of what determines a run's steps: the spec without its Ray address, CPUs,
     ``checkpoint_every``, timeouts and reward retries, with the problems file's path, size and mtime.
     16 hex digits."""
+    from ops.launch import spec_fingerprint
+
     d = asdict(spec)
     for k in ("ray_address", "num_cpus", "checkpoint_every"):
         d.pop(k)
     for part in ("arc", "roles"):
         d[part] = {k: v for k, v in d[part].items() if not k.endswith("timeout_s") and k != "reward_retries"}
-    p = Path(spec.problems_path)
-    if p.exists():
-        st = p.stat()
-        d["problems_path"] = [str(p.resolve()), st.st_size, st.st_mtime_ns]
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return spec_fingerprint(d, spec.problems_path)
 
 
 class RunState(DriverState):
@@ -323,19 +320,14 @@ def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes, state: Optio
 
 
 def init_ray(spec: RunSpec) -> None:
-    import ray
+    """Ray for the RollArc roles: the local node advertises the four pools (``pool_resources``)."""
+    from ops.launch import init_ray as start_ray
 
     from .ray_roles import pool_resources
 
-    root = str(Path(__file__).resolve().parents[3])
     rs = spec.role_spec()
-    env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                        "OMP_NUM_THREADS": str(rs.threads), "TOKENIZERS_PARALLELISM": "false"}}
-    if spec.ray_address:
-        ray.init(address=spec.ray_address, runtime_env=env, log_to_driver=False)
-    else:
-        ray.init(num_cpus=spec.num_cpus, resources=pool_resources(rs.engines, rs.env_workers, rs.reward_max_replicas),
-                 include_dashboard=False, runtime_env=env, log_to_driver=False, configure_logging=False)
+    start_ray(spec.ray_address, spec.num_cpus, rs.threads,
+              resources=pool_resources(rs.engines, rs.env_workers, rs.reward_max_replicas))
 
 
 def run(spec: RunSpec, pipes, state: Optional[RunState] = None,

@@ -24,7 +24,6 @@ ignored. A finished launch removes its state (``result.json`` is the record). Pr
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -101,14 +100,12 @@ class RunSpec:
 def fingerprint(spec: RunSpec) -> str:
     """Hash of what determines a run's steps: the spec without its timeouts, Ray address, CPUs and
     threads, and the problems file's path, size and mtime. 16 hex digits."""
+    from ops.launch import spec_fingerprint
+
     d = asdict(spec)
     for k in ("ray_address", "num_cpus", "threads_per_actor", "timeout_s", "reward_timeout_s", "reward_retries"):
         d.pop(k)
-    p = Path(spec.problems_path)
-    if p.exists():
-        st = p.stat()
-        d["problems_path"] = [str(p.resolve()), st.st_size, st.st_mtime_ns]
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return spec_fingerprint(d, spec.problems_path)
 
 
 class RunState(DriverState):
@@ -297,7 +294,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from ops.launch import rank0_pipes
+    from ops.launch import init_ray, rank0_pipes
     from ops.rl.policy import load_tokenizer
 
     with rank0_pipes() as pipes:
@@ -309,14 +306,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         state = RunState(out, fingerprint(spec))
         if not state.load() and state.skipped:
             pipes.log.warning(f"{state.skipped}: starting from the first step")
-        root = str(Path(__file__).resolve().parents[3])
-        env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                            "OMP_NUM_THREADS": str(spec.threads_per_actor), "TOKENIZERS_PARALLELISM": "false"}}
-        if spec.ray_address:
-            ray.init(address=spec.ray_address, runtime_env=env, log_to_driver=False)
-        else:
-            ray.init(num_cpus=spec.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False,
-                     configure_logging=False)
+        init_ray(spec.ray_address, spec.num_cpus, spec.threads_per_actor)
         rows = []
         try:
             actors = make_actors(spec)
