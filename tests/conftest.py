@@ -58,3 +58,39 @@ def math_test_rows():
     from ops.curation.sources import math_test
 
     return math_test()
+
+
+def lake_with_problems(tmp_path):
+    """A LakeResource at ``tmp_path`` whose ``decontaminated_problems`` holds 12 numeric problems
+    ("What is i + i?", answer 2i): what the RL runs read."""
+    import polars as pl
+
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path))
+    df = pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(12)],
+                       "problem": [f"What is {i} + {i}?" for i in range(12)],
+                       "answer": [str(2 * i) for i in range(12)], "solution": [None] * 12,
+                       "answer_type": ["numeric"] * 12})
+    lake.write(df, "decontaminated_problems", refresh=False)
+    return lake
+
+
+class RecordingPipes:
+    """What a driver needs from a Pipes context (a logger, custom messages, the retry number), with
+    the log lines kept in ``lines`` and the messages in ``messages``."""
+
+    def __init__(self, retry_number: int):
+        import logging
+
+        class _ListHandler(logging.Handler):
+            def emit(inner, record):
+                self.lines.append(record.getMessage())
+
+        self.retry_number, self.lines, self.messages = retry_number, [], []
+        self.log = logging.getLogger(f"test-pipes-{id(self)}")
+        self.log.setLevel(logging.INFO)
+        self.log.addHandler(_ListHandler())
+
+    def report_custom_message(self, payload) -> None:
+        self.messages.append(payload)

@@ -15,6 +15,7 @@ import pytest
 from assets import rollarc
 from ops.rl.rollarc.driver import CRASH_ENV
 from resources.compute import ComputeResource
+from tests.conftest import lake_with_problems
 from resources.lake import LakeResource
 from resources.retry import RetryingComputeResource
 
@@ -22,16 +23,6 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Inst
 TINY = {"policy": "tiny", "model_dir": str(MODEL_DIR), "steps": 3, "groups_per_step": 2, "group_size": 2,
         "redundancy": 1, "async_ratio": 1, "max_turns": 2, "max_new_tokens": 16, "env_latency": "medium",
         "env_latency_mean_s": 0.2, "checkpoint_every": 1, "run_timeout_s": 400.0}
-
-
-def lake_with_problems(tmp_path) -> LakeResource:
-    lake = LakeResource(root=str(tmp_path))
-    df = pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(12)],
-                       "problem": [f"What is {i} + {i}?" for i in range(12)],
-                       "answer": [str(2 * i) for i in range(12)], "solution": [None] * 12,
-                       "answer_type": ["numeric"] * 12})
-    lake.write(df, "decontaminated_problems", refresh=False)
-    return lake
 
 
 def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_driver_resumes_on_retry(

@@ -13,22 +13,12 @@ import pytest
 from assets import rollpacker
 from ops.rl.rollpacker.driver import CRASH_ENV
 from resources.compute import ComputeResource
-from resources.lake import LakeResource
+from tests.conftest import lake_with_problems
 from resources.retry import RetryingComputeResource
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 TINY = {"policy": "tiny", "model_dir": str(MODEL_DIR), "steps": 2, "prompts_per_step": 2, "responses_per_prompt": 2,
         "eta": 1.5, "max_new_tokens": 8, "timeout_s": 60.0, "run_timeout_s": 300.0}
-
-
-def lake_with_problems(tmp_path) -> LakeResource:
-    lake = LakeResource(root=str(tmp_path))
-    df = pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(12)],
-                       "problem": [f"What is {i} + {i}?" for i in range(12)],
-                       "answer": [str(2 * i) for i in range(12)], "solution": [None] * 12,
-                       "answer_type": ["numeric"] * 12})
-    lake.write(df, "decontaminated_problems", refresh=False)
-    return lake
 
 
 def test_rollpacker_run_compares_methods_per_step_and_a_killed_driver_resumes_on_retry(tmp_path, monkeypatch):

@@ -6,7 +6,6 @@ colocated roles (``LocalRoles``: the monolithic baseline, no Ray) and the tiny r
 Ray path (RollArc on the pools, a real SIGKILL and a Dagster retry) runs in
 tests/assets/test_rollarc_assets.py."""
 
-import logging
 import os
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from ops.rl.rollarc import driver
 from ops.rl.rollarc.driver import CRASH_ENV, RunSpec, RunState, crash_if_asked, fingerprint
+from tests.conftest import RecordingPipes
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 TIMING = {"wait_s", "train_s"}
@@ -25,26 +25,7 @@ class Crash(Exception):
     pass
 
 
-class Pipes:
-    """What the driver needs from a Pipes context: a logger, custom messages, the retry number."""
-
-    def __init__(self, retry_number: int):
-        self.retry_number, self.lines, self.messages = retry_number, [], []
-        self.log = logging.getLogger(f"test-rollarc-resume-{id(self)}")
-        self.log.setLevel(logging.INFO)
-        self.log.addHandler(_ListHandler(self.lines))
-
-    def report_custom_message(self, payload) -> None:
-        self.messages.append(payload)
-
-
-class _ListHandler(logging.Handler):
-    def __init__(self, lines):
-        super().__init__()
-        self.lines = lines
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
+Pipes = RecordingPipes
 
 
 def make_spec(tmp_path, **kw) -> RunSpec:

@@ -4,7 +4,6 @@ on a relaunch over the same folder — finished methods skipped, the planner pos
 version and engine sampling stream restored — to the rows of an uninterrupted run. In process,
 with the roles of the Ray actors called directly (``LocalActors``) and the tiny random policy."""
 
-import logging
 from pathlib import Path
 
 import polars as pl
@@ -14,6 +13,7 @@ import torch
 from ops.rl.ray_actors import LocalActors, _TrainerImpl
 from ops.rl.rollpacker.driver import RunSpec, RunState, fingerprint, load_prompts, run_methods
 from ops.rl.rollpacker.stream import TrainSample
+from tests.conftest import RecordingPipes
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 TIMING = {"rollout_s", "step_s", "rollout_wall_s", "reward_wait_s", "train_tail_s", "sync_s", "train_compute_s"}
@@ -32,26 +32,7 @@ class Crash(Exception):
     pass
 
 
-class Pipes:
-    """What the driver needs from a Pipes context: a logger, custom messages, the retry number."""
-
-    def __init__(self, retry_number: int):
-        self.retry_number, self.lines, self.messages = retry_number, [], []
-        self.log = logging.getLogger(f"test-rollpacker-resume-{id(self)}")
-        self.log.setLevel(logging.INFO)
-        self.log.addHandler(_ListHandler(self.lines))
-
-    def report_custom_message(self, payload) -> None:
-        self.messages.append(payload)
-
-
-class _ListHandler(logging.Handler):
-    def __init__(self, lines):
-        super().__init__()
-        self.lines = lines
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
+Pipes = RecordingPipes
 
 
 def _samples(tok):
