@@ -5,7 +5,7 @@
 Sections of the JSON (default benchmarks/results/rollarc.json):
 
 * ``latency_sweep``: the unchanged schedulers of ``ops.rl.rollarc.core`` on ``SimRoles`` (scaled
-  real time, cost model in ``ops.rl.rollarc.sim_roles``) with environment latency low / medium /
+  real time, cost model in ``sim.rollarc_roles``) with environment latency low / medium /
   heavy (same mean): ``run_monolithic`` (lock-step turns, colocated static batches, no overlap) vs
   ``run_rollarc`` at async_ratio 1 and 2 (redundancy 1), plus ``rollarc_sync`` = ``run_rollarc`` with
   async_ratio 0 and redundancy 0 (trajectory-level asynchrony within a step only: it splits the gain
@@ -14,7 +14,7 @@ Sections of the JSON (default benchmarks/results/rollarc.json):
   at its own time_scale (RollArc's event loop is busier: it needs more wall time per simulated second
   for the same fidelity); ``fidelity`` re-runs heavy/seed 0 at twice the scale to show the simulated
   times do not depend on it.
-* ``routing_ablation``: ``ops.rl.rollarc.sim.routing_ablation`` (discrete-event, affinity vs uniform
+* ``routing_ablation``: ``sim.rollarc.routing_ablation`` (discrete-event, affinity vs uniform
   routing + the same-hardware control) over seeds, at its default size and at the sweep's size.
 * ``real``: ``real_section`` — the Ray roles on real engines via ``ops.rl.rollarc.driver.run_benchmark``,
   only with ``--real``; otherwise (or when it is not importable) ``{"skipped": ...}``.
@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ops.rl.rollarc.core import ArcConfig, run_monolithic, run_rollarc  # noqa: E402
-from ops.rl.rollarc.sim import routing_ablation  # noqa: E402
-from ops.rl.rollarc.sim_roles import SimConfig, SimRoles  # noqa: E402
 from ops.rl.rollarc.types import Task  # noqa: E402
+from sim.rollarc import routing_ablation  # noqa: E402
+from sim.rollarc_roles import SimConfig, SimRoles  # noqa: E402
 
 PAPER = {"end_to_end_training_time_reduction_vs_monolithic_sync": [1.35, 2.05],
          "source": "RollArc (arXiv 2512.22560), abstract; baselines: monolithic, synchronous"}

@@ -27,11 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ops.rl.rollpacker.costmodel import ClusterModel, epoch_time  # noqa: E402
 from ops.rl.rollpacker.report import summarize  # noqa: E402
 from ops.rl.rollpacker.scheduler import RoundPlanner, TailBatching, run_epoch  # noqa: E402
-from ops.rl.rollpacker.sim import LogNormalTrace, SimEngine  # noqa: E402
 from ops.rl.types import Prompt  # noqa: E402
+from sim.costmodel import ClusterModel, epoch_time  # noqa: E402
+from sim.rollpacker import LogNormalTrace, SimEngine  # noqa: E402
 
 PAPER = {"end_to_end_speedup_vs_verl": {"qwen2.5-7b": 2.03, "qwen2.5-14b": 2.22, "qwen2.5-32b": 2.56},
          "max_response_len_reduction_up_to": 8.9, "ablation_order": ["tail batching", "reward scheduling", "stream trainer"],

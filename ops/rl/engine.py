@@ -11,7 +11,7 @@ Backends:
   deadline and ends the whole batch on abort; a final logits processor applies the temperature and
   records the log-probabilities of exactly the distribution that was sampled.
 * ``VLLMEngine`` (GPU, optional extra): imported only when selected.
-* ``ops.rl.rollpacker.sim.SimEngine``: simulated time, for paper-scale runs.
+* ``sim.rollpacker.SimEngine`` (outside ``ops``; benchmarks and tests only): simulated time, for paper-scale runs.
 
 ``guarded_generate`` bounds any call (an engine that stalls inside one forward pass cannot check its
 own deadline): past the hard limit the call is abandoned and every response not yet delivered is

@@ -5,7 +5,7 @@ import pytest
 
 from ops.rl.rollarc.router import (DEFAULT_PROFILES, DecodeLengthEstimator, PoolProfile, RequestRouter,
                                    estimate_decode_tokens)
-from ops.rl.rollarc.sim import AgenticWorkload, Turn, routing_ablation, simulate
+from sim.rollarc import AgenticWorkload, Turn, routing_ablation, simulate
 
 BOTH = {"gpu_compute": 2, "gpu_bandwidth": 2}
 

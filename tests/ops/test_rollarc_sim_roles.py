@@ -14,8 +14,8 @@ import pytest
 
 from ops.rl.rollarc.core import ArcConfig, run_monolithic, run_rollarc
 from ops.rl.rollarc.router import PoolProfile
-from ops.rl.rollarc.sim_roles import SimConfig, SimRoles
 from ops.rl.rollarc.types import Task
+from sim.rollarc_roles import SimConfig, SimRoles
 
 ROOT = Path(__file__).resolve().parents[2]
 H = PoolProfile("gpu_compute", prefill_tok_s=10_000.0, decode_tok_s=100.0, max_batch=4)

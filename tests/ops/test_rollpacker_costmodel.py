@@ -3,10 +3,10 @@ ablation order on a small simulated epoch."""
 
 import pytest
 
-from ops.rl.rollpacker.costmodel import ClusterModel, _rewards, _train, epoch_time
 from ops.rl.rollpacker.scheduler import RoundPlanner, TailBatching, run_epoch
-from ops.rl.rollpacker.sim import LogNormalTrace, SimEngine
 from ops.rl.types import Prompt
+from sim.costmodel import ClusterModel, _rewards, _train, epoch_time
+from sim.rollpacker import LogNormalTrace, SimEngine
 
 
 def test_rewards_queue_fifo_on_the_workers():

@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 
 from ops.rl.rollpacker.scheduler import RoundPlanner, SchedulerConfigError, TailBatching, run_epoch
-from ops.rl.rollpacker.sim import LogNormalTrace, ScriptedTrace, SimEngine
 from ops.rl.types import Prompt
+from sim.rollpacker import LogNormalTrace, ScriptedTrace, SimEngine
 
 
 def prompts(n, prefix="p"):

@@ -35,7 +35,7 @@ POLICIES = ("affinity", "uniform")
 #: Why 4: with the default profiles below, one prompt token costs 1 / 35,000 s of a compute GPU, one
 #: decoded token of a sequence in a batch of B costs 1 / (140 x B) s; at a moderate batch (B ~ 60)
 #: the two are equal when P / D = 250 / B ~ 4, so above it the request's engine time is mostly
-#: prefill. In the agentic workload of ``sim.py`` the first turn has P/D ~ 0.5-2.4 (5th-95th
+#: prefill. In the agentic workload of ``sim/rollarc.py`` the first turn has P/D ~ 0.5-2.4 (5th-95th
 #: percentile) and later turns ~ 6-36 with the default 90% prefix-cache hit (19-120 without), so any
 #: threshold between ~3 and ~5 makes the same decisions there. It is also the knob that balances
 #: the pools: a larger value sends less work to ``gpu_compute``.

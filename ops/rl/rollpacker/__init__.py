@@ -4,11 +4,11 @@ Modules:
     scheduler  RoundPlanner (short rounds, long rounds, the FIFO long-prompt queue, or the
                synchronous veRL-style baseline) and run_round (accept the first R0 responses of the
                first P0 prompts, abort the rest) — engine-agnostic, torch-free
-    sim        a trace-driven simulated engine (log-normal lengths, continuous batching, decode
-               throughput model) and the paper-scale step-time model (reward scheduling, stream
-               trainer) — torch-free
     stream     StreamTrainer: gradients on finished groups while others generate, deferred and
                renormalised optimizer step (torch)
     loop       one RL step on a real engine: rollout, reward scheduler, advantages, training
     driver     the Ray driver launched by the ``rollpacker_run`` asset through Dagster Pipes
+
+The simulated engine and the paper-scale step-time model live outside ``ops``, in ``sim.rollpacker``
+and ``sim.costmodel`` (benchmarks and tests only).
 """

@@ -1,7 +1,7 @@
 """In-process RollArc roles for paper-scale end-to-end comparisons in *scaled real time* (RollArc,
 arXiv 2512.22560 §4-5; SEEDS.md §5). Torch-free, ray-free.
 
-``SimRoles`` implements ``core.Roles`` with ``asyncio.sleep``: an operation that costs ``x``
+``SimRoles`` implements ``ops.rl.rollarc.core.Roles`` with ``asyncio.sleep``: an operation that costs ``x``
 simulated seconds sleeps ``x * time_scale`` wall seconds, so ``run_rollarc`` and ``run_monolithic``
 run unchanged and a run's simulated seconds are ``RunResult.wall_s / time_scale``. Every modelled
 cost is drawn from seeds that depend only on ``(seed, task.uid, trajectory index)``, so both
@@ -9,7 +9,7 @@ schedulers face exactly the same trajectories (lengths, env latencies, turns unt
 
 Cost model (simulated seconds; parameters in ``SimConfig``):
 
-* **Workload**: each trajectory's per-turn token shape is ``sim.AgenticWorkload.draw`` (prompt =
+* **Workload**: each trajectory's per-turn token shape is ``sim.rollarc.AgenticWorkload.draw`` (prompt =
   the conversation so far, prefill = what the prefix cache does not hold, a long first response and
   short later ones). The synthetic environment ends the episode after a seeded number of turns
   ``~ U{done_turns}``; after ``max_turns`` replies the scheduler truncates it.
@@ -21,7 +21,7 @@ Cost model (simulated seconds; parameters in ``SimConfig``):
   runs concurrently for every admitted sequence at ``decode_tok_s`` tokens/s each (memory-bound, so
   independent of the batch size up to ``max_batch``). Request time = slot wait + prefill-queue wait
   + prefill_tokens / prefill_tok_s + decode_tokens / decode_tok_s. Simplification: a prefill does not
-  stall the decoding sequences of its engine (chunked prefill), unlike ``sim.simulate``.
+  stall the decoding sequences of its engine (chunked prefill), unlike ``sim.rollarc.simulate``.
 * **LLM call (baseline, ``llm_batch``)**: one static batch on the colocated engines
   (``colocated_engines``, default: as many engines as ``engines`` in total, all of the
   ``gpu_compute`` profile — the homogeneous cluster a monolithic system runs on). The batch is split
@@ -58,10 +58,11 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional
 
-from .envs import ENV_NAMES, FROZENLAKE_ACTIONS, LATENCY_KINDS, EnvLatency, make_env, verify_frozenlake
-from .router import DEFAULT_PROFILES, ROUTED_POOLS, DecodeLengthEstimator, PoolProfile, RequestRouter
-from .sim import AgenticWorkload, Turn
-from .types import Segment, StepResult, Task, Trajectory
+from ops.rl.rollarc.envs import (ENV_NAMES, FROZENLAKE_ACTIONS, LATENCY_KINDS, EnvLatency, make_env,
+                                  verify_frozenlake)
+from ops.rl.rollarc.router import DEFAULT_PROFILES, ROUTED_POOLS, DecodeLengthEstimator, PoolProfile, RequestRouter
+from ops.rl.rollarc.types import Segment, StepResult, Task, Trajectory
+from sim.rollarc import AgenticWorkload, Turn
 
 ENV_MODES = ("synthetic", "real")
 
@@ -75,7 +76,7 @@ class SimConfig:
         profiles: pool -> ``PoolProfile`` (default ``router.DEFAULT_PROFILES``: H800-class compute,
             H20-class bandwidth).
         colocated_engines: the baseline's engines, default ``{"gpu_compute": sum(engines)}``.
-        workload: per-turn token shapes (``sim.AgenticWorkload``; its ``env_*`` fields are unused).
+        workload: per-turn token shapes (``sim.rollarc.AgenticWorkload``; its ``env_*`` fields are unused).
         workload_turns: turns drawn per trajectory (an LLM call at a later turn raises ValueError).
         env_latency: ``envs.LATENCY_KINDS`` kind; env_mean_s: its mean (s).
         done_turns: (lo, hi) inclusive: the synthetic env is done after U{lo..hi} steps.
@@ -257,11 +258,11 @@ class SimRoles:
     def _traj(self, key: str) -> _Traj:
         st = self._trajs.get(key)
         if st is None:
-            raise ValueError(f"sim_roles: no episode for key {key!r} (env_reset first)")
+            raise ValueError(f"rollarc_roles: no episode for key {key!r} (env_reset first)")
         return st
 
     def workload(self, key: str) -> list[Turn]:
-        """The drawn turns of a live trajectory ([workload_turns] of ``sim.Turn``). Raises ValueError."""
+        """The drawn turns of a live trajectory ([workload_turns] of ``sim.rollarc.Turn``). Raises ValueError."""
         return list(self._traj(key).turns)
 
     # ---------------------------------------------------------------- LLM
@@ -283,7 +284,7 @@ class SimRoles:
     def _turn(self, key: str, turn: int) -> tuple[_Traj, Turn]:
         st = self._traj(key)
         if not 0 <= turn < len(st.turns):
-            raise ValueError(f"sim_roles: turn {turn} outside the {len(st.turns)} drawn (SimConfig.workload_turns)")
+            raise ValueError(f"rollarc_roles: turn {turn} outside the {len(st.turns)} drawn (SimConfig.workload_turns)")
         return st, st.turns[turn]
 
     async def llm(self, messages: list, key: str, turn: int) -> Segment:
@@ -388,7 +389,7 @@ class SimRoles:
                    done_after=rng.randint(*self.cfg.done_turns), rng=rng)
         if self.env_mode == "real":
             if task.env not in ENV_NAMES:
-                raise ValueError(f"sim_roles: real env_mode needs task.env in {ENV_NAMES}, got {task.env!r}")
+                raise ValueError(f"rollarc_roles: real env_mode needs task.env in {ENV_NAMES}, got {task.env!r}")
             st.env = make_env(task.env)
             self._trajs[key] = st
             st.clock = self._launch_time()

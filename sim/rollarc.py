@@ -12,7 +12,7 @@ turn the environment takes a log-normal ``env`` time before the next prompt exis
 turn: the final step that ends the episode). The workload is drawn once per seed, so both policies
 serve exactly the same requests.
 
-Engine (``PoolProfile``, the decode cost model of ``ops.rl.rollpacker.sim`` with the per-sequence
+Engine (``PoolProfile``, the decode cost model of ``sim.rollpacker`` with the per-sequence
 term dropped and prefill added): each engine continuously batches up to max_batch sequences. An
 iteration that admits new requests (FCFS from its queue) prefills their prompts and advances every
 running sequence by one token: it lasts prefill_tokens / prefill_tok_s + 1 / decode_tok_s. An
@@ -34,8 +34,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping, Optional
 
-from .router import (DEFAULT_PREFILL_HEAVY_RATIO, DEFAULT_PROFILES, ROUTED_POOLS, DecodeLengthEstimator, PoolProfile,
-                     RequestRouter)
+from ops.rl.rollarc.router import (DEFAULT_PREFILL_HEAVY_RATIO, DEFAULT_PROFILES, ROUTED_POOLS, DecodeLengthEstimator,
+                                   PoolProfile, RequestRouter)
 
 
 @dataclass(frozen=True)

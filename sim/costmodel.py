@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from .scheduler import RoundResult
+from ops.rl.rollpacker.scheduler import RoundResult
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,17 @@
+"""Discrete simulators and cost models, used only by benchmarks and tests.
+
+Nothing under ``assets/``, ``ops/``, ``pipelines/`` or ``resources/`` (assets, drivers, the real
+schedulers) may import this package; ``tests/test_import_direction.py`` checks it. Simulators
+import what they share with production code from ``ops`` (direction: ``sim`` -> ``ops``).
+
+Modules:
+    rollpacker     RollPacker's trace-driven simulated engine (log-normal lengths, continuous
+                   batching, decode throughput model): ``SimEngine``, ``LogNormalTrace``,
+                   ``ScriptedTrace``
+    costmodel      RollPacker's paper-scale step-time model (reward scheduling, stream trainer):
+                   ``ClusterModel``, ``epoch_time``
+    rollarc        RollArc's discrete-event simulator of the agentic workload and the routing
+                   ablation: ``AgenticWorkload``, ``simulate``, ``routing_ablation``
+    rollarc_roles  RollArc's simulated roles (engines, environments, reward) in real time:
+                   ``SimConfig``, ``SimRoles``
+"""
