@@ -1,0 +1,70 @@
+"""The D-CPT Law: predict general and domain loss after continual pre-training (CPT) from model
+size N, CPT tokens D and mixture ratio r, then choose the mixture on the fitted law.
+
+Source: Que et al., "D-CPT Law: Domain-specific Continual Pre-Training Scaling Law for Large
+Language Models", arXiv 2406.01375 (NeurIPS 2024): §3 (parameterisations, fitting, the three
+usages, the Cross-Domain D-CPT Law) and §4 (fit quality and generalisation along N, D and r).
+Spec, defaults and the choices that are ours: docs/mixture.md.
+
+Modules, by concept (each imports only those before it):
+
+- ``forms``: the parameterisations (``LawForm``, ``FORMS``: L3, r-additive, Chinchilla), the
+  Huber loss and fit metrics, the fit's defaults, and loading/checking probe points (§3).
+- ``fit``: the optimiser's problem, ``LawFit``, ``fit_law`` and ``compare_forms`` (§3-§4).
+- ``heldout``: held-out generalisation along N, D and r (``generalisation``, §4) and the
+  run-level ``bootstrap``.
+- ``usages``: ``MixturePlan`` and the three usages, ``tradeoff_ratio``, ``limited_domain`` and
+  ``allocate_compute`` (§3).
+- ``crossdomain``: the Cross-Domain D-CPT Law, ``fit_cross_domain``, ``split_early``,
+  ``estimate_k``, ``predict_unseen_domain`` and ``evaluate_unseen_domain`` (§3).
+
+Units and probe-point columns: see ``forms``. This package re-exports the public names, so callers
+use ``from ops.mixture import law; law.fit_law(...)``. numpy/scipy only; no torch, no dagster.
+"""
+
+from __future__ import annotations
+
+from .crossdomain import (
+    CrossDomainFit,
+    estimate_k,
+    evaluate_unseen_domain,
+    fit_cross_domain,
+    predict_unseen_domain,
+    split_early,
+)
+from .fit import LawFit, compare_forms, fit_law
+from .forms import (
+    FORMS,
+    HUBER_DELTA,
+    LOSS_COLUMN,
+    N_BOOT,
+    N_GRID,
+    N_STARTS,
+    TARGETS,
+    LawForm,
+    huber,
+)
+from .heldout import Bootstrap, bootstrap, generalisation
+from .usages import MixturePlan, allocate_compute, limited_domain, tradeoff_ratio
+
+__all__ = [
+    "FORMS",
+    "LawForm",
+    "LawFit",
+    "Bootstrap",
+    "MixturePlan",
+    "CrossDomainFit",
+    "huber",
+    "fit_law",
+    "compare_forms",
+    "generalisation",
+    "bootstrap",
+    "tradeoff_ratio",
+    "limited_domain",
+    "allocate_compute",
+    "fit_cross_domain",
+    "estimate_k",
+    "predict_unseen_domain",
+    "evaluate_unseen_domain",
+    "split_early",
+]
