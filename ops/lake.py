@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -39,32 +41,43 @@ def _publish_mode(path: Path, directory: bool = False) -> None:
 
 
 def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> str:
-    """Write ``df`` to ``path`` atomically (temp file + rename). Returns the data version
+    """Write ``df`` to ``path`` atomically (``atomic_path``). Returns the data version
     (first 16 hex digits of the file's SHA-256; same rows in the same order -> same version)."""
+    with atomic_path(path) as tmp:
+        df.write_parquet(tmp, compression="zstd", statistics=True)
+        version = file_sha256(tmp)[:16]
+    return version
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """The one atomic write of the project: yield a temporary path in ``path``'s folder; when the
+    block finishes, the temporary file gets the permissions of a normal create and is renamed onto
+    ``path`` (``os.replace``); when the block raises, it is removed and ``path`` keeps its previous
+    content. A reader sees the old file or the new one, never a half-written one.
+
+    Usage::
+
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(tensors, str(tmp))
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        yield Path(tmp)
         _publish_mode(Path(tmp))
-        df.write_parquet(tmp, compression="zstd", statistics=True)
-        version = file_sha256(tmp)[:16]
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return version
 
 
-def write_json_atomic(obj, path: str | Path) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-    _publish_mode(Path(tmp))
-    os.replace(tmp, path)
+def write_json_atomic(obj, path: str | Path, indent: int = 2) -> None:
+    """Write ``obj`` as JSON atomically (``atomic_path``); keys sorted, non-JSON values as ``str``."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=str), encoding="utf-8")
 
 
 def replace_dir_atomic(build: Path, final: Path) -> None:

@@ -1,21 +1,29 @@
-"""The worker side of a launch: only rank 0 talks to Dagster (FACTS.md: when every rank opens the
-Pipes channel the step fails with "multiple materialize results").
+"""The worker side of the launch protocol (the asset side is ``assets.launch``; docs/architecture.md,
+"Launching out-of-process work").
 
-A script started by ``resources.compute.ComputeResource.run`` does::
+Every out-of-process driver is a module run as ``python -m <module> --spec SPEC.json --out RUN_DIR
+--fingerprint FP`` (on several ranks through ``accelerate launch -m`` / ``torchrun -m``). Its
+``main`` is one line::
 
-    with rank0_pipes() as pipes:
-        pipes.log.info("...")
-        pipes.report_custom_message({"step": 10, "loss": 2.3})
+    def main(argv=None) -> int:
+        return worker_main(RunSpec.from_json, run, argv, description=__doc__)
 
-On other ranks, or when the script runs by hand without Dagster, ``pipes`` is a stand-in with the
+where ``run(spec, out, fingerprint, pipes)`` trains, resumes from what it saved under ``out`` and
+returns the result dict on rank 0 (``None`` on other ranks). ``worker_main`` parses the arguments,
+validates the spec, opens the Pipes channel on rank 0 only (when every rank opens it the step fails
+with "multiple materialize results", docs/platform-notes.md) and writes ``out/result.json``
+atomically with the fingerprint, which is how the asset side recognises a finished launch.
+
+On other ranks, or when a driver runs by hand without Dagster, ``pipes`` is a stand-in with the
 same methods that logs to stderr and reports nothing. No Dagster import: only ``dagster_pipes``.
 """
 
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -58,6 +66,54 @@ def rank0_pipes() -> Iterator[Any]:
             yield pipes
     else:
         yield _LocalPipes(r)
+
+
+def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, Any], "dict | None"],
+                argv: "list[str] | None" = None, *, description: "str | None" = None,
+                extra_args: "Callable[[argparse.ArgumentParser], None] | None" = None) -> int:
+    """The ``main`` of every launched driver (see the module docstring).
+
+    Args:
+        load_spec: parses the text of the spec file into the driver's spec and validates it; raises
+            ValueError (or a subclass) naming the field on a bad value.
+        run: ``run(spec, out, fingerprint, pipes)``; ``out`` exists. Returns the result dict on rank 0
+            (written to ``out/result.json`` with ``fingerprint`` and ``retry_number`` added), ``None``
+            elsewhere. When ``extra_args`` added options, ``spec`` is ``(spec, namespace)``.
+        argv: the arguments (default ``sys.argv[1:]``).
+        extra_args: adds driver-specific options to the parser.
+    Returns:
+        0 (a failure raises).
+    Raises:
+        ValueError: the spec file is not valid JSON or ``load_spec`` rejects it; the message names
+            the file.
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", required=True, help="the run spec (JSON) written by the asset")
+    ap.add_argument("--out", required=True, help="the run folder: saved state, progress and result.json")
+    ap.add_argument("--fingerprint", default="", help="the spec fingerprint the asset computed (ops.launch.spec_fingerprint)")
+    if extra_args is not None:
+        extra_args(ap)
+    args = ap.parse_args(argv)
+    spec_path = Path(args.spec)
+    try:
+        spec = load_spec(spec_path.read_text())
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{spec_path}: {e}") from e
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with rank0_pipes() as pipes:
+        retry = (getattr(pipes, "extras", None) or {}).get("retry_number")
+        if retry is not None:
+            pipes.log.info(f"attempt {int(retry) + 1} (Dagster retry number {retry})")
+        result = run((spec, args) if extra_args is not None else spec, out, args.fingerprint, pipes)
+        if result is not None and rank() == 0:
+            from ops.lake import write_json_atomic
+
+            write_json_atomic({**result, "fingerprint": args.fingerprint, "retry_number": retry},
+                              out / "result.json", indent=1)
+    return 0
 
 
 def data_parallel(global_batch: int):
@@ -139,15 +195,13 @@ class DriverState:
     def commit(self, t_start: float, keep_files: set) -> None:
         """Write ``state.json`` atomically (``t_start``: ``time.monotonic()`` when this save began),
         then delete the ``*.pt`` files not in ``keep_files``."""
-        import json
         import time
 
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / ".state.json.tmp"
-        tmp.write_text(json.dumps({"fingerprint": self.fp, **{k: getattr(self, k) for k in self.FIELDS},
-                                   "resumes": self.resumes, "seconds": self.seconds + time.monotonic() - t_start},
-                                  indent=1, default=str))
-        os.replace(tmp, self.path)
+        from ops.lake import write_json_atomic
+
+        write_json_atomic({"fingerprint": self.fp, **{k: getattr(self, k) for k in self.FIELDS},
+                           "resumes": self.resumes, "seconds": self.seconds + time.monotonic() - t_start},
+                          self.path, indent=1)
         for f in self.dir.glob("*.pt"):
             if f.name not in keep_files:
                 f.unlink(missing_ok=True)

@@ -51,8 +51,9 @@ class ComputeResource(dg.ConfigurableResource):
     ray_address: Optional[str] = None
 
     def launch_command(self, script: str, args: Sequence[str] = (), num_processes: Optional[int] = None,
-                       port: Optional[int] = None) -> list[str]:
-        """The argv that starts ``script`` on ``num_processes`` ranks (default: ``self.num_processes``).
+                       port: Optional[int] = None, module: bool = False) -> list[str]:
+        """The argv that starts ``script`` on ``num_processes`` ranks (default: ``self.num_processes``);
+        with ``module=True`` ``script`` is a module name run as with ``python -m`` on every rank.
 
         Raises:
             ValueError: ``num_processes < 1``.
@@ -63,7 +64,7 @@ class ComputeResource(dg.ConfigurableResource):
         port = port or free_port()
         if self.launcher == "torchrun":
             return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(n),
-                    "--master_addr", "127.0.0.1", "--master_port", str(port), script, *args]
+                    "--master_addr", "127.0.0.1", "--master_port", str(port), *(["-m"] if module else []), script, *args]
         cmd = [sys.executable, "-m", "accelerate.commands.launch"]
         if self.accelerate_config_file:
             cmd += ["--config_file", self.accelerate_config_file]
@@ -74,7 +75,7 @@ class ComputeResource(dg.ConfigurableResource):
                     "--mixed_precision", "no" if self.cpu else self.mixed_precision]
             if self.cpu and n == 1:
                 cmd += ["--cpu"]
-        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port), script, *args]
+        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *(["-m"] if module else []), script, *args]
         return cmd
 
     def launch_env(self) -> dict[str, str]:

@@ -1,0 +1,149 @@
+"""The launch protocol: how every asset that trains out of process starts, resumes and finishes its
+run (docs/architecture.md, "Launching out-of-process work"). The worker side is
+``ops.launch.worker_main``.
+
+A Pipes asset reads like a short recipe::
+
+    spec = build_and_validate(config)                       # the driver's spec (a dict or JSON text)
+    with launch(context, compute, base=lake.base, asset="rollpacker_run",
+                module="ops.rl.rollpacker.driver", spec=spec.to_json(),
+                fingerprint=spec_fingerprint(spec_dict, data_path), timeout_s=config.run_timeout_s,
+                saved=describe_saved_state) as run:
+        ...                                                  # run.result -> tables and metadata
+        return dg.MaterializeResult(metadata={**run.metadata(), ...})
+
+What the protocol guarantees:
+- **Run folder per run lineage**: ``<base>/<asset>/.run-[<key>-]<root run id>``; the root run id is
+  the run's own id, or for a re-execution or a run-level retry the id of the run it re-executes, so
+  a step retry (``resources.retry.RetryingComputeResource`` after a launch death), a re-execution
+  from failure and a run retry all relaunch over the same folder. A new materialization starts in
+  a new folder.
+- **Resume**: the driver finds what it saved in that folder and continues after it; ``saved(run_dir)``
+  describes the saved state for the log.
+- **Reuse**: a finished launch's ``result.json`` whose fingerprint equals this spec's is reused
+  without launching (its step failed later, e.g. while writing metadata); another spec's result is
+  deleted first so it can never pass for this launch's.
+- **Pipes**: the launch runs in a Dagster Pipes session (``ComputeResource.run``): rank 0 streams
+  logs and custom messages; the Dagster retry number travels in the Pipes extras.
+- **Time limit**: a wall-clock timeout, after which the launch's whole process group is killed.
+- **Cleanup**: the folder is removed when the ``with`` block finishes without an exception, i.e.
+  once the asset's outputs are written; on an exception it stays for the retry.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import dagster as dg
+
+from ops.lake import write_json_atomic
+
+
+@dataclass
+class Launched:
+    """The outcome of one launch (or of the finished launch it reused).
+
+    Attributes:
+        result: the driver's ``result.json`` (with ``fingerprint`` and ``retry_number``).
+        messages: the Pipes custom messages of this attempt (empty when reused).
+        run_dir: the run folder.
+        reused: True when a finished launch's result was reused and nothing was launched.
+        retry_number: Dagster's retry number of this step attempt (0 on the first attempt).
+        saved: what ``saved(run_dir)`` said before the launch (``""`` when nothing was saved).
+    """
+
+    result: dict
+    messages: list = field(default_factory=list)
+    run_dir: Path = Path(".")
+    reused: bool = False
+    retry_number: int = 0
+    saved: str = ""
+
+    def metadata(self) -> dict[str, dg.MetadataValue]:
+        """The launch's own metadata entries: retry number, Pipes messages, reuse, what it resumed from."""
+        return {"retry_number": dg.MetadataValue.int(self.retry_number),
+                "pipes_messages": dg.MetadataValue.int(len(self.messages)),
+                "reused_finished_launch": dg.MetadataValue.bool(self.reused),
+                "resumed_from_saved": dg.MetadataValue.text(self.saved or "none")}
+
+
+def run_dir_for(context: dg.AssetExecutionContext, base: str | Path, asset: str, key: str = "") -> Path:
+    """``<base>/<asset>/.run-[<key>-]<root run id>``: the same folder for every attempt of this asset
+    (and partition ``key``) within one run lineage."""
+    root = context.run.root_run_id or context.run.run_id
+    return Path(base) / asset / f".run-{key + '-' if key else ''}{root}"
+
+
+def worker_command(compute, module: str, args: list[str], processes: Optional[int]) -> list[str]:
+    """The argv of a driver module: ``python -m module`` in one process when ``processes`` is None,
+    else ``accelerate launch -m`` / ``torchrun -m`` on ``processes`` ranks (``compute``'s launcher)."""
+    if processes is None:
+        return [sys.executable, "-m", module, *args]
+    return compute.launch_command(module, args, num_processes=processes, module=True)
+
+
+@contextmanager
+def launch(context: dg.AssetExecutionContext, compute, *, base: str | Path, asset: str, module: str,
+           spec: str | Mapping[str, Any], fingerprint: str, timeout_s: float, key: str = "",
+           saved: Optional[Callable[[Path], str]] = None, processes: Optional[int] = None,
+           env: Optional[Mapping[str, str]] = None, extra_args: tuple[str, ...] = ()) -> Iterator[Launched]:
+    """Launch (or resume, or reuse) the driver ``module`` for this asset and yield its outcome.
+
+    Args:
+        context: the asset's execution context (run ids, retry number, Pipes session, log).
+        compute: ``resources.compute.ComputeResource`` (launcher, environment, timeout handling).
+        base: the lake root; the run folder lives under ``<base>/<asset>/``.
+        asset: the asset name (folder and log prefix).
+        module: the driver, run as ``python -m module --spec --out --fingerprint`` (it calls
+            ``ops.launch.worker_main``).
+        spec: the driver's spec, already validated (JSON text or a JSON-serialisable mapping).
+        fingerprint: ``ops.launch.spec_fingerprint`` of what determines the run's steps.
+        timeout_s: wall-clock limit of the launch (s); the process group is killed after it.
+        key: partition (or other) key that separates run folders of one asset in one run.
+        saved: ``saved(run_dir)`` -> a description of the saved state ("" when none), for the log.
+        processes: None = one process; n = n ranks through the compute resource's launcher.
+        env: extra environment variables for the launch.
+        extra_args: extra command-line arguments for the driver.
+    Yields:
+        Launched. The run folder is removed when the block exits without an exception.
+    Raises:
+        dg.Failure: the launch failed, timed out, or finished without ``result.json``.
+    """
+    name = f"{asset}[{key}]" if key else asset
+    run_dir = run_dir_for(context, base, asset, key)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    res_path = run_dir / "result.json"
+    attempt = context.retry_number + 1
+    done = json.loads(res_path.read_text()) if res_path.exists() else None
+    if done is not None and done.get("fingerprint") == fingerprint:
+        context.log.info(f"{name}: attempt {attempt} reuses the finished launch's result in {run_dir}")
+        out = Launched(done, [], run_dir, True, context.retry_number, "")
+    else:
+        res_path.unlink(missing_ok=True)               # another spec's result must not pass for this launch's
+        what = saved(run_dir) if saved is not None else ""
+        context.log.info(f"{name}: attempt {attempt} in {run_dir}: " + (
+            f"{what}; the driver resumes after it" if what else "nothing saved, starting from the first step"))
+        spec_path = run_dir / "spec.json"
+        if isinstance(spec, str):
+            from ops.lake import atomic_path
+
+            with atomic_path(spec_path) as tmp:
+                tmp.write_text(spec)
+        else:
+            write_json_atomic(dict(spec), spec_path, indent=1)
+        args = ["--spec", str(spec_path), "--out", str(run_dir), "--fingerprint", fingerprint, *extra_args]
+        inv = compute.run(context, "", command=worker_command(compute, module, args, processes), timeout_s=timeout_s,
+                          env=dict(env or {}), extras={"retry_number": context.retry_number, "fingerprint": fingerprint})
+        if not res_path.exists():
+            raise dg.Failure(f"{name}: the driver {module} finished without a result file at {res_path}")
+        out = Launched(json.loads(res_path.read_text()), inv.get_custom_messages(), run_dir, False,
+                       context.retry_number, what)
+    yield out
+    shutil.rmtree(run_dir, ignore_errors=True)          # only now: every failure above may be retried over it
