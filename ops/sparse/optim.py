@@ -25,6 +25,10 @@ class SparseAdagrad:
     def state_width(self, dim: int) -> int:
         return dim
 
+    def slots(self, dim: int) -> list[tuple[str, int]]:
+        """Layout of the state columns of a row: (name, width) in order (recorded in checkpoints)."""
+        return [("sum", dim)]
+
     def init_state(self, n: int, dim: int) -> torch.Tensor:
         return torch.full((n, dim), self.initial_accumulator_value)
 
@@ -45,6 +49,10 @@ class SparseAdam:
 
     def state_width(self, dim: int) -> int:
         return 2 * dim + 1
+
+    def slots(self, dim: int) -> list[tuple[str, int]]:
+        """Layout of the state columns of a row: (name, width) in order (recorded in checkpoints)."""
+        return [("m", dim), ("v", dim), ("step", 1)]
 
     def init_state(self, n: int, dim: int) -> torch.Tensor:
         return torch.zeros(n, 2 * dim + 1)

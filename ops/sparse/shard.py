@@ -1,5 +1,6 @@
 """Sharding dynamic tables across processes by ID (RecIS, arXiv 2509.20883 §3.3), on
-torch.distributed (gloo on CPU). The owner of a (namespaced) ID is ``id % world_size``.
+torch.distributed (gloo on CPU). The owner of a (namespaced) ID is ``id % world_size``. Checkpoints:
+``ops.sparse.checkpoint.save_sharded`` / ``load_sharded`` (saved at one world size, loaded at any).
 
 Forward, per table: dedup the local IDs -> route each to its owning rank -> the owner dedups what it
 received, looks up (admitting per policy) and returns the rows -> the rows are reassembled in local

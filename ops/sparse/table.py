@@ -58,17 +58,35 @@ class EvictUnseen:
     n_steps: int = 1000
 
 
-def check_ids(ids, feature: str, bits: int = ID_BITS) -> torch.Tensor:
-    """IDs as int64, validated: integer dtype, non-negative, below 2**bits. Raises SparseInputError naming the feature."""
+def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "") -> torch.Tensor:
+    """IDs as int64 (any shape), validated: integer dtype, non-negative, below 2**bits (bits <= 63;
+    63 is the whole non-negative int64 range). Unsigned or Python-int input at or above 2**63 is
+    rejected before the cast (it would wrap to a negative int64). Raises SparseInputError naming the
+    feature and the first bad id; ``why`` is appended to the message (the reason for the limit)."""
+    if isinstance(ids, torch.Tensor) and ids.dtype in (torch.uint64, torch.uint32, torch.uint16):
+        ids = ids.numpy()
     if not isinstance(ids, torch.Tensor):
-        ids = torch.as_tensor(np.asarray(ids))
+        arr = np.asarray(ids)
+        if arr.dtype.kind == "O":                       # Python ints beyond int64 and uint64
+            big = [x for x in arr.flat if isinstance(x, int) and not 0 <= x < 1 << 63]
+            if big:
+                raise SparseInputError(f"feature {feature!r}: id {big[0]} outside [0, 2**63) (ids are int64){why}")
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 1 << 63:
+            bad = int(arr[arr >= np.uint64(1 << 63)].flat[0])
+            raise SparseInputError(f"feature {feature!r}: id {bad} outside [0, 2**63) (ids are int64){why}")
+        if arr.dtype.kind == "u":
+            arr = arr.astype(np.int64)
+        try:
+            ids = torch.as_tensor(arr)
+        except (TypeError, ValueError) as e:
+            raise SparseInputError(f"feature {feature!r}: ids must be integers, got {arr.dtype} ({e})") from e
     if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
         raise SparseInputError(f"feature {feature!r}: ids must be integers, got dtype {ids.dtype}")
     ids = ids.to(torch.int64)
     limit = (1 << bits) if bits < 63 else None
     if ids.numel() and (ids.min() < 0 or (limit is not None and ids.max() >= limit)):
         bad = ids[(ids < 0) | ((ids >= limit) if limit is not None else False)][0].item()
-        raise SparseInputError(f"feature {feature!r}: id {bad} outside [0, 2**{bits})")
+        raise SparseInputError(f"feature {feature!r}: id {bad} outside [0, 2**{bits}){why}")
     return ids
 
 
@@ -93,7 +111,7 @@ def init_rows(ids: torch.Tensor, dim: int, seed: int, scale: float) -> torch.Ten
 
 
 class DynamicTable:
-    """An embedding table keyed by arbitrary int64 IDs.
+    """An embedding table keyed by arbitrary non-negative int64 IDs (the whole range [0, 2**63)).
 
     Args:
         dim: embedding width. optimizer: a sparse optimizer (SparseAdagrad, SparseAdam); its state
