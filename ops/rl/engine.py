@@ -8,8 +8,9 @@ finish time. ``on_finish`` sees every response as it finishes and may abort the 
 Backends:
 * ``HFEngine`` (CPU, the embedded default): transformers ``generate`` on a static batch with a
   stopping criterion that records each sequence's end, calls ``on_finish``, enforces the wall-clock
-  deadline and ends the whole batch on abort; a final logits processor applies the temperature and
-  records the log-probabilities of exactly the distribution that was sampled.
+  deadline and ends the whole batch on abort; a final logits processor applies the sampling
+  distribution (temperature, top-k, top-p: ``ops.rl.sampling``) and records the log-probabilities
+  of exactly the distribution that was sampled — the trainer scores with the same function.
 * ``VLLMEngine`` (GPU, optional extra): imported only when selected.
 * ``sim.rollpacker.SimEngine`` (outside ``ops``; benchmarks and tests only): simulated time, for paper-scale runs.
 
@@ -24,6 +25,7 @@ import threading
 import time
 from typing import Optional, Protocol, Sequence
 
+from .sampling import SamplingConfig, warp_logits
 from .types import Completion, OnFinish, Prompt, RolloutBatch
 
 
@@ -56,20 +58,40 @@ class HFEngine:
     Args:
         model: a causal LM (``PreTrainedModel``), in eval mode.
         tokenizer: its tokenizer (pad and eos ids are taken from it).
-        temperature: sampling temperature (> 0). No top-k/top-p: RL samples the full distribution,
-            so the recorded log-probabilities are those of the sampled distribution.
+        temperature, top_k, top_p: the sampling distribution (``ops.rl.sampling.SamplingConfig``:
+            T > 0, top_k 0 = off, top_p in (0, 1], 1.0 = off); or pass ``sampling`` instead.
+            The recorded log-probabilities are those of this (renormalised) distribution.
         version: the policy version of the weights the model holds.
+        sampling: a SamplingConfig (overrides temperature/top_k/top_p).
+    Attributes:
+        sampling: the SamplingConfig the engine samples with (give it to the trainer).
+        stale_syncs_refused, failed_syncs: weight-sync counters (``ops.rl.weights.sync_stats``).
+    Raises:
+        ValueError: a sampling setting out of range (names ``sampling.<field>``).
     """
 
-    def __init__(self, model, tokenizer, temperature: float = 1.0, version: Optional[int] = 0):
-        if not temperature > 0:
-            raise ValueError(f"engine.temperature must be > 0, got {temperature}")
-        self.model, self.tokenizer, self.temperature = model, tokenizer, temperature
+    def __init__(self, model, tokenizer, temperature: float = 1.0, version: Optional[int] = 0, top_k: int = 0,
+                 top_p: float = 1.0, sampling: Optional[SamplingConfig] = None):
+        self.sampling = sampling if sampling is not None else SamplingConfig(temperature, top_k, top_p)
+        self.model, self.tokenizer = model, tokenizer
         self.version = version
+        self.stale_syncs_refused = 0
+        self.failed_syncs = 0
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self._abort = threading.Event()
         self.lock = threading.Lock()                    # one generate at a time; weight sync takes it too
+
+    @classmethod
+    def from_spec(cls, model, tokenizer, spec: dict, version: Optional[int] = 0) -> "HFEngine":
+        """An engine sampling with ``SamplingConfig.from_spec(spec)`` — the actor spec the trainer
+        reads its sampling distribution from too (``ops.rl.ray_actors``)."""
+        return cls(model, tokenizer, version=version, sampling=SamplingConfig.from_spec(spec))
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature (``sampling.temperature``)."""
+        return self.sampling.temperature
 
     def abort(self) -> None:
         """End the running ``generate`` at its next token (unfinished responses: ``abort``)."""
@@ -103,7 +125,7 @@ class HFEngine:
                 ids[r, width - len(p.token_ids):] = torch.tensor(p.token_ids)
                 att[r, width - len(p.token_ids):] = 1
             t0 = time.monotonic()
-            rec = _Recorder(self.temperature)
+            rec = _Recorder(self.sampling)
             mon = _Monitor(rows, rec, self, version, max_new_tokens, list(stop or []), t0, t0 + timeout_s, on_finish)
             cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                                    eos_token_id=self.eos_id, pad_token_id=self.pad_id)
@@ -121,18 +143,19 @@ class HFEngine:
 
 
 class _Recorder:
-    """The last logits processor: applies the temperature and keeps log-softmax [B, V] of the step
-    (the distribution ``generate`` samples from next)."""
+    """The last logits processor (``generate`` itself runs with T = 1 and no top-k/top-p): warps the
+    scores to the sampling distribution (``ops.rl.sampling.warp_logits``) and keeps its log-softmax
+    [B, V] — the distribution ``generate`` samples the next token from."""
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
+    def __init__(self, sampling: SamplingConfig):
+        self.sampling = sampling
         self.logp = None
 
     def __call__(self, input_ids, scores):
         import torch
 
-        scores = scores / self.temperature
-        self.logp = torch.log_softmax(scores.float(), dim=-1)
+        scores = warp_logits(scores, self.sampling)
+        self.logp = torch.log_softmax(scores, dim=-1)
         return scores
 
 
@@ -266,27 +289,38 @@ class VLLMEngine:
     """vLLM backend (GPU; ``pip install vllm``, not installed on the embedded default).
 
     Same interface; tail batching's abort maps to ``LLMEngine.abort_request``. Imported only when
-    constructed.
+    constructed. Sampling as ``HFEngine`` (temperature, top-k, top-p; vLLM's sampler applies them in
+    the same order), and the recorded log-probabilities are the *processed* ones
+    (``logprobs_mode="processed_logprobs"``, vLLM >= 0.10.2): vLLM's default returns the raw model
+    log-probabilities, which are not the sampled distribution at T != 1 or under top-k/top-p.
 
     Raises:
         ImportError: vLLM is not installed (the message says how to select the CPU engine).
     """
 
-    def __init__(self, model_dir: str, temperature: float = 1.0, version: Optional[int] = 0, **engine_kw):
+    def __init__(self, model_dir: str, temperature: float = 1.0, version: Optional[int] = 0, top_k: int = 0,
+                 top_p: float = 1.0, sampling: Optional[SamplingConfig] = None, **engine_kw):
+        self.sampling = sampling if sampling is not None else SamplingConfig(temperature, top_k, top_p)
         try:
             from vllm import LLMEngine, EngineArgs  # noqa: F401
         except ImportError as e:
             raise ImportError("the vLLM engine needs `pip install vllm` on a GPU machine; use engine='hf' on CPU") from e
+        engine_kw.setdefault("logprobs_mode", "processed_logprobs")
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=model_dir, **engine_kw))
-        self.temperature, self.version = temperature, version
+        self.version = version
         self.tokenizer = self.engine.get_tokenizer()
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.temperature
 
     def generate(self, prompts: Sequence[Prompt], n: int, max_new_tokens: int, stop: Optional[list] = None,
                  timeout_s: float = 60.0, on_finish: Optional[OnFinish] = None) -> RolloutBatch:
         from vllm import SamplingParams
 
         _check_args(n, max_new_tokens, timeout_s)
-        sp = SamplingParams(n=1, temperature=self.temperature, max_tokens=max_new_tokens, stop=stop or None, logprobs=0)
+        sp = SamplingParams(n=1, **self.sampling.vllm_kwargs(), max_tokens=max_new_tokens, stop=stop or None,
+                            logprobs=0)
         t0 = time.monotonic()
         reqs = {}
         for p in prompts:

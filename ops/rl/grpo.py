@@ -16,7 +16,10 @@ Edge cases (shared/cases/training.json):
   means divide by max(1, T). A batch with them gives exactly the loss of its valid responses.
 
 The loss is returned as (numerator, denominator) so that the stream trainer can add numerators of
-partial batches and divide once (``ops.rl.rollpacker.stream``).
+partial batches and divide once (``ops.rl.rollpacker.stream``). pi and pi_old are the engine's
+*sampling* distribution (temperature, top-k, top-p renormalisation): ``token_logprobs`` scores with
+``ops.rl.sampling.sampling_logprobs``, the function the engine records its log-probs with (case
+``logprob-temperature-consistent``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
+
+from .sampling import SamplingConfig, sampling_logprobs
 
 
 @dataclass(frozen=True)
@@ -105,15 +110,23 @@ def batch_advantages(groups: Sequence[Sequence[Optional[float]]], lengths: Optio
 
 
 def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-                   temperature: float = 1.0, pad_id: int = 0):
-    """Log-probabilities of each response token under ``model`` (with grad).
+                   sampling: Optional[SamplingConfig] = None, pad_id: int = 0):
+    """Log-probabilities of each response token under ``model``'s sampling distribution (with grad).
 
     Args:
         prompt_ids, response_ids: B prompts and B responses (token id lists; responses may be empty).
+        sampling: the engine's SamplingConfig (temperature, top-k, top-p; ``ops.rl.sampling``); the
+            log-probs are ``sampling_logprobs`` of the model's logits, the function the engine records
+            with, so on unchanged weights they equal the engine's per token. None = T 1, no filter.
+            A token the filters remove (possible only off-policy) gets -inf (PPO ratio 0).
     Returns:
         (logp [B, T], mask [B, T] bool) with T = max response length (>= 1); padded positions are 0.
     """
     import torch
+
+    sampling = sampling if sampling is not None else SamplingConfig()
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"token_logprobs.sampling must be an ops.rl.sampling.SamplingConfig, got {sampling!r}")
 
     B = len(prompt_ids)
     T = max(1, max((len(r) for r in response_ids), default=1))
@@ -128,9 +141,9 @@ def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Seq
     # [B, L, V] logits dominate memory at a 49k vocabulary)
     start = max(0, min(len(p) for p in prompt_ids) - 1)
     keep = L - start
-    logits = model(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits[:, :-1].float() / temperature
+    logits = model(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits[:, :-1]  # [B, keep - 1, V]
     tgt = ids[:, start + 1:]                                                              # [B, keep - 1]
-    tok_lp = logits.gather(2, tgt[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)    # [B, keep - 1]
+    tok_lp = sampling_logprobs(logits, sampling).gather(2, tgt[..., None])[..., 0]         # [B, keep - 1]
     out = torch.zeros((B, T), dtype=tok_lp.dtype)
     mask = torch.zeros((B, T), dtype=torch.bool)
     rows, cols, src = [], [], []

@@ -5,10 +5,15 @@ service and the trainer as actors, and driver-side proxies with the in-process i
 * ``EngineActor`` (threaded, max_concurrency 2): an HFEngine; ``generate`` pushes each finished
   response to a ``ray.util.queue.Queue`` as it ends, and ``abort`` (the second thread) ends the
   batch — tail batching across processes. ``update_weights`` is the versioned sync
-  (``ops.rl.weights``): the version is published only after every tensor is copied.
+  (``ops.rl.weights``): the version is published only after every tensor is copied, and only
+  forward (an older or equal version is refused and counted: ``sync_stats``).
 * ``RewardActor``: runs ``ops.rl.reward.RewardServer`` (HTTP on 127.0.0.1 of its node) and returns
   its URL; the driver calls it with ``RewardClient``.
 * ``TrainerActor``: the policy, its optimizer and a StreamTrainer.
+
+The engine and the trainer read their sampling distribution from the same spec keys
+(``temperature``, ``top_k``, ``top_p``: ``ops.rl.sampling.SamplingConfig.from_spec``), so the
+trainer's old policy is the distribution the engine sampled from; drivers pass one spec to both.
 
 Resume (``Actors.save_state`` / ``Actors.restore``): between steps the trainer writes its policy
 weights, optimizer state, policy version and RNG, and the engine its sampling RNG, to files (the
@@ -55,7 +60,7 @@ class _EngineImpl:
 
         torch.manual_seed(self.spec.get("seed", 0) + 1000)
         model, tok = _build_policy(self.spec)
-        self.engine = HFEngine(model, tok, temperature=self.spec.get("temperature", 1.0), version=0)
+        self.engine = HFEngine.from_spec(model, tok, self.spec, version=0)
         return 0
 
     def generate(self, prompts, n, max_new_tokens, stop, timeout_s, out_queue) -> RolloutBatch:
@@ -75,6 +80,12 @@ class _EngineImpl:
 
     def version(self) -> Optional[int]:
         return self.engine.version
+
+    def sync_stats(self) -> dict:
+        """``ops.rl.weights.sync_stats`` of the engine: policy_version, stale_syncs_refused, failed_syncs."""
+        from .weights import sync_stats
+
+        return sync_stats(self.engine)
 
     def save_rng(self, path: str) -> None:
         """Write this process's torch RNG state (the sampling stream) to ``path`` (temporary file, then rename)."""
@@ -123,12 +134,14 @@ class _TrainerImpl:
 
         from .grpo import GRPOConfig
         from .rollpacker.stream import StreamTrainer
+        from .sampling import SamplingConfig
 
         spec = self.spec
         model, tok = _build_policy(spec)
         opt = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", 1e-6), weight_decay=0.0)
         self.trainer = StreamTrainer(model, opt, GRPOConfig(**spec.get("grpo", {})), micro_batch=spec.get("micro_batch", 2),
-                                     max_grad_norm=spec.get("max_grad_norm", 1.0), pad_id=tok.pad_token_id)
+                                     max_grad_norm=spec.get("max_grad_norm", 1.0), pad_id=tok.pad_token_id,
+                                     sampling=SamplingConfig.from_spec(spec))     # the engine's, same spec
         return 0
 
     def add(self, samples) -> None:
@@ -295,6 +308,13 @@ class Actors:
         state = tr.state.remote()
         self.engine.version = ray.get(eng.update_weights.remote(state, version), timeout=self.rpc_timeout_s)
 
+    def sync_stats(self) -> dict:
+        """The engine's weight-sync record (``ops.rl.weights.sync_stats``: policy_version,
+        stale_syncs_refused, failed_syncs), for run metadata."""
+        import ray
+
+        return ray.get(self.handles[0].sync_stats.remote(), timeout=self.rpc_timeout_s)
+
     def save_state(self, trainer_path: str, engine_path: str) -> int:
         """Between steps: the trainer's state to ``trainer_path`` and the engine's sampling RNG to
         ``engine_path`` (written by the actors). Returns the policy version saved."""
@@ -354,6 +374,9 @@ class LocalActors:
 
     def publish(self, _trainer, version: int) -> None:
         self._eng.update_weights(self._tr.state(), version)
+
+    def sync_stats(self) -> dict:
+        return self._eng.sync_stats()
 
     def save_state(self, trainer_path: str, engine_path: str) -> int:
         self._eng.save_rng(engine_path)

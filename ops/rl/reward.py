@@ -1,12 +1,15 @@
 """Rule-based math reward, served over HTTP, and its fault-tolerant client.
 
-Reward (RollPacker §2 and DeepSeekMath-style rule rewards): the response's last ``\\boxed{}`` is
-compared with the reference through the project's verifier (``ops.curation.verify``: math-verify
-with its guards). Status and score:
+Reward (RollPacker §2 and DeepSeekMath-style rule rewards): the last ``\\boxed{}`` of the
+response's *final answer* — its text outside ``<think>...</think>`` reasoning blocks
+(``final_answer_text``) — is compared with the reference through the project's verifier
+(``ops.curation.verify``: math-verify with its guards). An answer inside a think block never counts
+as the final answer (case ``reward-think-block``). Status and score:
 
     verified      1.0
     wrong         0.0
-    unparseable   0.0   (no ``\\boxed{}`` or nothing parseable in it; counted apart from wrong)
+    unparseable   0.0   (no ``\\boxed{}`` in the final answer, or nothing parseable in it; counted
+                         apart from wrong)
     bad_gold      None  (the reference itself does not parse: not the policy's fault)
     failed        None  (timeout, crash or the service could not be reached) — never 0.0
 
@@ -26,13 +29,46 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional, Sequence
 
+from ops.httpjson import send_json
+
 SCORES = {"verified": 1.0, "wrong": 0.0, "unparseable": 0.0}
+
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
+
+
+def final_answer_text(response: str) -> str:
+    """The response without its reasoning: the text outside ``<think>...</think>`` blocks (tags
+    case-insensitive), which is where the final answer must be.
+
+    Rules (case ``reward-think-block``, shared/cases/training.json):
+    * a closed block ``<think>...</think>`` is removed, wherever it is (several may occur);
+    * an unclosed ``<think>`` runs to the end of the response: the reasoning never ended, so nothing
+      after it is a final answer (a ``\\boxed{}`` in it scores ``unparseable``, not ``verified``);
+    * a ``</think>`` with no open block closes a block that began at the start of the response
+      (chat templates such as DeepSeek-R1's put the opening ``<think>`` in the prompt);
+    * a response without tags is its own final answer.
+    """
+    out, pos, inside = [], 0, False
+    for m in _THINK_TAG.finditer(response):
+        closing = m.group(1) == "/"
+        if closing:
+            if not inside:
+                out = []                                   # everything so far was reasoning
+            inside = False
+        elif not inside:
+            out.append(response[pos:m.start()])
+            inside = True
+        pos = m.end()
+    if not inside:
+        out.append(response[pos:])
+    return "".join(out)
 
 
 class RewardServiceError(RuntimeError):
@@ -105,7 +141,7 @@ def score_one(item: RewardItem) -> RewardResult:
     """Score one response in this process (math-verify: call it in a process's main thread)."""
     from ops.curation.verify import VerifyItem, last_boxed, verify_one
 
-    boxed = last_boxed(item.response)
+    boxed = last_boxed(final_answer_text(item.response))
     if boxed is None or not boxed.strip():
         return RewardResult(item.key, 0.0, "unparseable")
     pred = boxed if item.answer_type == "multiple_choice" else f"$\\boxed{{{boxed}}}$"
@@ -199,15 +235,7 @@ class RewardServer:
                                             for r in res]})
 
             def _send(self, code, obj):
-                data = json.dumps(obj).encode()
-                try:
-                    self.send_response(code)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+                send_json(self, code, obj)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.httpd.daemon_threads = True

@@ -8,6 +8,10 @@ its numerator, so parameter gradients accumulate sum_g dN_g/dtheta, and records 
 divides the accumulated gradients by sum_g D_g, clips, and applies the optimizer once: the update
 equals the all-at-once update (to floating-point summation order). The old policy is the current
 weights: the step is deferred, so they do not change while groups arrive (on-policy, ratio = 1).
+Log-probabilities are those of the engine's sampling distribution (temperature, top-k, top-p:
+``ops.rl.sampling``), from the SamplingConfig the engine samples with (``HFEngine.sampling``, or
+``SamplingConfig.from_spec`` of the actor spec the engine was built from), so a sampled token scores
+the same on both sides (case ``logprob-temperature-consistent``).
 
 ``add`` may run on a background thread (``StreamWorker``) while the engine generates.
 """
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ops.rl.grpo import GRPOConfig, grpo_loss_terms, token_logprobs
+from ops.rl.sampling import SamplingConfig
 
 
 @dataclass
@@ -50,20 +55,28 @@ class StreamTrainer:
         cfg: GRPOConfig.
         micro_batch: responses per forward/backward pass.
         max_grad_norm: gradient clipping after renormalisation (None: no clipping).
-        ref_model: reference policy for the KL term (needed when cfg.kl_coef > 0).
+        sampling: the engines' SamplingConfig (the old policy is the distribution they sample from;
+            the default is T = 1 without top-k/top-p).
+        ref_model: reference policy for the KL term (needed when cfg.kl_coef > 0; scored with the
+            same sampling distribution).
     Attributes:
         version: policy version = optimizer steps applied.
+    Raises:
+        ValueError: micro_batch < 1, kl_coef > 0 without ref_model; TypeError: sampling is not a
+            SamplingConfig.
     """
 
     def __init__(self, model, optimizer, cfg: GRPOConfig = GRPOConfig(), micro_batch: int = 8,
-                 max_grad_norm: Optional[float] = 1.0, temperature: float = 1.0, pad_id: int = 0, ref_model=None,
-                 version: int = 0):
+                 max_grad_norm: Optional[float] = 1.0, sampling: SamplingConfig = SamplingConfig(), pad_id: int = 0,
+                 ref_model=None, version: int = 0):
         if micro_batch < 1:
             raise ValueError(f"trainer.micro_batch must be >= 1, got {micro_batch}")
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("grpo.kl_coef > 0 needs a ref_model")
+        if not isinstance(sampling, SamplingConfig):
+            raise TypeError(f"trainer.sampling must be an ops.rl.sampling.SamplingConfig, got {sampling!r}")
         self.model, self.opt, self.cfg = model, optimizer, cfg
-        self.micro_batch, self.max_grad_norm, self.temperature, self.pad_id = micro_batch, max_grad_norm, temperature, pad_id
+        self.micro_batch, self.max_grad_norm, self.sampling, self.pad_id = micro_batch, max_grad_norm, sampling, pad_id
         self.ref_model = ref_model
         self.version = version
         self._reset()
@@ -84,13 +97,11 @@ class StreamTrainer:
         self.model.train()
         for i in range(0, len(samples), self.micro_batch):
             mb = samples[i: i + self.micro_batch]
-            logp, mask = token_logprobs(self.model, [s.prompt_ids for s in mb], [s.response_ids for s in mb],
-                                        self.temperature, self.pad_id)
+            logp, mask = self._logprobs(self.model, mb)
             ref = None
             if self.cfg.kl_coef > 0:
                 with torch.no_grad():
-                    ref, _ = token_logprobs(self.ref_model, [s.prompt_ids for s in mb], [s.response_ids for s in mb],
-                                            self.temperature, self.pad_id)
+                    ref, _ = self._logprobs(self.ref_model, mb)
             old = logp.detach()
             if any(s.old_logprobs is not None for s in mb):
                 old = old.clone()
@@ -112,6 +123,26 @@ class StreamTrainer:
             self.stats["clip_fraction"] += st["clip_fraction"] * st["tokens"]
             self.stats["kl"] += st["kl"] * st["tokens"]
         self.compute_s += time.perf_counter() - t0
+
+    def _logprobs(self, model, mb: Sequence[TrainSample]):
+        return token_logprobs(model, [s.prompt_ids for s in mb], [s.response_ids for s in mb], self.sampling,
+                              self.pad_id)
+
+    def logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Per-token log-probabilities [T_i] of each sample's response under the current weights and
+        the sampling distribution — what ``add`` uses as pi (no gradient, no accumulation)."""
+        import torch
+
+        out = []
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for i in range(0, len(samples), self.micro_batch):
+                mb = samples[i: i + self.micro_batch]
+                lp, _ = self._logprobs(self.model, mb)
+                out += [lp[b, : len(s.response_ids)].tolist() for b, s in enumerate(mb)]
+        self.model.train(was_training)
+        return out
 
     def gradients(self) -> dict:
         """The renormalised gradients the step would apply (name -> tensor), without applying them."""
