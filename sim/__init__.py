@@ -14,4 +14,9 @@ Modules:
                    ablation: ``AgenticWorkload``, ``simulate``, ``routing_ablation``
     rollarc_roles  RollArc's simulated roles (engines, environments, reward) in real time:
                    ``SimConfig``, ``SimRoles``
+    roofline       roofline step costs (vendor peaks, model shapes, KV cache) with the GPU
+                   calibration override: ``Roofline``, ``HardwareProfile``, ``ModelConfig``
+    traces         keyed workload traces: ``LogNormalLengths``, ``MeasuredLengths``, ``AgenticTurns``
+    des            the discrete-event simulator of both papers on equal GPUs:
+                   ``simulate_rollpacker``, ``simulate_rollarc``, ``DESEngine``, ``Instance``
 """

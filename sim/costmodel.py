@@ -12,12 +12,11 @@ Per step, with ``t_i`` the finish time of trained response i (from ``SimEngine``
 * a weight sync of ``sync_s`` ends every step.
 
 [open] The paper does not publish its per-phase costs; the defaults are calibrated so that the
-synchronous baseline spends ~70% of a step in rollout (SEEDS.md §4) with a 7B-class decode model.
+synchronous baseline spends ~70% of a step in rollout (the paper's figure; docs/rollpacker.md, "Paper anchors") with a 7B-class decode model.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -57,57 +56,10 @@ class ClusterModel:
         return self.gpus // self.gpus_per_instance
 
 
-def _rewards(arrivals: list[float], costs: list[float], workers: int) -> list[float]:
-    """FIFO list scheduling on ``workers`` servers; returns completion times (input order)."""
-    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i])
-    free = [0.0] * workers
-    heapq.heapify(free)
-    done = [0.0] * len(arrivals)
-    for i in order:
-        t = max(heapq.heappop(free), arrivals[i])
-        done[i] = t + costs[i]
-        heapq.heappush(free, done[i])
-    return done
-
-
-def _train(ready: list[float], work: list[float], drain: list[float], rollout_end: float, gpus: int,
-           gpus_per_instance: int, stream: bool) -> float:
-    """When the last group's training ends. Capacity (GPUs) is piecewise constant: with ``stream``,
-    ``gpus_per_instance`` x (instances drained by t) before ``rollout_end``, all GPUs after; without,
-    nothing before max(ready) and all GPUs after. Work is done FIFO by ready time."""
-    if not work:
-        return rollout_end
-    if not stream:
-        return max(max(ready), rollout_end) + sum(work) / gpus
-    bps = sorted(set([d for d in drain if d < rollout_end] + [rollout_end]))
-
-    def cap(t: float) -> float:
-        if t >= rollout_end:
-            return float(gpus)
-        return float(gpus_per_instance * sum(d <= t for d in drain))
-
-    jobs = sorted(zip(ready, work))
-    t, k = 0.0, 0
-    queue_work = 0.0
-    while k < len(jobs) or queue_work > 1e-12:
-        if queue_work <= 1e-12:
-            t = max(t, jobs[k][0])
-        while k < len(jobs) and jobs[k][0] <= t + 1e-12:
-            queue_work += jobs[k][1]
-            k += 1
-        nxt = min([b for b in bps if b > t + 1e-12] + ([jobs[k][0]] if k < len(jobs) else []) + [math.inf])
-        c = cap(t)
-        if c <= 0:
-            t = nxt
-            continue
-        finish = t + queue_work / c
-        if finish <= nxt:
-            t, queue_work = finish, 0.0
-        else:
-            queue_work -= (nxt - t) * c
-            t = nxt
-    return t
-
+# FIFO reward scheduling and the stream trainer's piecewise-capacity queue: the same model as the
+# discrete-event simulator's (one implementation, in sim/des.py).
+from .des import _reward_done as _rewards  # noqa: E402
+from .des import _train_end as _train  # noqa: E402
 
 def step_timeline(rnd: RoundResult, cm: ClusterModel, reward_overlap: bool, stream_train: bool, rng: random.Random,
                   prompt_tokens: int = 200) -> dict:

@@ -1,5 +1,5 @@
 """A discrete-event simulation of agentic multi-turn rollouts on heterogeneous engine pools, for the
-routing ablation of RollArc's hardware-affinity mapping (arXiv 2512.22560 §4; SEEDS.md §5). Time is
+routing ablation of RollArc's hardware-affinity mapping (arXiv 2512.22560 §4; docs/rollarc.md, "Routing ablation"). Time is
 simulated (no sleeping); the cost is O(requests x running sequences).
 
 Workload (``AgenticWorkload``; [open] the paper publishes no per-turn token model, these are

@@ -1,5 +1,5 @@
 """In-process RollArc roles for paper-scale end-to-end comparisons in *scaled real time* (RollArc,
-arXiv 2512.22560 §4-5; SEEDS.md §5). Torch-free, ray-free.
+arXiv 2512.22560 §4-5; docs/rollarc.md). Torch-free, ray-free.
 
 ``SimRoles`` implements ``ops.rl.rollarc.core.Roles`` with ``asyncio.sleep``: an operation that costs ``x``
 simulated seconds sleeps ``x * time_scale`` wall seconds, so ``run_rollarc`` and ``run_monolithic``
