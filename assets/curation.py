@@ -1,6 +1,6 @@
 """The curation group: annotate -> exact dedup -> near dedup -> decontaminate -> distill -> sample.
 
-Logics-STEM (arXiv 2601.01562) §2, stages 1-5, with the defaults of SEEDS.md §1. Each asset reads
+Logics-STEM (arXiv 2601.01562) §2, stages 1-5, with the defaults in docs/curation.md ("Defaults"). Each asset reads
 its parent's Parquet table from the lake, writes its own atomically, and returns counts, its data
 version and a figure. Heavy libraries (scikit-learn, datasketch, math-verify) load inside the
 functions in ``ops``.
@@ -12,34 +12,40 @@ import polars as pl
 
 from ops import figures
 from ops.curation import dedup
+from ops.curation.annotate import AnnotateParams
 from ops.curation.decontam import DecontamConfig
+from ops.curation.sampling import SftParams
 from ops.curation.sources import BUILTIN_SOURCES, SourceError
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
+from ._config import mirrors
 from ._meta import image, md_table, table_result
 from .frames import ANNOTATION_SCHEMA, RAW_SCHEMA, frame
 from .sources import SOURCE_PARTITIONS
 
 GROUP = "curation"
-_DECONTAM = DecontamConfig()
 PROBLEM_SCHEMA = {**RAW_SCHEMA, **ANNOTATION_SCHEMA}
-DEFAULT_PRIORITY = ["math_test", "mmlu_dev_val", "arc", "mathematics_dataset"]
+# Run-config defaults, meanings and validation live in the ops dataclasses (assets/_config.py).
+_ANNOTATE, _EXACT, _NEAR, _DECONTAM, _SFT = AnnotateParams(), dedup.ExactDedupParams(), dedup.NearDedupParams(), DecontamConfig(), SftParams()
 
 
+@mirrors(AnnotateParams, own=("allow_missing_sources",))
 class AnnotateConfig(dg.Config):
-    seed: int = 0
-    max_per_class: int = 2000
+    """The Launchpad face of ops.curation.annotate.AnnotateParams (meanings and ranges there)."""
+
+    seed: int = _ANNOTATE.seed
+    max_per_class: int = _ANNOTATE.max_per_class
     """Rows per class used to fit each classifier (larger classes are subsampled)."""
-    min_confidence: float = 0.5
+    min_confidence: float = _ANNOTATE.min_confidence
     """Classifier labels below this confidence are flagged needs_llm_label."""
     allow_missing_sources: bool = False
     """By default every raw_problems partition must be materialized; True annotates what exists."""
-    llm_label_max_rows: int = 16
+    llm_label_max_rows: int = _ANNOTATE.llm_label_max_rows
     """Rows the classifier is unsure of (needs_llm_label) sent to the teacher for a domain label."""
 
 
-def _llm_labels(context, rows: list[dict], config: AnnotateConfig, lake: LakeResource, teacher: TeacherResource) -> dict:
+def _llm_labels(context, rows: list[dict], config: AnnotateParams, lake: LakeResource, teacher: TeacherResource) -> dict:
     """The ``llm`` provenance path: the teacher labels the domain of rows the classifier is unsure of."""
     from ops.curation.annotate import DOMAINS
     from ops.curation.distill import select_rows
@@ -76,6 +82,7 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
     (rule | classifier | llm); classifier held-out accuracy in the metadata."""
     from ops.curation.annotate import annotate
 
+    params = AnnotateParams(**config.model_dump(exclude={"allow_missing_sources"}))
     wanted = SOURCE_PARTITIONS.get_partition_keys()
     present = set(lake.partitions("raw_problems"))
     missing = [k for k in wanted if k not in present]
@@ -85,8 +92,8 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
         context.log.warning(f"annotating without sources {missing}")
     keys = [k for k in wanted if k in present]
     raw = pl.concat([lake.read("raw_problems", k) for k in keys], how="vertical_relaxed") if keys else frame([], RAW_SCHEMA)
-    rows, report = annotate(raw.to_dicts(), seed=config.seed, max_per_class=config.max_per_class, min_confidence=config.min_confidence)
-    llm = _llm_labels(context, rows, config, lake, teacher) if config.llm_label_max_rows > 0 else {"asked": 0}
+    rows, report = annotate(raw.to_dicts(), seed=params.seed, max_per_class=params.max_per_class, min_confidence=params.min_confidence)
+    llm = _llm_labels(context, rows, params, lake, teacher) if params.llm_label_max_rows > 0 else {"asked": 0}
     df = frame(rows, PROBLEM_SCHEMA).sort("problem_id")
     path, version = lake.write(df, "annotated_problems")
     by = df.group_by("source", "domain", "domain_provenance").len(name="rows").sort("source", "domain")
@@ -108,16 +115,23 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
     return table_result(None, path, version, raw.height, df.height, **meta)
 
 
+@mirrors(dedup.ExactDedupParams)
 class ExactDedupConfig(dg.Config):
-    source_priority: list[str] = DEFAULT_PRIORITY
+    """The Launchpad face of ops.curation.dedup.ExactDedupParams (meanings and checks there)."""
+
+    source_priority: list[str] = list(_EXACT.source_priority)
     """Survivor rule after 'has a reference solution': earlier sources win; unlisted come last."""
 
 
+@mirrors(dedup.NearDedupParams)
 class DedupConfig(ExactDedupConfig):
-    threshold: float = 0.8
+    """The Launchpad face of ops.curation.dedup.NearDedupParams (meanings and ranges there)."""
+
+    threshold: float = _NEAR.threshold
     """Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH)."""
-    num_perm: int = 128
-    seed: int = 1
+    num_perm: int = _NEAR.num_perm
+    """MinHash permutations in [16, 8192]."""
+    seed: int = _NEAR.seed
 
 
 def _check_priority(context, priority: list[str]) -> None:
@@ -129,10 +143,11 @@ def _check_priority(context, priority: list[str]) -> None:
 @dg.asset(deps=["annotated_problems"], group_name=GROUP, code_version="1", kinds={"polars", "parquet"})
 def exact_deduped_problems(context: dg.AssetExecutionContext, config: ExactDedupConfig, lake: LakeResource) -> dg.MaterializeResult:
     """Valid problems with exact duplicates (MD5 of normalised text) removed."""
-    _check_priority(context, config.source_priority)
+    params = dedup.ExactDedupParams(**config.model_dump())
+    _check_priority(context, params.source_priority)
     ann = lake.read("annotated_problems")
     valid = ann.filter(pl.col("is_valid"))
-    kept, clusters = dedup.exact_dedup(valid, config.source_priority)
+    kept, clusters = dedup.exact_dedup(valid, params.source_priority)
     lake.write(clusters, "exact_deduped_problems", name="clusters.parquet")
     path, version = lake.write(kept, "exact_deduped_problems")
     stages = [("annotated", ann.height), ("valid", valid.height), ("exact-deduped", kept.height)]
@@ -155,15 +170,11 @@ def exact_deduped_problems(context: dg.AssetExecutionContext, config: ExactDedup
     ]
 )
 def near_deduped_problems(context: dg.AssetExecutionContext, config: DedupConfig, lake: LakeResource):
-    from ops.curation.minhash import validate_params
-
-    validate_params(config.threshold, config.num_perm)
-    _check_priority(context, config.source_priority)
+    params = dedup.NearDedupParams(**config.model_dump())  # the one range check (DedupConfigError names the field)
+    _check_priority(context, params.source_priority)
     ex = lake.read("exact_deduped_problems")
     exact_clusters = lake.read("exact_deduped_problems", name="clusters.parquet")
-    kept, near_clusters, stats = dedup.near_dedup_frame(
-        ex.drop("text_md5"), config.source_priority, threshold=config.threshold, num_perm=config.num_perm, seed=config.seed
-    )
+    kept, near_clusters, stats = dedup.near_dedup_frame(ex.drop("text_md5"), params=params)
     clusters = merge_clusters(exact_clusters, near_clusters)
     path, version = lake.write(kept, "near_deduped_problems")
     cpath, cversion = lake.write(clusters, "dedup_clusters")
@@ -172,9 +183,9 @@ def near_deduped_problems(context: dg.AssetExecutionContext, config: DedupConfig
     yield table_result(
         "near_deduped_problems", path, version, ex.height, kept.height,
         near_duplicates_removed=dg.MetadataValue.int(ex.height - kept.height),
-        lsh=dg.MetadataValue.json({**stats, "threshold": config.threshold, "num_perm": config.num_perm}),
+        lsh=dg.MetadataValue.json({**stats, "threshold": params.threshold, "num_perm": params.num_perm}),
         removed_by_source=md_table(removed.group_by("source").len(name="rows").sort("rows", descending=True)),
-        figure=image(figures.histogram(sims or [config.threshold], 20, "Jaccard of removed rows with their survivor", "exact Jaccard"), "jaccard"),
+        figure=image(figures.histogram(sims or [params.threshold], 20, "Jaccard of removed rows with their survivor", "exact Jaccard"), "jaccard"),
     )
     n_clusters = clusters.filter(pl.col("is_survivor")).height
     yield table_result(
@@ -208,6 +219,7 @@ def merge_clusters(exact: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([survivors.select(dedup.CLUSTER_SCHEMA.keys()), removed]).sort("cluster_id", "is_survivor", "problem_id", descending=[False, True, False])
 
 
+@mirrors(DecontamConfig)
 class DecontaminationConfig(dg.Config):
     """The Launchpad face of ops.curation.decontam.DecontamConfig (meanings and defaults there)."""
 
@@ -285,21 +297,17 @@ SFT_COLUMNS = ["problem_id", "source", "record", "domain", "difficulty", "answer
                "response", "response_source"]
 
 
+@mirrors(SftParams)
 class SftConfig(dg.Config):
-    target_size: int = 2000
-    """Rows in the SFT dataset (all verified rows when fewer)."""
-    stratum_floor: int = 20
-    """Minimum rows per stratum (domain x difficulty x answer type); smaller strata are kept whole."""
-    seed: int = 0
-    tolerance: float = 0.05
-    """Allowed relative deviation of a stratum from the plan (checked by a blocking asset check)."""
+    """The Launchpad face of ops.curation.sampling.SftParams (meanings and ranges there)."""
 
-    def validate_ranges(self) -> None:
-        for name, ok in (("target_size", self.target_size >= 1), ("stratum_floor", self.stratum_floor >= 0),
-                         ("tolerance", 0.0 <= self.tolerance <= 0.5)):
-            if not ok:
-                raise ValueError(f"sft_dataset.{name} out of range: {getattr(self, name)} "
-                                 "(target_size >= 1, stratum_floor >= 0, 0 <= tolerance <= 0.5)")
+    target_size: int = _SFT.target_size
+    """Rows in the SFT dataset (all verified rows when fewer)."""
+    stratum_floor: int = _SFT.stratum_floor
+    """Minimum rows per stratum (domain x difficulty x answer type); smaller strata are kept whole."""
+    seed: int = _SFT.seed
+    tolerance: float = _SFT.tolerance
+    """Allowed relative deviation of a stratum from the plan (checked by a blocking asset check)."""
 
 
 def _card(df: pl.DataFrame, plan: dict, lineage: dict, context: dg.AssetExecutionContext) -> str:
@@ -341,14 +349,14 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
     from ops import lake as lakeio
     from ops.curation.sampling import stratified_sample
 
-    config.validate_ranges()
+    params = SftParams(**config.model_dump())  # ranges checked once, here
     dist = lake.read("distilled_problems")
     verified = dist.filter(pl.col("status") == "verified")
     if verified.is_empty():
         raise ValueError("sft_dataset: distilled_problems has no verified row; nothing to publish")
-    if verified.height < config.target_size:
-        context.log.warning(f"sft_dataset: target_size {config.target_size} > {verified.height} verified rows; publishing all of them")
-    sample, plan = stratified_sample(verified, STRATA, config.target_size, config.stratum_floor, seed=config.seed)
+    if verified.height < params.target_size:
+        context.log.warning(f"sft_dataset: target_size {params.target_size} > {verified.height} verified rows; publishing all of them")
+    sample, plan = stratified_sample(verified, STRATA, params.target_size, params.stratum_floor, seed=params.seed)
     sample = sample.select(SFT_COLUMNS).with_columns(
         messages=pl.concat_list(
             pl.struct(role=pl.lit("user"), content=pl.col("problem")),
@@ -367,8 +375,8 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
             lineage[name] = {"data_version": lakeio.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
     final = lake.base / "sft_dataset"
     version = lakeio.write_hf_dataset(sample, final, _card(sample, plan, lineage, context))
-    lakeio.write_json_atomic({"plan": plan, "target_size": config.target_size, "stratum_floor": config.stratum_floor,
-                              "tolerance": config.tolerance}, lake.base / "sft_dataset.plan.json")
+    lakeio.write_json_atomic({"plan": plan, "target_size": params.target_size, "stratum_floor": params.stratum_floor,
+                              "tolerance": params.tolerance}, lake.base / "sft_dataset.plan.json")
     lake.refresh_view("sft_dataset", pattern=str(final / "data" / "*.parquet"))
     before = verified.group_by(STRATA).len(name="rows").sort(STRATA)
     after = sample.group_by(STRATA).len(name="rows")
@@ -379,8 +387,8 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
     return table_result(
         None, final, version, verified.height, sample.height,
         strata=dg.MetadataValue.int(len(plan)),
-        target_size=dg.MetadataValue.int(config.target_size),
-        shortfall=dg.MetadataValue.int(max(0, config.target_size - sample.height)),
+        target_size=dg.MetadataValue.int(params.target_size),
+        shortfall=dg.MetadataValue.int(max(0, params.target_size - sample.height)),
         plan=md_table(pl.DataFrame({"stratum": list(plan), "planned": list(plan.values())}), 60),
         lineage=dg.MetadataValue.json(lineage),
         load_with=dg.MetadataValue.md(f"```python\nimport datasets\nds = datasets.load_dataset('parquet', data_dir='{final}')['train']\n```"),

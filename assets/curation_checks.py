@@ -1,4 +1,4 @@
-"""Blocking asset checks on the curation hand-offs (ARCHITECTURE.md §2).
+"""Blocking asset checks on the curation hand-offs (docs/curation.md, "Asset checks").
 
 A failed blocking check stops the run before any downstream asset reads the table.
 """

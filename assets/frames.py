@@ -1,4 +1,4 @@
-"""Polars schemas of the problem tables (ARCHITECTURE.md §3) and dict <-> frame conversion."""
+"""Polars schemas of the problem tables (docs/curation.md, "Problem tables") and dict <-> frame conversion."""
 
 
 import polars as pl

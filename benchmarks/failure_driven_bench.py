@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -71,11 +72,12 @@ def build_standins(lake, size: str) -> dict:
         plan = ProbePlan(phase="base", data_dir=str(base / "cpt_tokenizer"), base_dir=str(base / "cpt_base_models"),
                          out_dir=str(base / "cpt_probe_runs"), runs=[{"size": size, "ratio": 0.0, "key": size}])
         pp = base / "plan.bench.json"
-        pp.write_text(json.dumps(plan.__dict__))
+        pp.write_text(plan.to_json())
         c = ComputeResource()
-        subprocess.run(c.launch_command(str(ROOT / "ops/mixture/probe.py"), [str(pp)]), env={**os.environ, **c.launch_env()},
-                       check=True)
+        subprocess.run(c.launch_command("ops.mixture.probe", ["--spec", str(pp), "--out", str(base / ".plan.bench.run")],
+                                        module=True), env={**os.environ, **c.launch_env()}, cwd=ROOT, check=True)
         pp.unlink()
+        shutil.rmtree(base / ".plan.bench.run", ignore_errors=True)
         notes[f"cpt_base_models/{size}"] = "stand-in: probe worker base phase, default ProbePlan (2 ranks)"
     if not (base / "mixture_plan" / "plan.json").exists():
         notes["mixture_plan"] = "absent: domain_ratio 1.0 (no general replay)"

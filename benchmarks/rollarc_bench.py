@@ -1,4 +1,4 @@
-"""RollArc vs the monolithic synchronous baseline (SEEDS.md §5; RollArc, arXiv 2512.22560).
+"""RollArc vs the monolithic synchronous baseline (docs/rollarc.md, "How it is measured"; RollArc, arXiv 2512.22560).
 
     .venv/bin/python benchmarks/rollarc_bench.py [--seeds 0,1,2] [--quick] [--real] [--out PATH]
 

@@ -1,4 +1,4 @@
-"""RollPacker vs the synchronous baseline (SEEDS.md §4; arXiv 2509.21009 §6).
+"""RollPacker vs the synchronous baseline (docs/rollpacker.md, "How it is measured"; arXiv 2509.21009 §6).
 
     .venv/bin/python benchmarks/rollpacker_bench.py [--real-steps 5] [--skip-real] [--lake DIR]
 

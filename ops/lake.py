@@ -3,7 +3,7 @@
 Layout: ``<root>/<asset>/data.parquet`` and, for partitioned assets,
 ``<root>/<asset>/<partition>/data.parquet``; side tables sit beside them (``quarantine.parquet``).
 Writes go to a temporary file in the same folder, then ``os.replace`` — a reader never sees a
-half-written table and a failed step leaves the previous version in place (ARCHITECTURE.md §6).
+half-written table and a failed step leaves the previous version in place (docs/operations.md, "Failure behaviour").
 """
 
 from __future__ import annotations

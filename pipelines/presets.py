@@ -11,6 +11,17 @@ default. ``small`` mirrors the assets' own defaults (a test keeps them equal), s
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ops.gba.config import RunConfig as GBARun
+from ops.rl.rollarc.driver import RunConfig as RollArcRun
+from ops.rl.rollpacker.driver import RunSpec as RollPackerRun
+
+
+def _defaults(source: type, *names: str) -> dict[str, Any]:
+    """The ops dataclass defaults of ``names``: the ``small`` sizes of an asset whose config mirrors
+    ``source`` (one source: the asset's defaults are the same)."""
+    return {n: getattr(source, n) for n in names}
+
+
 # Op name (the asset's, or the multi-asset's function name) -> config fields.
 SMALL: dict[str, dict[str, Any]] = {
     "raw_problems": {"mathematics_dataset_per_module": 20, "limit": None},
@@ -18,10 +29,10 @@ SMALL: dict[str, dict[str, Any]] = {
     "distilled_problems": {"teacher_max_rows": 24, "k_samples": 2, "max_tokens": 160, "workers": 2},
     "sft_dataset": {"target_size": 2000},
     "ctr_model": {"epochs": 3},
-    "gba_run": {"epochs": 1.0},
-    "rollpacker_run": {"steps": 2, "prompts_per_step": 2, "responses_per_prompt": 4, "max_new_tokens": 48},
-    "rollarc_run": {"steps": 3, "groups_per_step": 1, "group_size": 2, "redundancy": 1, "max_turns": 2,
-                    "max_new_tokens": 16},
+    "gba_run": _defaults(GBARun, "epochs"),
+    "rollpacker_run": _defaults(RollPackerRun, "steps", "prompts_per_step", "responses_per_prompt", "max_new_tokens"),
+    "rollarc_run": _defaults(RollArcRun, "steps", "groups_per_step", "group_size", "redundancy", "max_turns",
+                             "max_new_tokens"),
     "cpt_base_models": {"base_tokens": 200_000, "seq_len": 128, "global_batch": 16, "timeout_s": 1800.0},
     "cpt_probe_runs": {"cpt_tokens": 131_072, "first_checkpoint": 4_096, "timeout_s": 1800.0},
     "dcpt_law_fit": {"n_boot": 20},

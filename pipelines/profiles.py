@@ -1,4 +1,4 @@
-"""Profiles: one switch moves Crucible from the embedded default to production (ARCHITECTURE.md §5).
+"""Profiles: one switch moves Crucible from the embedded default to production (docs/operations.md, "Profiles").
 
     CRUCIBLE_PROFILE=prod                        # default: "default" (2 CPU cores, offline)
     CRUCIBLE_PROD_CONFIG=/etc/crucible/prod.yaml # optional; deploy/prod.example.yaml documents every key
@@ -106,18 +106,10 @@ def load_prod_config(path: Optional[str] = None) -> ProdConfig:
     values: dict[str, Any] = {}
     where = "<defaults>"
     if path:
-        import yaml
+        from ops.yamlfile import read_yaml_mapping
 
-        p = Path(path).expanduser()
+        p, doc = read_yaml_mapping(path, ProfileError, CONFIG_ENV)
         where = str(p)
-        if not p.exists():
-            raise ProfileError(f"{CONFIG_ENV} points to a missing file: {p}")
-        try:
-            doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise ProfileError(f"{p}: not valid YAML: {e}") from e
-        if not isinstance(doc, dict):
-            raise ProfileError(f"{p}: expected a mapping of sections ({', '.join([*_SCHEMA, *_TOP])})")
         for section, body in doc.items():
             if section in _TOP:
                 name, typ = _TOP[section]

@@ -1,4 +1,4 @@
-"""Compute: how training assets launch their worker processes (ARCHITECTURE.md §4).
+"""Compute: how training assets launch their worker processes (docs/architecture.md, "Launching out-of-process work").
 
 The embedded default launches CPU processes with ``accelerate launch``; production swaps this
 resource's config (a GPU accelerate config file, more processes, mixed precision), never the code.
@@ -32,7 +32,7 @@ class ComputeResource(dg.ConfigurableResource):
         num_processes: processes per launch (ranks). On CPU each is one gloo rank.
         cpu: force CPU training (the embedded default). Multi-process CPU runs need
             ``ACCELERATE_USE_CPU=true`` *and* ``--multi_gpu``: ``accelerate launch --cpu
-            --num_processes 2`` silently starts a single process (FACTS.md).
+            --num_processes 2`` silently starts a single process (docs/platform-notes.md, "accelerate on CPU").
         accelerate_config_file: an accelerate YAML config (production GPU profile); when set it
             replaces ``--multi_gpu/--num_processes/--mixed_precision`` on the command line.
         mixed_precision: ``no`` | ``fp16`` | ``bf16`` (ignored on CPU).

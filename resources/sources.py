@@ -34,16 +34,10 @@ def parse_sources_file(path: str | os.PathLike | None) -> tuple[dict[str, UserSo
     """
     if not path:
         return {}, {}
-    import yaml
+    from ops.yamlfile import read_yaml_mapping
 
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise SourceError(f"CRUCIBLE_SOURCES points to a missing file: {p}")
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise SourceError(f"{p}: not valid YAML: {e}") from e
-    entries = doc.get("sources") if isinstance(doc, dict) else None
+    p, doc = read_yaml_mapping(path, SourceError, "CRUCIBLE_SOURCES")
+    entries = doc.get("sources")
     if not isinstance(entries, list):
         raise SourceError(f"{p}: expected a mapping with a 'sources' list")
     good: dict[str, UserSource] = {}

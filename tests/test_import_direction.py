@@ -6,6 +6,8 @@
 * ``ops/`` never imports Dagster: ops are plain Python run by assets and by drivers launched through
   Dagster Pipes. ``dagster_pipes`` (the standalone, dagster-free Pipes client) is allowed; ``dagster``
   and the other ``dagster_*`` integration libraries (which depend on ``dagster``) are not.
+* The modules of ``ops/`` import each other without a cycle (a module that needs a name from one
+  that imports it, e.g. an error class, gets it from a third module both import: ``ops/gba/errors.py``).
 
 Every import counts, at any depth (inside functions, ``try``, ``if TYPE_CHECKING``), as do
 ``importlib.import_module`` / ``__import__`` calls with a literal module name.
@@ -14,6 +16,7 @@ Every import counts, at any depth (inside functions, ``try``, ``if TYPE_CHECKING
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 from typing import Iterator
 
@@ -138,3 +141,51 @@ def test_production_code_does_not_import_sim():
 def test_ops_does_not_import_dagster():
     bad = _violations(("ops",), _is_dagster)
     assert not bad, "ops/ imports Dagster (only dagster_pipes is allowed):\n" + "\n".join(bad)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (at any depth). ``from a import b`` counts as
+    importing ``a.b`` when that is a module, else ``a``; a package's own ``__init__`` is not counted
+    for its submodules' imports of each other."""
+    modules = {modname: path for path, modname in _modules(package)}
+    graph: dict[str, set[str]] = {}
+    for modname, path in modules.items():
+        names = imported_names(path.read_text(encoding="utf-8"), modname, path.name == "__init__.py")
+        by_line: dict[int, list[str]] = {}
+        for line, name in names:
+            by_line.setdefault(line, []).append(name)
+        deps = set()
+        for same_statement in by_line.values():
+            for name in same_statement:
+                if name not in modules or name == modname:
+                    continue
+                if any(other.startswith(name + ".") and other in modules for other in same_statement):
+                    continue                      # ``from pkg import submodule``: the submodule is the import
+                deps.add(name)
+        graph[modname] = deps
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (its modules in order, the first repeated at the end), or None."""
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return None
+
+
+def test_cycle_detector():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    cycle = import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert cycle is not None and set(cycle) == {"a", "b", "c"} and cycle[0] == cycle[-1]
+    # the scanner counts function-level imports: a lazy import closes a cycle as much as a top-level one
+    g = import_graph("ops")
+    assert "ops.gba.errors" in g["ops.gba.config"] and "ops.gba.staleness" in g["ops.gba.config"]
+    assert "ops.gba.config" not in g["ops.gba.staleness"] and "ops.gba.config" not in g["ops.gba.trace"]
+    assert "ops.launch" in g["ops.gba.checkpoint"]          # imported inside crash_if_asked / fingerprint
+
+
+def test_ops_has_no_import_cycle():
+    cycle = import_cycle(import_graph("ops"))
+    assert cycle is None, "ops/ modules import each other in a cycle: " + " -> ".join(cycle)

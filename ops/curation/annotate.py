@@ -24,10 +24,42 @@ Answer types: numeric, expression, multiple_choice, proof, text.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 DOMAINS = ("math", "physics", "chemistry", "biology_medicine", "computer_science", "engineering", "other")
 ANSWER_TYPES = ("numeric", "expression", "multiple_choice", "proof", "text")
 DIFFICULTIES = (1, 2, 3, 4, 5)
+
+
+@dataclass
+class AnnotateParams:
+    """Parameters of annotation (:func:`annotate` and the teacher's ``llm`` labels), the
+    ``annotated_problems`` run config.
+
+    Attributes:
+        seed: seed of the per-class subsampling, the classifiers and the rows sent to the teacher.
+        max_per_class: rule-labelled rows per class used to fit each classifier (>= 1; larger
+            classes are subsampled).
+        min_confidence: classifier labels below this confidence are flagged ``needs_llm_label``
+            (>= 0; above 1 flags every classifier label).
+        llm_label_max_rows: rows flagged ``needs_llm_label`` sent to the teacher for a domain label
+            (>= 0; 0 = no teacher call).
+    Raises:
+        ValueError: a field outside its range (the message names it).
+    """
+
+    seed: int = 0
+    max_per_class: int = 2000
+    min_confidence: float = 0.5
+    llm_label_max_rows: int = 16
+
+    def __post_init__(self):
+        if self.max_per_class < 1:
+            raise ValueError(f"annotate.max_per_class must be >= 1, got {self.max_per_class}")
+        if not self.min_confidence >= 0.0:
+            raise ValueError(f"annotate.min_confidence must be >= 0 (above 1 flags every classifier label), got {self.min_confidence}")
+        if self.llm_label_max_rows < 0:
+            raise ValueError(f"annotate.llm_label_max_rows must be >= 0, got {self.llm_label_max_rows}")
 
 _MMLU_DOMAIN = {
     "math": ("abstract_algebra", "college_mathematics", "elementary_mathematics", "high_school_mathematics",
@@ -199,12 +231,16 @@ class LabelClassifier:
         return [classes[i].item() if hasattr(classes[i], "item") else classes[i] for i in idx], proba.max(axis=1).tolist()
 
 
-def annotate(rows: list[dict], seed: int = 0, max_per_class: int = 2000, min_confidence: float = 0.5) -> tuple[list[dict], dict]:
+def annotate(rows: list[dict], seed: int = AnnotateParams.seed, max_per_class: int = AnnotateParams.max_per_class,
+             min_confidence: float = AnnotateParams.min_confidence) -> tuple[list[dict], dict]:
     """Annotate raw rows: rule labels first, classifier labels for the gaps, then validity.
 
     Each output row gains ``domain``, ``difficulty``, ``answer_type``, ``<label>_provenance``
     (rule | classifier), ``domain_confidence`` (1.0 for rules), ``needs_llm_label`` (classifier
     confidence below ``min_confidence``), ``is_valid`` and ``invalid_reason``.
+
+    ``seed``, ``max_per_class`` and ``min_confidence`` mean (and are validated) as in
+    :class:`AnnotateParams`.
 
     Returns:
         (rows, report): report holds each classifier's held-out accuracy and label counts.

@@ -1,7 +1,7 @@
 """Benchmark decontamination of training problems, in three layers.
 
 Source: Logics-STEM (arXiv 2601.01562) §2, stage 3 (decontamination against evaluation
-benchmarks); layer design per SEEDS.md §1 (the paper leaves it open):
+benchmarks); our layer design (the paper leaves it open; docs/curation.md, "Decontamination"):
 
 1. ``exact`` — the normalised text equals a benchmark item's, or (for benchmark items under
    ``short_words`` tokens, which an n-gram layer cannot see: 32 of MATH-500's problems) the
@@ -33,7 +33,13 @@ _WORD = re.compile(r"^[^\W\d_]{2,}$")
 
 @dataclass
 class DecontamConfig:
-    """Parameters of :class:`Decontaminator` (see the module docstring for their meaning)."""
+    """Parameters of :class:`Decontaminator` (see the module docstring for their meaning); the
+    ``decontaminated_problems`` run config mirrors them.
+
+    Raises:
+        ValueError: a field outside its range (``ops.curation.minhash.DedupConfigError`` for the
+            MinHash layer's ``minhash_threshold`` in (0, 1) and ``num_perm`` in [16, 8192]).
+    """
 
     ngram: int = 8
     short_words: int = 8
@@ -47,10 +53,15 @@ class DecontamConfig:
     def __post_init__(self):
         if self.ngram < 2:
             raise ValueError(f"decontam.ngram must be >= 2, got {self.ngram}")
+        if not 0 <= self.min_words <= self.ngram:
+            raise ValueError(f"decontam.min_words must be in [0, ngram={self.ngram}], got {self.min_words}")
+        for name in ("short_words", "max_benchmark_df", "max_train_df"):
+            if getattr(self, name) < (0 if name == "short_words" else 1):
+                raise ValueError(f"decontam.{name} must be >= {0 if name == 'short_words' else 1}, got {getattr(self, name)}")
         if not 0 < self.containment <= 1:
             raise ValueError(f"decontam.containment must be in (0, 1], got {self.containment}")
-        if not 0 < self.minhash_threshold < 1:
-            raise ValueError(f"decontam.minhash_threshold must be in (0, 1), got {self.minhash_threshold}")
+        minhash.check_threshold(self.minhash_threshold, "decontam.minhash_threshold", allow_exact=False)
+        minhash.check_num_perm(self.num_perm, "decontam.num_perm")
 
 
 def all_ngrams(text: str, n: int) -> set[tuple[str, ...]]:

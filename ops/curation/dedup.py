@@ -1,13 +1,17 @@
 """Exact and near-duplicate removal of problems, with a deterministic content-based survivor rule.
 
 Source: Logics-STEM (arXiv 2601.01562) §2, stage 2: exact dedup on MD5 of normalised text, then
-MinHash near-dedup. Our defaults (SEEDS.md §1): word 5-grams (character 3-grams under 5 tokens),
+MinHash near-dedup. Our defaults (docs/curation.md, "Exact and near deduplication"): word 5-grams (character 3-grams under 5 tokens),
 num_perm 128, Jaccard threshold 0.8 (16 bands x 8 rows: recall-weighted, see minhash.lsh_params), every LSH candidate verified by exact
 Jaccard against the cluster's *survivor* — never chained through a third text (star clustering).
 
 Survivor rule (never input order): a row with a reference solution first, then the source with the
 higher priority (earlier in ``source_priority``; unlisted sources after, alphabetically), then the
 smaller ``problem_id``.
+
+Parameters, their defaults and their validation live in :class:`ExactDedupParams` and
+:class:`NearDedupParams` (the ``exact_deduped_problems`` / ``near_deduped_problems`` run configs
+mirror them); a bad value raises :class:`ops.curation.minhash.DedupConfigError` naming the field.
 """
 
 from __future__ import annotations
@@ -29,6 +33,71 @@ CLUSTER_SCHEMA = {
     "matched_to": pl.String,  # the problem_id this row was verified against
     "jaccard": pl.Float64,
 }
+
+
+DEFAULT_PRIORITY = ("math_test", "mmlu_dev_val", "arc", "mathematics_dataset")
+"""Survivor source order: MATH test (worked solutions) first, generated mathematics_dataset last."""
+
+
+@dataclass
+class ExactDedupParams:
+    """Parameters of exact dedup (:func:`exact_dedup`), the ``exact_deduped_problems`` run config.
+
+    Attributes:
+        source_priority: survivor rule after "has a reference solution": earlier sources win;
+            unlisted sources come after, alphabetically. Distinct, non-empty source names.
+    Raises:
+        DedupConfigError: a name repeated, empty or not a string (the message names it).
+    """
+
+    source_priority: list[str] = field(default_factory=lambda: list(DEFAULT_PRIORITY))
+
+    def __post_init__(self):
+        names = list(self.source_priority) if isinstance(self.source_priority, (list, tuple)) else None
+        if names is None or any(not isinstance(s, str) or not s.strip() for s in names):
+            raise minhash.DedupConfigError(f"dedup.source_priority must be a list of source names, got {self.source_priority!r}")
+        repeated = sorted({s for s in names if names.count(s) > 1})
+        if repeated:
+            raise minhash.DedupConfigError(f"dedup.source_priority names {repeated} more than once")
+        self.source_priority = names
+
+
+@dataclass
+class NearDedupParams(ExactDedupParams):
+    """Parameters of MinHash-LSH near dedup (:func:`near_dedup`), the ``near_deduped_problems`` run
+    config (defaults: docs/curation.md, "Exact and near deduplication"; Logics-STEM arXiv 2601.01562 §2, stage 2).
+
+    Attributes:
+        threshold: Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH).
+        num_perm: MinHash permutations in [16, 8192] (signature width).
+        seed: seed of datasketch's permutation family.
+        word_n: word n-gram shingles (texts under ``word_n`` tokens use character n-grams).
+        char_n: character n-gram length of those short texts.
+    Raises:
+        DedupConfigError: a value outside its range (the message names the field and the range).
+    """
+
+    threshold: float = 0.8
+    num_perm: int = 128
+    seed: int = 1
+    word_n: int = 5
+    char_n: int = 3
+
+    def __post_init__(self):
+        super().__post_init__()
+        minhash.validate_params(self.threshold, self.num_perm)
+        for name in ("word_n", "char_n"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise minhash.DedupConfigError(f"near_dedup.{name} must be an integer >= 1, got {v!r}")
+
+
+def _near_params(params: NearDedupParams | None, fields: dict) -> NearDedupParams:
+    if params is None:
+        return NearDedupParams(**fields)
+    if fields:
+        raise TypeError(f"near_dedup: pass either params or fields, not both (got params and {sorted(fields)})")
+    return params
 
 
 def survivor_rank(df: pl.DataFrame, source_priority: list[str]) -> np.ndarray:
@@ -99,39 +168,34 @@ class NearDedupResult:
     stats: dict = field(default_factory=dict)
 
 
-def near_dedup(
-    texts: list[str],
-    rank: np.ndarray,
-    threshold: float = 0.8,
-    num_perm: int = 128,
-    seed: int = 1,
-    word_n: int = 5,
-    char_n: int = 3,
-) -> NearDedupResult:
+def near_dedup(texts: list[str], rank: np.ndarray, params: NearDedupParams | None = None, **fields) -> NearDedupResult:
     """MinHash-LSH near-duplicate detection with survivor verification (star clustering).
 
     Texts are visited in ``rank`` order; an unassigned text becomes a survivor and absorbs every
     unassigned LSH candidate whose *exact* shingle Jaccard with it is >= ``threshold``. So every
     removed text is within the threshold of the survivor that replaced it, and no chain A~B~C can
     merge A and C (case ``dedup-no-transitive-chain``). ``threshold == 1.0`` falls back to exact
-    shingle-set equality without LSH.
+    shingle-set equality without LSH (case ``dedup-threshold-edges``).
 
     Args:
         texts: n problem texts (non-empty).
         rank: shape (n,) survivor ranks, 0 = most preferred (see :func:`survivor_rank`).
-        threshold: Jaccard threshold in (0, 1].
-        num_perm: MinHash permutations in [16, 8192].
+        params: a (validated) :class:`NearDedupParams`; or instead
+        **fields: its fields (``threshold``, ``num_perm``, ``seed``, ``word_n``, ``char_n``), the
+            rest at their defaults, validated here.
     Raises:
-        minhash.DedupConfigError: parameter outside its range (names the parameter).
+        minhash.DedupConfigError: a field outside its range (names the field and the range).
+        TypeError: both ``params`` and fields given.
     """
-    minhash.validate_params(threshold, num_perm)
+    cfg = _near_params(params, fields)
+    threshold, num_perm, seed = cfg.threshold, cfg.num_perm, cfg.seed
     n = len(texts)
     keep = np.ones(n, dtype=bool)
     survivor = np.arange(n, dtype=np.int64)
     sim = np.ones(n, dtype=np.float64)
     if n == 0:
         return NearDedupResult(keep, survivor, sim, {"candidate_pairs": 0, "verified_pairs": 0})
-    batch = minhash.shingle_batch(texts, word_n=word_n, char_n=char_n)
+    batch = minhash.shingle_batch(texts, word_n=cfg.word_n, char_n=cfg.char_n)
     if threshold >= 1.0:
         # exact shingle-set equality: group by the hash of the sorted set
         sets = minhash.unique_sets(batch)
@@ -190,16 +254,19 @@ def near_dedup(
 
 
 def near_dedup_frame(
-    df: pl.DataFrame, source_priority: list[str], **params
+    df: pl.DataFrame, source_priority: list[str] | None = None, params: NearDedupParams | None = None, **fields
 ) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
     """:func:`near_dedup` over a problems frame. Returns (kept, clusters, stats).
 
-    ``clusters`` has :data:`CLUSTER_SCHEMA` (stage "near"); ``kept`` keeps the input columns.
+    ``source_priority`` defaults to ``params.source_priority``; ``params`` / ``fields`` as in
+    :func:`near_dedup`. ``clusters`` has :data:`CLUSTER_SCHEMA` (stage "near"); ``kept`` keeps the
+    input columns. Raises DedupConfigError for a bad field.
     """
+    cfg = _near_params(params, fields)
     if df.is_empty():
         return df, _clusters_frame([]), {"candidate_pairs": 0, "verified_pairs": 0}
-    rank = survivor_rank(df, source_priority)
-    res = near_dedup(df["problem"].to_list(), rank, **params)
+    rank = survivor_rank(df, cfg.source_priority if source_priority is None else source_priority)
+    res = near_dedup(df["problem"].to_list(), rank, cfg)
     ids = df["problem_id"].to_list()
     srcs = df["source"].to_list()
     records = []

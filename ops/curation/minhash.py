@@ -26,26 +26,45 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant for polynomial n-gra
 
 
 class DedupConfigError(ValueError):
-    """A near-dedup parameter is outside its allowed range (the message names it and the range)."""
+    """A dedup or MinHash parameter is outside its allowed range (the message names it and the range)."""
+
+
+NUM_PERM_RANGE = (16, 8192)
+"""Allowed MinHash permutations: fewer than 16 rows cannot form useful bands; 8192 bounds memory."""
+
+
+def check_num_perm(num_perm: int, name: str) -> None:
+    """Raise :class:`DedupConfigError` (naming ``name``) unless ``num_perm`` is an integer in
+    :data:`NUM_PERM_RANGE`."""
+    lo, hi = NUM_PERM_RANGE
+    if isinstance(num_perm, bool) or not isinstance(num_perm, (int, np.integer)):
+        raise DedupConfigError(f"{name} must be an integer in [{lo}, {hi}], got {num_perm!r}")
+    if not lo <= int(num_perm) <= hi:
+        raise DedupConfigError(f"{name} must be in [{lo}, {hi}], got {num_perm}")
+
+
+def check_threshold(threshold: float, name: str, allow_exact: bool) -> None:
+    """Raise :class:`DedupConfigError` (naming ``name``) unless ``threshold`` is a Jaccard threshold
+    in (0, 1] (``allow_exact``: 1.0 means exact shingle-set dedup) or in (0, 1) (LSH only)."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
+        raise DedupConfigError(f"{name} must be a number in (0, {'1]' if allow_exact else '1)'}, got {threshold!r}")
+    if allow_exact and not 0.0 < float(threshold) <= 1.0:
+        raise DedupConfigError(f"{name} (Jaccard threshold) must be in (0, 1], got {threshold}; "
+                               "1.0 means exact shingle-set dedup")
+    if not allow_exact and not 0.0 < float(threshold) < 1.0:
+        raise DedupConfigError(f"{name} (Jaccard threshold) must be in (0, 1), got {threshold}")
 
 
 def validate_params(threshold: float, num_perm: int) -> None:
     """Raise :class:`DedupConfigError` unless ``0 < threshold <= 1`` and ``16 <= num_perm <= 8192``.
 
-    ``threshold == 1.0`` is allowed and means exact shingle-set dedup (no LSH): datasketch cannot
-    build bands for it ("bands too small"), so Crucible falls back instead of passing it through.
+    The near-dedup range check, run once, by ``ops.curation.dedup.NearDedupParams`` (which the
+    ``near_deduped_problems`` asset builds from its run config). ``threshold == 1.0`` is allowed
+    and means exact shingle-set dedup (no LSH): datasketch cannot build bands for it ("bands too
+    small"), so Crucible falls back instead of passing it through (case ``dedup-threshold-edges``).
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
-        raise DedupConfigError(f"near_dedup.threshold must be a number in (0, 1], got {threshold!r}")
-    if not 0.0 < float(threshold) <= 1.0:
-        raise DedupConfigError(
-            f"near_dedup.threshold (Jaccard threshold) must be in (0, 1], got {threshold}; "
-            "1.0 means exact shingle-set dedup"
-        )
-    if isinstance(num_perm, bool) or not isinstance(num_perm, (int, np.integer)):
-        raise DedupConfigError(f"near_dedup.num_perm must be an integer in [16, 8192], got {num_perm!r}")
-    if not 16 <= int(num_perm) <= 8192:
-        raise DedupConfigError(f"near_dedup.num_perm must be in [16, 8192], got {num_perm}")
+    check_threshold(threshold, "near_dedup.threshold", allow_exact=True)
+    check_num_perm(num_perm, "near_dedup.num_perm")
 
 
 # Every LSH candidate is verified by exact Jaccard, so a false positive costs one set
@@ -58,12 +77,15 @@ def lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = L
 
     With :data:`LSH_WEIGHTS` and threshold 0.8, num_perm 128 this is (16, 8): P(candidate) is
     0.947 at J = 0.8 and 0.994 at 0.85. datasketch's equal weights give (9, 13), which finds only
-    40% of pairs at J = 0.8 (pair recall 0.88 on the benchmark corpus). Raises DedupConfigError
-    for bad input.
+    40% of pairs at J = 0.8 (pair recall 0.88 on the benchmark corpus).
+
+    ``threshold`` in (0, 1) and ``num_perm`` in :data:`NUM_PERM_RANGE` are the caller's config's
+    to check (``NearDedupParams``, ``DecontamConfig``, ``SynthesisParams`` do, once). Raises
+    DedupConfigError for threshold >= 1, which has no LSH bands (near dedup falls back to exact
+    shingle sets instead).
     """
-    validate_params(threshold, num_perm)
     if threshold >= 1.0:
-        raise DedupConfigError("near_dedup.threshold 1.0 uses exact shingle-set dedup, not LSH bands")
+        raise DedupConfigError(f"Jaccard threshold {threshold} has no LSH bands (1.0 means exact shingle-set dedup)")
     from datasketch import MinHashLSH
 
     lsh = MinHashLSH(threshold=float(threshold), num_perm=int(num_perm), weights=weights)

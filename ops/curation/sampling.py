@@ -10,8 +10,38 @@ exactly ``target`` (or to the population when it is smaller).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import polars as pl
+
+
+@dataclass
+class SftParams:
+    """Parameters of the stratified SFT sample (:func:`stratified_sample`), the ``sft_dataset`` run
+    config.
+
+    Attributes:
+        target_size: rows in the SFT dataset (>= 1; all verified rows when fewer).
+        stratum_floor: minimum rows per stratum (domain x difficulty x answer type; >= 0); smaller
+            strata are kept whole.
+        seed: seed of the within-stratum ranking (a seeded hash of ``problem_id``).
+        tolerance: allowed relative deviation of a stratum from the plan, in [0, 0.5] (checked by
+            a blocking asset check).
+    Raises:
+        ValueError: a field out of range (the message names it and every range).
+    """
+
+    target_size: int = 2000
+    stratum_floor: int = 20
+    seed: int = 0
+    tolerance: float = 0.05
+
+    def __post_init__(self):
+        for name, ok in (("target_size", self.target_size >= 1), ("stratum_floor", self.stratum_floor >= 0),
+                         ("tolerance", 0.0 <= self.tolerance <= 0.5)):
+            if not ok:
+                raise ValueError(f"sft_dataset.{name} out of range: {getattr(self, name)} "
+                                 "(target_size >= 1, stratum_floor >= 0, 0 <= tolerance <= 0.5)")
 
 
 def allocate(sizes: dict[tuple, int], target: int, floor: int) -> dict[tuple, int]:
@@ -63,7 +93,7 @@ def allocate(sizes: dict[tuple, int], target: int, floor: int) -> dict[tuple, in
     return alloc
 
 
-def stratified_sample(df: pl.DataFrame, strata: list[str], target: int, floor: int, seed: int = 0) -> tuple[pl.DataFrame, dict]:
+def stratified_sample(df: pl.DataFrame, strata: list[str], target: int, floor: int, seed: int = SftParams.seed) -> tuple[pl.DataFrame, dict]:
     """Sample ``df`` by :func:`allocate` over the ``strata`` columns; deterministic for a seed.
 
     Within a stratum rows are ranked by a seeded hash of ``problem_id``, so the choice does not

@@ -1,5 +1,5 @@
 """Checkpoints of a GBA run, so that a relaunched run continues where a killed one stopped
-(ARCHITECTURE.md §6: training writes checkpoints and resumes on retry).
+(docs/operations.md, "Retries and resume": training writes checkpoints and resumes on retry).
 
 Layout under a run directory ``DIR`` (the launch's ``--out``)::
 
@@ -22,13 +22,18 @@ torch loads only inside the functions that read or write tensors: the asset impo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
+
+from ops.lake import atomic_path, write_json_atomic
+
+from .errors import CheckpointError
+
+__all__ = ["CRASH_ENV", "CheckpointError", "Checkpoints", "crash_if_asked", "fingerprint", "load_state", "save_state"]
 
 CRASH_ENV = "CRUCIBLE_GBA_CRASH_AFTER_CHECKPOINTS"
 """Fault injection (tests): ``N`` SIGKILLs the whole launch right after the run's N-th checkpoint is
@@ -38,30 +43,18 @@ relaunch, which resumes past checkpoint N, is not killed again. Only for launche
 own session (``ComputeResource.run`` and the tests do): see ``crash_if_asked``."""
 
 
-class CheckpointError(RuntimeError):
-    """A committed checkpoint cannot be read (a file is missing or does not match); names the file."""
-
-
 def fingerprint(spec) -> str:
     """Hash of what determines a run's trajectory: mode, hyper-parameters (``spec.train``), local
     batch, worker count, mode policies, straggler trace, and the events file (path, size, mtime).
     Timeouts, evaluation and checkpoint cadence and the data cache are left out: changing them
-    does not invalidate a checkpoint. 16 hex digits."""
+    does not invalidate a checkpoint. 16 hex digits (``ops.launch.spec_fingerprint``)."""
+    from ops.launch import spec_fingerprint
+
     d = json.loads(spec.to_json())
     cluster = d.pop("cluster")
     d.pop("data_cache", None)
     d["workers"] = cluster["workers"]
-    p = Path(spec.events_path)
-    if p.exists():
-        st = p.stat()
-        d["events_path"] = [str(p.resolve()), st.st_size, st.st_mtime_ns]
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def write_json_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    return spec_fingerprint(d, spec.events_path)
 
 
 class Checkpoints:
@@ -121,7 +114,7 @@ class Checkpoints:
         """Name ``folder`` in ``latest.json`` (atomically; call once every writer has written into
         it), then remove every other checkpoint folder. Returns the record written."""
         rec = {"fingerprint": self.fp, "dir": folder.name, **record}
-        write_json_atomic(rec, self.latest_path)
+        write_json_atomic(rec, self.latest_path, indent=1)
         for other in self.root.glob("step-*"):
             if other.name != folder.name:
                 shutil.rmtree(other, ignore_errors=True)
@@ -136,9 +129,8 @@ def save_state(folder: Path, name: str, state: dict, ec=None) -> None:
 
     from ops.sparse.checkpoint import save_tables
 
-    tmp = folder / f".{name}.pt.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, folder / f"{name}.pt")
+    with atomic_path(folder / f"{name}.pt") as tmp:
+        torch.save(state, tmp)
     if ec is not None:
         save_tables(ec, folder / f"{name}.tables.safetensors")
 

@@ -10,6 +10,10 @@ Field terms (GBA paper §3): the **global batch** G = ``train.batch_size`` sampl
 synchronous optimizer step; a worker computes one gradient over a **local batch** of b =
 ``local_batch`` samples, so a global step aggregates M = G / b local batches; a **token** is the
 global step a worker pulled its parameters at; **staleness** tau = global step at push - token.
+
+``RunConfig`` is the same, flat: one configuration of a job for every mode (what the ``gba_run``
+asset shows in the Launchpad); ``RunConfig.spec(mode)`` builds and validates the mode's RunSpec, the
+asset's one check; ``load_spec`` is the launched process's one check (docs/gba.md).
 """
 
 from __future__ import annotations
@@ -20,16 +24,22 @@ from dataclasses import dataclass, field
 
 from ops.sparse.config import TrainConfig
 
+from .errors import GBAConfigError
 from .staleness import StalenessDecay
 from .trace import StragglerTrace
+
+__all__ = ["MODES", "GLOBAL_BATCH", "LOCAL_BATCH", "GBAConfigError", "Policy", "Cluster", "RunSpec", "RunConfig",
+           "hyper_parameters", "load_spec", "validate"]
 
 MODES = ("sync", "async", "gba", "ssp", "hopbw")
 """sync: all-reduce data parallel; async: plain async PS; gba: global batch aggregation with token
 control; ssp: stale synchronous parallel (bounded staleness); hopbw: backup workers."""
 
 
-class GBAConfigError(ValueError):
-    """A run specification that cannot run; the message names the field."""
+GLOBAL_BATCH = 512
+"""G of a run unless configured: samples per synchronous optimizer step (2 local batches)."""
+LOCAL_BATCH = 256
+"""b of a run unless configured: samples per worker gradient."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +104,8 @@ class RunSpec:
     """
 
     mode: str = "gba"
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=512, epochs=1))
-    local_batch: int = 256
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=GLOBAL_BATCH, epochs=1))
+    local_batch: int = LOCAL_BATCH
     cluster: Cluster = field(default_factory=Cluster)
     policy: Policy = field(default_factory=Policy)
     trace: StragglerTrace = field(default_factory=StragglerTrace)
@@ -139,6 +149,12 @@ class RunSpec:
                                      backup_workers=pol["backup_workers"]),
                        trace=StragglerTrace(**d["trace"]), events_path=d["events_path"],
                        data_cache=d.get("data_cache", ""))
+
+
+def load_spec(text: str) -> RunSpec:
+    """The RunSpec of a spec file's text (``RunSpec.to_json``), validated: what a launched process
+    runs. Raises GBAConfigError naming the field, ValueError / KeyError for text that is not a spec."""
+    return validate(RunSpec.from_json(text))
 
 
 def hyper_parameters(spec: RunSpec) -> dict:
@@ -191,3 +207,83 @@ def validate(spec: RunSpec) -> RunSpec:
     spec.trace.check(c.workers)
     spec.policy.decay.check()
     return spec
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The one configuration of a GBA job, flat, shared by every mode: ``spec(mode)`` is the run of
+    one mode and changes nothing but the mode (GBA paper §1, §3). The ``gba_run`` asset's Launchpad
+    config mirrors it (docs/gba.md, "Configuration"); defaults come from the structured parts
+    (``TrainConfig``, ``Cluster``, ``Policy``, ``StalenessDecay``, ``StragglerTrace``).
+
+    Attributes:
+        workers: W (sync: ranks; PS modes: worker processes beside the PS); None = the launcher's
+            process count (``spec(workers=...)``).
+        global_batch: G, samples per synchronous optimizer step; GBA aggregates exactly this many.
+        local_batch: b, samples per worker gradient; G must be a multiple (sync and Hop-BW: of W x b).
+        epochs: passes over the train split, counted in applied samples.
+        dim, hidden, dropout, sparse_lr, dense_lr, emb_l2, crosses, seed: the DeepFM model and its
+            optimizers (``ops.sparse.config.TrainConfig``).
+        straggler: the trace kind: none | persistent (worker ``slow_worker`` ``slowdown`` x slower)
+            | random (every worker, random delays).
+        slowdown, slow_worker, trace_seed: the trace (``StragglerTrace``).
+        delay_distribution, mean_extra: random trace: exponential | pareto extra time, as a multiple
+            of compute time.
+        base_delay_ms: simulated compute per local batch (ms, a sleep), every worker, every mode.
+        staleness_threshold, staleness_decay, drop_after: GBA's f(tau) = staleness_decay ** (tau -
+            threshold) above the threshold (global steps); gradients staler than ``drop_after`` are
+            dropped (None: never).
+        ssp_bound, backup_workers: SSP's bound s (local batches); Hop-BW's backup workers.
+        eval_every, checkpoint_every: cadence in global steps (checkpoint 0: never).
+        target_auc: the test AUC whose first crossing gives "time to target".
+        rpc_timeout_s, run_timeout_s: every RPC / collective (s); the training loop (s).
+    """
+
+    workers: int | None = None
+    global_batch: int = GLOBAL_BATCH
+    local_batch: int = LOCAL_BATCH
+    epochs: float = 1.0
+    dim: int = TrainConfig.dim
+    hidden: tuple[int, ...] = TrainConfig.hidden
+    dropout: float = TrainConfig.dropout
+    sparse_lr: float = TrainConfig.sparse_lr
+    dense_lr: float = TrainConfig.dense_lr
+    emb_l2: float = TrainConfig.emb_l2
+    crosses: list[str] = field(default_factory=lambda: list(TrainConfig().crosses))
+    seed: int = TrainConfig.seed
+    straggler: str = "persistent"
+    slowdown: float = StragglerTrace.slowdown
+    slow_worker: int = StragglerTrace.slow_worker
+    delay_distribution: str = StragglerTrace.distribution
+    mean_extra: float = StragglerTrace.mean_extra
+    base_delay_ms: float = 0.0
+    trace_seed: int = StragglerTrace.seed
+    staleness_threshold: int = StalenessDecay.threshold
+    staleness_decay: float = StalenessDecay.rate
+    drop_after: int | None = StalenessDecay.drop_after
+    ssp_bound: int = Policy.ssp_bound
+    backup_workers: int = Policy.backup_workers
+    eval_every: int = Cluster.eval_every
+    checkpoint_every: int = Cluster.checkpoint_every
+    target_auc: float = Cluster.target_auc
+    rpc_timeout_s: float = Cluster.rpc_timeout_s
+    run_timeout_s: float = Cluster.run_timeout_s
+
+    def spec(self, mode: str, workers: int | None = None, events_path: str = "", data_cache: str = "") -> RunSpec:
+        """The validated RunSpec of ``mode``, the same hyper-parameters for every mode. ``workers``
+        is W when ``self.workers`` is None (the asset passes the launcher's process count; neither
+        given: ``Cluster.workers``). Raises GBAConfigError naming the field (see ``validate``)."""
+        w = self.workers if self.workers is not None else workers if workers is not None else Cluster.workers
+        train = TrainConfig(dim=self.dim, hidden=tuple(self.hidden), dropout=self.dropout, epochs=self.epochs,
+                            batch_size=self.global_batch, sparse_lr=self.sparse_lr, dense_lr=self.dense_lr,
+                            emb_l2=self.emb_l2, crosses=list(self.crosses), seed=self.seed)
+        return validate(RunSpec(
+            mode=mode, train=train, local_batch=self.local_batch, events_path=events_path, data_cache=data_cache,
+            cluster=Cluster(workers=w, rpc_timeout_s=self.rpc_timeout_s, run_timeout_s=self.run_timeout_s,
+                            eval_every=self.eval_every, target_auc=self.target_auc,
+                            checkpoint_every=self.checkpoint_every),
+            policy=Policy(decay=StalenessDecay(self.staleness_threshold, self.staleness_decay, self.drop_after),
+                          ssp_bound=self.ssp_bound, backup_workers=self.backup_workers),
+            trace=StragglerTrace(kind=self.straggler, slowdown=self.slowdown, slow_worker=self.slow_worker,
+                                 distribution=self.delay_distribution, mean_extra=self.mean_extra,
+                                 base_delay_s=self.base_delay_ms / 1000.0, seed=self.trace_seed)))

@@ -4,7 +4,7 @@ GBA (arXiv 2205.11048 §3.2): every pull hands the worker a token, the global st
 are at; the gradient comes back with it; staleness tau = global step now - token; the gradient is
 weighted by f(tau) (0 drops it) and counted into the global batch; when the accepted gradients
 cover exactly G samples the server applies one optimizer step. Workers never wait for each other;
-a lost worker's token and its batch are dropped (Invariants 1-4 of SEEDS.md §3).
+a lost worker's token and its batch are dropped (invariants 1-4 in docs/gba.md, "Invariants").
 
 Baselines on the same server:
 - ``async``: every gradient is applied on arrival (one optimizer step per local batch).

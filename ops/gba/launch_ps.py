@@ -1,5 +1,6 @@
-"""Entry point of the parameter-server modes (async, ssp, hopbw, gba): rank 0 by default, a worker
-with ``--role worker``. See ``ops.gba.ps``."""
+"""Entry point of the parameter-server modes (async, ssp, hopbw, gba), run as a module:
+``python -m ops.gba.launch_ps --spec SPEC --out DIR [--fingerprint FP]`` is rank 0 (the PS);
+``--role worker`` a worker. See ``ops.gba.ps``."""
 
 import sys
 

@@ -1,5 +1,6 @@
-"""Entry point of the ``sync`` mode, one process per rank, started by ``accelerate launch`` (or
-torchrun) through ``resources.compute.ComputeResource``. See ``ops.gba.sync``."""
+"""Entry point of the ``sync`` mode, run as a module on every rank by ``accelerate launch -m`` (or
+``torchrun -m``): ``ops.gba.launch_sync --spec SPEC --out DIR [--fingerprint FP]``, started through
+``resources.compute.ComputeResource``. See ``ops.gba.sync``."""
 
 import sys
 

@@ -1,8 +1,8 @@
 """The parameter-server modes over torch.distributed.rpc (TensorPipe): rank 0 is the PS, ranks
-1..W are workers (GBA, arXiv 2205.11048 §3; SEEDS.md §3).
+1..W are workers (GBA, arXiv 2205.11048 §3; docs/gba.md).
 
-Launch: ``python ops/gba/launch_ps.py --spec spec.json --out DIR`` starts rank 0, which starts its
-W workers itself (``--role worker``; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as children
+Launch: ``python -m ops.gba.launch_ps --spec spec.json --out DIR`` (``ops.launch.worker_main``)
+starts rank 0, which starts its W workers itself (``--role worker``; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as children
 in its process group, so a launch timeout kills them all. Why not torchrun: its elastic agent
 stops every rank when one fails, which is the opposite of GBA's Invariant 4 (a failed worker drops
 its token and batch; nothing else breaks). Rank 0 watches its workers' processes and declares a
@@ -14,8 +14,10 @@ worker can block nothing): ``hello`` -> first batch number; ``pull(batch, ids)``
 dense parameters (only when changed) or wait/stop; ``push(token, batch, gradient)`` -> next batch
 number or stop. Waits (start barrier, SSP bound, Hop-BW step) are polls bounded by
 ``cluster.wait_timeout_s``. Rank 0 reports evaluation points through Dagster Pipes
-(``ops.launch.rank0_pipes``), logs progress lines (samples applied / total, rate, ETA) and writes
-``result.json``, ``progress.jsonl`` and ``workers.json``.
+(``ops.launch.rank0_pipes``), logs progress lines (samples applied / total, rate, ETA), writes
+``progress.jsonl`` and ``workers.json`` and returns the result, which ``worker_main`` writes as
+``result.json``. A run that cannot finish (every worker lost, ``run_timeout_s``) raises
+``RunFailed`` and writes no result: the launch exits non-zero and keeps its checkpoints.
 
 Resume: the PS checkpoints into ``--out`` every ``cluster.checkpoint_every`` global steps
 (``ops.gba.server``, ``ops.gba.checkpoint``); launched again with the same ``--out`` and spec it
@@ -27,7 +29,6 @@ checkpoints (its ``result.json`` is the record), so a later launch over the fold
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -38,6 +39,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from .errors import RunFailed
 
 _SERVER = None        # the ParameterServer of this process (rank 0 only)
 
@@ -101,26 +104,22 @@ def describe_exit(rc: int) -> str:
 
 
 # -- rank 0 ----------------------------------------------------------------------------------------
-def serve(spec_path: str, out_dir: str) -> int:
-    """Rank 0: start the workers, serve until the configured global steps are applied, write the
-    result. Returns 0 on a finished run (even with lost workers), 1 when it could not finish."""
+def serve(spec, spec_path: str, out: Path, pipes) -> dict:
+    """Rank 0: start the workers, serve until the configured global steps are applied, report
+    through ``pipes``. Returns the result (even with lost workers; its checkpoints removed: the
+    result is the record). Raises RunFailed when the run could not finish (every worker lost, run
+    timeout), keeping its checkpoints so that a relaunch resumes."""
     global _SERVER
     import torch
     import torch.distributed.rpc as rpc
 
-    from ops.launch import rank0_pipes
     from ops.progress import Progress
 
-    from . import report
     from .checkpoint import Checkpoints, crash_if_asked, fingerprint
-    from .config import RunSpec, validate
     from .data import load
     from .server import ParameterServer
 
-    spec = validate(RunSpec.from_json(Path(spec_path).read_text()))
     torch.set_num_threads(spec.cluster.threads)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     port, world = free_port(), spec.cluster.workers + 1
     t0 = time.monotonic()
     data = load(spec.events_path, spec.train.crosses, spec.data_cache)   # fills the cache before the workers read it
@@ -129,84 +128,81 @@ def serve(spec_path: str, out_dir: str) -> int:
         env = {**os.environ, "RANK": str(i + 1), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(spec.cluster.threads)}
         procs.append(subprocess.Popen([sys.executable, "-m", "ops.gba.launch_ps", "--role", "worker", "--index", str(i),
-                                       "--port", str(port), "--spec", spec_path, "--out", out_dir], env=env))
+                                       "--port", str(port), "--spec", spec_path, "--out", str(out)], env=env))
     (out / "workers.json").write_text(json.dumps({f"worker{i}": p.pid for i, p in enumerate(procs)}))
     progress = (out / "progress.jsonl").open("a")
-    rc = 1
     try:
-        with rank0_pipes() as pipes:
-            def on_eval(point: dict) -> None:
-                progress.write(json.dumps(point) + "\n")
-                progress.flush()
-                pipes.report_custom_message(point)
-                pipes.log.info(f"{spec.mode}: global step {point['global_step']:.1f}, {point['train_s']:.1f} s, "
-                               f"test AUC {point['auc']:.4f}, log loss {point['logloss']:.4f}")
+        def on_eval(point: dict) -> None:
+            progress.write(json.dumps(point) + "\n")
+            progress.flush()
+            pipes.report_custom_message(point)
+            pipes.log.info(f"{spec.mode}: global step {point['global_step']:.1f}, {point['train_s']:.1f} s, "
+                           f"test AUC {point['auc']:.4f}, log loss {point['logloss']:.4f}")
 
-            fp = fingerprint(spec)
-            ckpts = Checkpoints(out, fp) if spec.cluster.checkpoint_every else None
-            prog: dict = {"line": None, "early": 0}        # the line starts when the RPC world is up
+        fp = fingerprint(spec)
+        ckpts = Checkpoints(out, fp) if spec.cluster.checkpoint_every else None
+        prog: dict = {"line": None, "early": 0}        # the line starts when the RPC world is up
 
-            def on_progress(n: int) -> None:
-                if prog["line"] is None:
-                    prog["early"] += n
-                else:
-                    prog["line"].update(n)
+        def on_progress(n: int) -> None:
+            if prog["line"] is None:
+                prog["early"] += n
+            else:
+                prog["line"].update(n)
 
-            def on_checkpoint(rec: dict) -> None:
-                pipes.log.info(f"{spec.mode}: checkpoint {rec['count']} at global step {rec['global_step']:.1f}")
-                crash_if_asked(rec["count"], pipes.log.info)
+        def on_checkpoint(rec: dict) -> None:
+            pipes.log.info(f"{spec.mode}: checkpoint {rec['count']} at global step {rec['global_step']:.1f}")
+            crash_if_asked(rec["count"], pipes.log.info)
 
-            _SERVER = ParameterServer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
-                                      on_progress=on_progress)
-            total = _SERVER.steps_target * spec.global_batch
-            resumed = _SERVER.resumed_from
-            if ckpts is not None and ckpts.skipped:
-                pipes.log.warning(f"{spec.mode}: {ckpts.skipped}")
-            if resumed:
-                pipes.log.info(f"{spec.mode}: resuming from checkpoint {resumed['checkpoint']} at global step "
-                               f"{resumed['global_step']:.1f} ({resumed['samples']} of {total} samples applied, "
-                               f"{resumed['reissued_batches']} batch(es) handed out again) on Dagster retry "
-                               f"{getattr(pipes, 'retry_number', 'n/a')}")
-            done = resumed["samples"] if resumed else 0
-            label = f"{spec.mode}: training" + (f" (resumed at global step {resumed['global_step']:.1f})" if resumed else "")
-            t1 = time.monotonic()
+        _SERVER = ParameterServer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
+                                  on_progress=on_progress)
+        total = _SERVER.steps_target * spec.global_batch
+        resumed = _SERVER.resumed_from
+        if ckpts is not None and ckpts.skipped:
+            pipes.log.warning(f"{spec.mode}: {ckpts.skipped}")
+        if resumed:
+            pipes.log.info(f"{spec.mode}: resuming from checkpoint {resumed['checkpoint']} at global step "
+                           f"{resumed['global_step']:.1f} ({resumed['samples']} of {total} samples applied, "
+                           f"{resumed['reissued_batches']} batch(es) handed out again) on Dagster retry "
+                           f"{getattr(pipes, 'retry_number', 'n/a')}")
+        done = resumed["samples"] if resumed else 0
+        label = f"{spec.mode}: training" + (f" (resumed at global step {resumed['global_step']:.1f})" if resumed else "")
+        t1 = time.monotonic()
 
-            def early_exit():
-                for i, p in enumerate(procs):
-                    if p.poll() is not None:
-                        return f"worker{i} {describe_exit(p.returncode)} before the RPC world was up"
+        def early_exit():
+            for i, p in enumerate(procs):
+                if p.poll() is not None:
+                    return f"worker{i} {describe_exit(p.returncode)} before the RPC world was up"
 
-            def kill_workers():
-                for p in procs:
-                    p.kill()
+        def kill_workers():
+            for p in procs:
+                p.kill()
 
-            guard = Watchdog("ps", spec.cluster.start_timeout_s, lambda: None if guard.started.is_set() else early_exit(),
-                             kill_workers)
-            rpc.init_rpc("ps", rank=0, world_size=world, rpc_backend_options=_rpc_options(spec, port))
-            guard.started.set()
-            with _SERVER.lock:
-                prog["line"] = Progress(total - done, label, pipes.log.info, unit="samples")
-                if prog["early"]:
-                    prog["line"].update(prog["early"])
-            pipes.log.info(f"{spec.mode}: PS ready (data + model {t1 - t0:.1f} s, RPC world of {world} up after "
-                           f"{time.monotonic() - t1:.1f} s)")
-            try:
-                _watch(_SERVER, procs, spec, pipes.log)
-                res = _SERVER.result()
-                res["fingerprint"], res["retry_number"] = fp, getattr(pipes, "retry_number", None)
-                report.write_json(res, out / "result.json")
-                for lw in res["lost_workers"]:
-                    pipes.log.warning(f"{lw['worker']} lost ({lw['reason']}): dropped tokens {lw['dropped_tokens']}, "
-                                      f"batches {lw['dropped_batches']}")
-                pipes.log.info(f"{spec.mode}: {res['optimizer_steps']} optimizer steps, {res['global_steps']:.1f} global steps, "
-                               f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
-                rc = 0 if res["failure"] is None else 1
-                if res["failure"]:
-                    pipes.log.error(f"{spec.mode}: {res['failure']}")          # checkpoints kept: a rerun resumes
-                elif ckpts is not None:
-                    shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
-            finally:
-                rpc.shutdown(graceful=False)
+        guard = Watchdog("ps", spec.cluster.start_timeout_s, lambda: None if guard.started.is_set() else early_exit(),
+                         kill_workers)
+        rpc.init_rpc("ps", rank=0, world_size=world, rpc_backend_options=_rpc_options(spec, port))
+        guard.started.set()
+        with _SERVER.lock:
+            prog["line"] = Progress(total - done, label, pipes.log.info, unit="samples")
+            if prog["early"]:
+                prog["line"].update(prog["early"])
+        pipes.log.info(f"{spec.mode}: PS ready (data + model {t1 - t0:.1f} s, RPC world of {world} up after "
+                       f"{time.monotonic() - t1:.1f} s)")
+        try:
+            _watch(_SERVER, procs, spec, pipes.log)
+            res = _SERVER.result()
+            for lw in res["lost_workers"]:
+                pipes.log.warning(f"{lw['worker']} lost ({lw['reason']}): dropped tokens {lw['dropped_tokens']}, "
+                                  f"batches {lw['dropped_batches']}")
+            pipes.log.info(f"{spec.mode}: {res['optimizer_steps']} optimizer steps, {res['global_steps']:.1f} global steps, "
+                           f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
+            if res["failure"]:                                            # checkpoints kept: a rerun resumes
+                raise RunFailed(f"{spec.mode}: {res['failure']}" + (
+                    f" (checkpoints kept in {ckpts.root}: a relaunch resumes from the last one)" if ckpts else ""))
+            if ckpts is not None:
+                shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
+            return res
+        finally:
+            rpc.shutdown(graceful=False)
     finally:
         progress.close()
         for p in procs:
@@ -215,7 +211,6 @@ def serve(spec_path: str, out_dir: str) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
-    return rc
 
 
 def _watch(server, procs, spec, log) -> None:
@@ -246,18 +241,17 @@ def _watch(server, procs, spec, log) -> None:
 
 
 # -- workers ---------------------------------------------------------------------------------------
-def work(spec_path: str, index: int, port: int) -> int:
+def work(spec, index: int, port: int) -> None:
     """Worker ``index`` (rank index + 1): pull, compute one local batch, sleep per the straggler
-    trace, push; until stopped. Returns 0 when stopped by the PS."""
+    trace, push; until stopped by the PS. Raises TimeoutError naming the wait that took longer than
+    ``cluster.wait_timeout_s``."""
     import torch
     import torch.distributed.rpc as rpc
 
     from . import ps
-    from .config import RunSpec
     from .data import SampleStream, load, take
     from .model import WorkerModel
 
-    spec = RunSpec.from_json(Path(spec_path).read_text())
     torch.set_num_threads(spec.cluster.threads)
     c, W = spec.cluster, spec.cluster.workers
     data = load(spec.events_path, spec.train.crosses, spec.data_cache)
@@ -310,17 +304,29 @@ def work(spec_path: str, index: int, port: int) -> int:
             batch = r[1] if r[0] == "go" else None
     finally:
         rpc.shutdown(graceful=False)
-    return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="GBA parameter server (rank 0) or worker")
-    ap.add_argument("--spec", required=True, help="RunSpec JSON file")
-    ap.add_argument("--out", required=True, help="folder for result.json, progress.jsonl, workers.json")
+def _role_args(ap) -> None:
     ap.add_argument("--role", choices=["ps", "worker"], default="ps")
     ap.add_argument("--index", type=int, default=0, help="worker index (rank - 1)")
     ap.add_argument("--port", type=int, default=0, help="rendezvous port of rank 0")
-    a = ap.parse_args(argv)
+
+
+def run(spec_args, out: Path, fp: str, pipes) -> dict | None:
+    """The ``run`` of ``ops.launch.worker_main``: the parameter server (``--role ps``, the launch:
+    returns the result) or one of its workers (``--role worker``, started by the PS: returns None)."""
+    spec, a = spec_args
     if a.role == "worker":
-        return work(a.spec, a.index, a.port)
-    return serve(a.spec, a.out)
+        work(spec, a.index, a.port)
+        return None
+    return serve(spec, a.spec, out, pipes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ops.gba.launch_ps --spec SPEC --out DIR [--fingerprint FP]`` (the PS, which
+    starts its workers with ``--role worker --index i --port P``); see the module docstring."""
+    from ops.launch import worker_main
+
+    from .config import load_spec
+
+    return worker_main(load_spec, run, argv, description=__doc__, extra_args=_role_args)

@@ -8,10 +8,6 @@ lost workers, hyper-parameters and the spec. ``summarize`` turns it into one com
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 
 def time_to_target(curve: list[dict], target: float) -> float | None:
     """Training seconds at the first evaluation whose test AUC reaches ``target`` (None: never)."""
@@ -52,13 +48,3 @@ def finish(result: dict, samples_applied: int, train_seconds: float, target_auc:
     result["target_auc"] = target_auc
     result["time_to_target_s"] = time_to_target(result["curve"], target_auc)
     return result
-
-
-def write_json(obj: dict, path: str | Path) -> Path:
-    """Write JSON atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
-    return path

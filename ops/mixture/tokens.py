@@ -1,4 +1,4 @@
-"""Tokenizer and token streams for the CPT probes (SEEDS.md §2).
+"""Tokenizer and token streams for the CPT probes (docs/mixture.md, "Corpora and tokenizer").
 
 A byte-level BPE tokenizer (Hugging Face ``tokenizers``) is trained offline on the train splits of
 both corpora, so no tokenizer is downloaded and general and domain text are tokenised alike. The
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,17 +21,38 @@ import polars as pl
 EOT = "<|endoftext|>"
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 2048, min_frequency: int = 2):
+@dataclass
+class TokenizerParams:
+    """Parameters of the tokenizer and its streams (:func:`build_streams`), the ``cpt_tokenizer``
+    run config.
+
+    Attributes:
+        vocab_size: byte-level BPE vocabulary (tokens) in [300, 65535]: at least the 256 byte
+            symbols plus merges, at most what the uint16 streams hold.
+        seed: seed of the shuffle of train documents before they are joined into a stream.
+    Raises:
+        ValueError: ``vocab_size`` out of range (the message names it and the range).
+    """
+
+    vocab_size: int = 2048
+    seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, (int, np.integer)) \
+                or not 300 <= self.vocab_size <= 65_535:
+            raise ValueError(f"vocab_size must be in [300, 65535] (uint16 streams), got {self.vocab_size!r}")
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = TokenizerParams.vocab_size, min_frequency: int = 2):
     """Train a byte-level BPE tokenizer (id 0 = ``<|endoftext|>``) on ``texts``.
 
     Raises:
-        ValueError: ``vocab_size`` below 300 (under the 256 byte symbols plus merges) or above
-            65,535 (streams are stored as uint16), or no text.
+        ValueError: ``vocab_size`` outside :class:`TokenizerParams`'s range (streams are uint16),
+            or no text.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    if not 300 <= vocab_size <= 65_535:
-        raise ValueError(f"vocab_size must be in [300, 65535] (uint16 streams), got {vocab_size}")
+    TokenizerParams(vocab_size=vocab_size)  # the range check (uint16 streams)
     if not texts:
         raise ValueError("train_tokenizer: no text to train on")
     tok = Tokenizer(models.BPE())
@@ -57,8 +79,8 @@ def _save(arr: np.ndarray, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def build_streams(general: pl.DataFrame, domain: pl.DataFrame, out_dir: str | Path, vocab_size: int = 2048,
-                  seed: int = 0) -> dict:
+def build_streams(general: pl.DataFrame, domain: pl.DataFrame, out_dir: str | Path,
+                  vocab_size: int = TokenizerParams.vocab_size, seed: int = TokenizerParams.seed) -> dict:
     """Train the tokenizer and write every token stream under ``out_dir``; return the manifest.
 
     ``general`` has ``text``, ``split``; ``domain`` has ``text``, ``subdomain``, ``split``. Train

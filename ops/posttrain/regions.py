@@ -16,6 +16,8 @@ items clustered by domain/difficulty/topic) to synthesise around. [open] Ours:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 
@@ -26,20 +28,58 @@ REGION_SCHEMA = {"rank": pl.Int64, "region_id": pl.String, "kind": pl.String, "d
                  "module_share": pl.Float64, "examples": pl.String}
 
 
-def failure_mass(scored: pl.DataFrame, high_loss_quantile: float = 0.9, high_loss_weight: float = 0.5) -> pl.DataFrame:
+@dataclass
+class RegionParams:
+    """Parameters of the failure regions and their synthesis targets, the ``failure_regions`` run
+    config (module docstring for the method).
+
+    Attributes:
+        k_topics: k-means clusters of the TF-IDF topic regions (>= 1).
+        min_items: regions with fewer items are dropped as noise (>= 1).
+        high_loss_quantile: a right item is high-loss when its gold-response loss is at or above
+            this quantile of all items (in [0, 1]).
+        high_loss_weight: failure mass of a right but high-loss item (in [0, 1]; wrong items have 1).
+        top_k: regions (by failure mass) that targeted synthesis works on (>= 1).
+        min_module_share: a topic region becomes a target only when one generator module holds at
+            least this share of it (in [0, 1]).
+        seed: seed of k-means.
+    Raises:
+        ValueError: a field outside its range (the message names it and the range).
+    """
+
+    k_topics: int = 8
+    min_items: int = 5
+    high_loss_quantile: float = 0.9
+    high_loss_weight: float = 0.5
+    top_k: int = 3
+    min_module_share: float = 0.6
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("k_topics", "min_items", "top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"failure_regions.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("high_loss_quantile", "high_loss_weight", "min_module_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"failure_regions.{name} must be in [0, 1], got {getattr(self, name)}")
+
+
+_D = RegionParams
+
+
+def failure_mass(scored: pl.DataFrame, high_loss_quantile: float = _D.high_loss_quantile,
+                 high_loss_weight: float = _D.high_loss_weight) -> pl.DataFrame:
     """Add ``high_loss`` (bool) and ``failure_mass`` (float in [0, 1]) to scored items.
 
     Args:
         scored: ``correct`` (bool) and ``response_loss`` (nats/token) per item.
+        high_loss_quantile, high_loss_weight: as in :class:`RegionParams` (which checks their range).
     Raises:
-        ValueError: a column is missing, or the quantile/weight is outside [0, 1].
+        ValueError: a column is missing.
     """
     for c in ("correct", "response_loss"):
         if c not in scored.columns:
             raise ValueError(f"failure_mass: scored items lack column {c!r}")
-    if not 0 <= high_loss_quantile <= 1 or not 0 <= high_loss_weight <= 1:
-        raise ValueError(f"failure_mass: high_loss_quantile {high_loss_quantile} and high_loss_weight "
-                         f"{high_loss_weight} must be in [0, 1]")
     loss = scored["response_loss"].fill_null(float("inf")).to_numpy()
     cut = float(np.quantile(loss[np.isfinite(loss)], high_loss_quantile)) if np.isfinite(loss).any() else float("inf")
     return scored.with_columns(high_loss=pl.Series(loss >= cut) & pl.col("correct")).with_columns(
@@ -51,7 +91,7 @@ def _examples(df: pl.DataFrame, k: int = 2) -> str:
     return " || ".join(t[:70] for t in (wrong if wrong.height else df)["problem"].head(k).to_list())
 
 
-def annotation_regions(df: pl.DataFrame, keys: tuple[str, ...] = ANNOTATION_KEYS, min_items: int = 5) -> pl.DataFrame:
+def annotation_regions(df: pl.DataFrame, keys: tuple[str, ...] = ANNOTATION_KEYS, min_items: int = _D.min_items) -> pl.DataFrame:
     """One region per combination of ``keys`` (rows of ``REGION_SCHEMA``, unranked)."""
     missing = [k for k in keys if k not in df.columns]
     if missing:
@@ -75,7 +115,8 @@ def _stats(g: pl.DataFrame) -> dict:
             "failure_mass": mass, "failure_rate": mass / n, "accuracy": float(g["correct"].mean())}
 
 
-def topic_regions(df: pl.DataFrame, k: int = 8, seed: int = 0, min_items: int = 5, top_terms: int = 4) -> pl.DataFrame:
+def topic_regions(df: pl.DataFrame, k: int = _D.k_topics, seed: int = _D.seed, min_items: int = _D.min_items,
+                  top_terms: int = 4) -> pl.DataFrame:
     """k-means clusters of TF-IDF vectors of the problem text (rows of ``REGION_SCHEMA``, unranked).
 
     ``k`` is capped at the number of distinct texts. Each cluster's ``module`` is its most common
@@ -126,8 +167,9 @@ def rank_regions(*tables: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns(rank=pl.int_range(1, df.height + 1, dtype=pl.Int64)).select(list(REGION_SCHEMA))
 
 
-def find_regions(scored: pl.DataFrame, k_topics: int = 8, min_items: int = 5, high_loss_quantile: float = 0.9,
-                 high_loss_weight: float = 0.5, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
+def find_regions(scored: pl.DataFrame, k_topics: int = _D.k_topics, min_items: int = _D.min_items,
+                 high_loss_quantile: float = _D.high_loss_quantile, high_loss_weight: float = _D.high_loss_weight,
+                 seed: int = _D.seed) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Failure mass per item, then annotation and topic regions ranked together.
 
     Returns:
@@ -138,7 +180,7 @@ def find_regions(scored: pl.DataFrame, k_topics: int = 8, min_items: int = 5, hi
     return items, rank_regions(annotation_regions(items, keys, min_items), topic_regions(items, k_topics, seed, min_items))
 
 
-def synthesis_targets(regions: pl.DataFrame, top_k: int = 3, min_module_share: float = 0.6) -> list[dict]:
+def synthesis_targets(regions: pl.DataFrame, top_k: int = _D.top_k, min_module_share: float = _D.min_module_share) -> list[dict]:
     """The generator cells to synthesise for: the first ``top_k`` distinct modules met when walking
     the regions by rank.
 

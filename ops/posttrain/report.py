@@ -19,12 +19,33 @@ numbers either way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 
 from .evaluate import accuracy_table, paired_difference
 
 CHECKPOINTS = ("stage1", "stage2_targeted", "stage2_random")
+
+
+@dataclass
+class ComparisonParams:
+    """Parameters of the comparison (:func:`compare`), the ``failure_driven_comparison`` run config.
+
+    Attributes:
+        n_boot: bootstrap resamples of the 95% intervals (percentile; paired for differences; >= 1).
+        seed: seed of the resampling.
+    Raises:
+        ValueError: ``n_boot`` below 1.
+    """
+
+    n_boot: int = 1000
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n_boot < 1:
+            raise ValueError(f"failure_driven_comparison.n_boot must be >= 1, got {self.n_boot}")
 
 
 def target_expr(targets: list[dict]) -> pl.Expr:
@@ -38,7 +59,8 @@ def target_expr(targets: list[dict]) -> pl.Expr:
     return e
 
 
-def compare(scored: dict[str, pl.DataFrame], targets: list[dict], n_boot: int = 1000, seed: int = 0) -> tuple[pl.DataFrame, dict]:
+def compare(scored: dict[str, pl.DataFrame], targets: list[dict], n_boot: int = ComparisonParams.n_boot,
+            seed: int = ComparisonParams.seed) -> tuple[pl.DataFrame, dict]:
     """Accuracy table (checkpoint x slice, with intervals) and the verdict on the claim.
 
     Args:

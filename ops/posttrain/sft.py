@@ -1,19 +1,20 @@
 """SFT worker: loss-masked, packed supervised fine-tuning of a causal LM, then greedy evaluation.
 
 Logics-STEM (arXiv 2601.01562) §3: stage-1 SFT on the broad set, and stage-2 SFT on targeted data
-plus replay. Launched by the ``sft_checkpoint`` / ``stage2_checkpoint`` assets through Dagster
-Pipes with ``accelerate launch`` (data parallel over the ranks; gloo on CPU, NCCL on GPU — same
-script); only rank 0 opens the Pipes channel and streams the training loss every
-``log_every`` steps as custom messages.
+plus replay (docs/posttrain.md, "Stage-1 SFT" and "Stage 2 and the comparison"). Launched by the
+``sft_checkpoint`` / ``stage2_checkpoint`` assets through the launch protocol (``python -m
+ops.posttrain.sft --spec --out --fingerprint`` under ``accelerate launch -m``: data parallel over
+the ranks, gloo on CPU, NCCL on GPU); the spec is an ``SftPlan``. Only rank 0 opens the Pipes
+channel and streams the training loss every ``log_every`` steps as custom messages. The training
+loop, checkpoints, data streams and generation are the LM substrate's (``ops.lm``).
 
-Usage: ``accelerate launch ... ops/posttrain/sft.py <plan.json>`` (fields: ``SftPlan``). One launch
-trains its ``runs`` one after another (stage 2 trains the targeted run and the random control in one
-process group). Per run, under ``out_dir``: ``model.safetensors`` + ``config.json`` +
-``optimizer.pt`` (the final state), ``metrics.json`` (loss curve, counts, world size) and
-``predictions.parquet`` (one row per evaluation item: ``item_id``, ``prediction`` text,
+One launch trains its ``runs`` one after another (stage 2 trains the targeted runs and the random
+controls in one process group). Per run, under its ``out_dir``: ``model.safetensors`` +
+``config.json`` + ``optimizer.pt`` (the final state), ``metrics.json`` (loss curve, counts, world
+size) and ``predictions.parquet`` (one row per evaluation item: ``item_id``, ``prediction`` text,
 ``response_loss`` in nats/token of the gold response); ``predictions_init.parquet`` for the
-initial model when ``eval_init``. A killed run resumes from its last ``checkpoint.pt`` (model,
-optimizer, scheduler, step; the data order is a function of the step) and reaches the bit-identical
+initial model when ``eval_init``. A killed run resumes from its last checkpoint in the launch's run
+folder (model, optimizer, scheduler, step, RNG, data position) and reaches the bit-identical
 result; a finished run with the same fingerprint is reused.
 
 Batches: each optimizer step takes ``global_batch`` sequences, of which
@@ -28,23 +29,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import os
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
+from ops.launch import spec_fingerprint, worker_main
+from ops.lm.spec import JsonSpec, require
 
-class SimulatedCrash(RuntimeError):
-    """Raised after a checkpoint when ``CRUCIBLE_SFT_CRASH_AFTER_STEP`` asks for it (fault tests)."""
+RUN_KEYS = ("key", "init_dir", "train_path", "out_dir")
 
 
 @dataclass
-class SftPlan:
-    """Everything one launch needs. Lengths in tokens; ``global_batch`` in sequences per step."""
+class SftPlan(JsonSpec):
+    """The spec of one SFT launch, with the stage-1 defaults (the ``sft_checkpoint`` run config
+    mirrors them). Lengths in tokens; ``global_batch`` in sequences per step over all ranks.
+    ``validate`` raises ValueError naming the field."""
 
     data_dir: str                      # tokenizer.json (+ general_train.npy when domain_ratio < 1): cpt_tokenizer
     eval_path: str                     # parquet: item_id, problem, response (gold, for the response loss)
@@ -54,12 +56,12 @@ class SftPlan:
     #       "seed" (optional: this run's data-order seed, default ``seed``)}
     global_batch: int = 16
     steps: int = 300
-    lr: float = 2e-3
+    lr: float = 4e-3
     min_lr_ratio: float = 0.1          # cosine decay to lr * min_lr_ratio
     warmup_steps: int = 20
     weight_decay: float = 0.01
     domain_ratio: float = 1.0          # share of SFT sequences per step; the rest general replay
-    checkpoint_every: int = 100
+    checkpoint_every: int = 50
     log_every: int = 10
     max_new_tokens: int = 16
     eval_batch: int = 64
@@ -68,6 +70,29 @@ class SftPlan:
 
     HYPER = ("global_batch", "steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "domain_ratio",
              "max_new_tokens", "seed", "eot_token")
+
+    def validate(self, processes: Optional[int] = None) -> "SftPlan":
+        """Check every field (and, with ``processes``, that the global batch splits over the ranks).
+        Returns the plan. Raises ValueError naming the field or the run."""
+        from ops.lm.train import check_global_batch
+
+        require("sft", self, [
+            *((k, getattr(self, k) >= 1, ">= 1") for k in ("steps", "checkpoint_every", "log_every", "max_new_tokens",
+                                                           "eval_batch")),
+            ("lr", self.lr > 0, "> 0"), ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0, "in [0, 1]"),
+            ("domain_ratio", 0.0 <= self.domain_ratio <= 1.0, "in [0, 1]"),
+            ("eot_token", bool(self.eot_token), "a token")])
+        check_global_batch(self.global_batch, processes)
+        keys = [r.get("key") for r in self.runs]
+        for r in self.runs:
+            missing = [k for k in RUN_KEYS if not r.get(k)]
+            if missing:
+                raise ValueError(f"sft run {r.get('key')!r} lacks {missing}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"sft runs have repeated keys: {keys}")
+        return self
 
     def fingerprint(self, run: dict) -> str:
         """Hash of what determines a run's result: its data, initial weights, evaluation items and
@@ -83,286 +108,176 @@ class SftPlan:
                  {k: getattr(self, k) for k in self.HYPER}]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
-
-def lr_lambda(plan: SftPlan):
-    """Linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` at ``steps``."""
-    def f(s: int) -> float:
-        if s < plan.warmup_steps:
-            return (s + 1) / plan.warmup_steps
-        t = (s - plan.warmup_steps) / max(1, plan.steps - plan.warmup_steps)
-        return plan.min_lr_ratio + (1 - plan.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-    return f
+    def launch_fingerprint(self) -> str:
+        """The launch's fingerprint: ``ops.launch.spec_fingerprint`` of the plan and of every run's
+        content fingerprint (a rewritten but identical training table is the same launch)."""
+        return spec_fingerprint({**asdict(self), "run_fingerprints": [self.fingerprint(r) for r in self.runs]},
+                                str(Path(self.data_dir) / "tokenizer.json"))
 
 
-def _atomic_json(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+@dataclass
+class Stage2Plan(SftPlan):
+    """An ``SftPlan`` with the stage-2 defaults (the ``stage2_checkpoint`` run config mirrors them):
+    the peak learning rate sits about where stage 1's cosine ended, so stage 2 continues without a
+    re-warming shock (docs/posttrain.md, "Defaults")."""
+
+    steps: int = 100
+    lr: float = 6e-4
+    warmup_steps: int = 5
 
 
-def sequence_loss(logits, ids, mask):
-    """Mean over sequences of the per-sequence mean cross-entropy on loss tokens (nats).
+class _Sft:
+    """What every run of one launch shares: the plan, the ranks, the tokenizer and the evaluation set."""
 
-    logits (B, T, V), ids (B, T) int64, mask (B, T) float: mask[t] = 1 when token t carries loss
-    (predicted from position t - 1). Sequences without a loss token count zero.
-    """
-    import torch.nn.functional as F
+    def __init__(self, plan: SftPlan, dp, pipes):
+        import polars as pl
+        from tokenizers import Tokenizer
 
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
-    ce = ce.view(ids.size(0), -1)
-    m = mask[:, 1:]
-    per_seq = (ce * m).sum(1) / m.sum(1).clamp(min=1.0)
-    return per_seq.mean()
+        from ops.posttrain.data import PROMPT
 
+        self.plan, self.dp, self.pipes, self.log = plan, dp, pipes, pipes.log.info
+        tok_path = Path(plan.data_dir) / "tokenizer.json"
+        if not tok_path.exists():
+            raise FileNotFoundError(f"no tokenizer at {tok_path}: materialize cpt_tokenizer first")
+        self.tok = Tokenizer.from_file(str(tok_path))
+        self.eot = self.tok.token_to_id(plan.eot_token)
+        if self.eot is None:
+            raise ValueError(f"{tok_path}: the tokenizer has no token {plan.eot_token!r} (SftPlan.eot_token)")
+        self.general = Path(plan.data_dir) / "general_train.npy"
+        if plan.domain_ratio < 1.0 and not self.general.exists():
+            raise FileNotFoundError(f"domain_ratio {plan.domain_ratio} < 1 needs the general replay stream "
+                                    f"{self.general} (cpt_tokenizer)")
+        ev = _read_table(plan.eval_path, ("item_id", "problem", "response"), "evaluation")
+        self.prompts = [e.ids for e in self.tok.encode_batch([PROMPT.format(problem=p) for p in ev["problem"].to_list()])]
+        self.golds = [e.ids + [self.eot] for e in self.tok.encode_batch([" " + r for r in ev["response"].to_list()])]
+        self.item_ids = ev["item_id"].to_list()
+        self._pl = pl
 
-def greedy_decode(model, prompts: list[list[int]], eot_id: int, max_new_tokens: int, n_positions: int):
-    """Greedy continuation of left-padded prompts (no sampling, so the result is deterministic).
+    def evaluate(self, model):
+        """Greedy predictions and gold-response losses for this rank's share, gathered on every rank:
+        a frame (item_id, prediction, response_loss) in evaluation-set order."""
+        from ops.lm.evaluate import response_losses
+        from ops.lm.generate import generate
 
-    Prompts longer than ``n_positions - max_new_tokens`` keep their last tokens. Returns one list
-    of generated ids per prompt, ending before the first end-of-text token.
-    """
-    import torch
-
-    keep = n_positions - max_new_tokens
-    prompts = [p[-keep:] for p in prompts]
-    B, L = len(prompts), max(len(p) for p in prompts)
-    x = torch.full((B, L), eot_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        x[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
-        attn[i, L - len(p):] = 1
-    done = torch.zeros(B, dtype=torch.bool)
-    out = [[] for _ in range(B)]
-    for _ in range(max_new_tokens):
-        pos = (attn.cumsum(1) - 1).clamp(min=0)
-        nxt = model(input_ids=x, attention_mask=attn, position_ids=pos).logits[:, -1].argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, eot_id), nxt)
-        for i in range(B):
-            if not done[i] and nxt[i].item() != eot_id:
-                out[i].append(int(nxt[i]))
-        done |= nxt == eot_id
-        if bool(done.all()):
-            break
-        x = torch.cat([x, nxt[:, None]], 1)
-        attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], 1)
-    return out
-
-
-def response_losses(model, prompts: list[list[int]], golds: list[list[int]], eot_id: int, n_positions: int) -> list[float]:
-    """Teacher-forced mean cross-entropy (nats/token) of each gold response given its prompt."""
-    import torch
-    import torch.nn.functional as F
-
-    seqs, masks = [], []
-    for p, g in zip(prompts, golds):
-        s = (p + g)[-n_positions:]
-        m = ([0] * len(p) + [1] * len(g))[-n_positions:]
-        seqs.append(s)
-        masks.append(m)
-    T = max(len(s) for s in seqs)
-    x = torch.full((len(seqs), T), eot_id, dtype=torch.long)
-    mk = torch.zeros((len(seqs), T))
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        x[i, :len(s)] = torch.tensor(s)
-        mk[i, :len(m)] = torch.tensor(m, dtype=torch.float)
-    logits = model(input_ids=x).logits[:, :-1]
-    ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="none").view(len(seqs), -1)
-    m = mk[:, 1:]
-    return ((ce * m).sum(1) / m.sum(1).clamp(min=1)).tolist()
-
-
-def main(plan_path: str) -> int:  # noqa: C901 - one linear training program
-    import polars as pl
-    import torch
-    from safetensors.torch import load_model, save_model
-    from tokenizers import Tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    from ops.launch import data_parallel, rank0_pipes
-    from ops.mixture.probe import BlockStream, domain_counts
-    from ops.posttrain.data import PROMPT, PackedStream, encode_example
-
-    hf_logging.set_verbosity_error()
-    plan = SftPlan(**json.loads(Path(plan_path).read_text()))
-    if not 0.0 <= plan.domain_ratio <= 1.0:
-        raise ValueError(f"domain_ratio {plan.domain_ratio} outside [0, 1]")
-    acc, world, rank, local = data_parallel(plan.global_batch)
-    tok_path = Path(plan.data_dir) / "tokenizer.json"
-    if not tok_path.exists():
-        raise FileNotFoundError(f"no tokenizer at {tok_path}: materialize cpt_tokenizer first")
-    tok = Tokenizer.from_file(str(tok_path))
-    eot = tok.token_to_id(plan.eot_token)
-    if eot is None:
-        raise ValueError(f"{tok_path}: the tokenizer has no token {plan.eot_token!r} (SftPlan.eot_token)")
-    if plan.domain_ratio < 1.0 and not (Path(plan.data_dir) / "general_train.npy").exists():
-        raise FileNotFoundError(f"domain_ratio {plan.domain_ratio} < 1 needs the general replay stream "
-                                f"{Path(plan.data_dir) / 'general_train.npy'} (cpt_tokenizer)")
-    ev = pl.read_parquet(plan.eval_path)
-    for col in ("item_id", "problem", "response"):
-        if col not in ev.columns:
-            raise ValueError(f"{plan.eval_path}: evaluation table lacks column {col!r}")
-    ev_prompts = [e.ids for e in tok.encode_batch([PROMPT.format(problem=p) for p in ev["problem"].to_list()])]
-    ev_golds = [e.ids + [eot] for e in tok.encode_batch([" " + r for r in ev["response"].to_list()])]
-    ev_ids = ev["item_id"].to_list()
-    crash_after = int(os.environ.get("CRUCIBLE_SFT_CRASH_AFTER_STEP", "0") or 0)
-
-    def build(init_dir: Path):
-        cfg = AutoConfig.from_pretrained(str(init_dir))
-        model = AutoModelForCausalLM.from_config(cfg)
-        load_model(model, str(init_dir / "model.safetensors"))
-        return model
-
-    @torch.no_grad()
-    def evaluate(model) -> pl.DataFrame:
-        """Greedy predictions and gold-response losses for this rank's share, gathered on rank 0."""
-        m = acc.unwrap_model(model)
-        m.eval()
-        n_pos = m.config.n_positions
-        mine = list(range(rank, len(ev_ids), world))
-        mine.sort(key=lambda i: (len(ev_prompts[i]), i))  # similar lengths per batch: less padding
+        n_pos, dp, b = model.config.n_positions, self.dp, self.plan.eval_batch
+        mine = sorted(range(dp.rank, len(self.item_ids), dp.world), key=lambda i: (len(self.prompts[i]), i))  # less padding
         rows = []
-        for b in range(0, len(mine), plan.eval_batch):
-            idx = mine[b:b + plan.eval_batch]
-            gen = greedy_decode(m, [ev_prompts[i] for i in idx], eot, plan.max_new_tokens, n_pos)
-            losses = response_losses(m, [ev_prompts[i] for i in idx], [ev_golds[i] for i in idx], eot, n_pos)
-            for i, g, lo in zip(idx, gen, losses):
-                rows.append((i, tok.decode(g).strip(), float(lo)))
-        if world > 1:
-            parts = [None] * world
-            torch.distributed.all_gather_object(parts, rows)
-            rows = [r for p in parts for r in p]
-        rows.sort()
-        m.train()
-        return pl.DataFrame({"item_id": [ev_ids[i] for i, _, _ in rows], "prediction": [p for _, p, _ in rows],
-                             "response_loss": [lo for _, _, lo in rows]})
+        for s in range(0, len(mine), b):
+            idx = mine[s:s + b]
+            prompts, golds = [self.prompts[i] for i in idx], [self.golds[i] for i in idx]
+            gen = generate(model, prompts, self.eot, self.plan.max_new_tokens, n_pos)
+            losses = response_losses(model, prompts, golds, self.eot, n_pos)
+            rows += [(i, self.tok.decode(g).strip(), float(lo)) for i, g, lo in zip(idx, gen, losses)]
+        rows = sorted(dp.gather(rows))
+        return self._pl.DataFrame({"item_id": [self.item_ids[i] for i, _, _ in rows], "prediction": [p for _, p, _ in rows],
+                                   "response_loss": [lo for _, _, lo in rows]})
 
-    def write_parquet(df, path: Path):
-        tmp = path.with_name(path.name + ".tmp")
-        df.write_parquet(tmp)
-        os.replace(tmp, path)
+    def batches(self, run: dict, seq_len: int, seed: int):
+        """Packed SFT rows (first in each batch) and general-corpus blocks at ``domain_ratio``, and
+        the packed stream (its counts go into metrics.json)."""
+        from ops.lm.data import BlockStream, MixedBatches, PackedStream
+        from ops.posttrain.data import encode_example
 
-    with rank0_pipes() as pipes:
-        pipes.log.info(f"sft: world_size={world} distributed_type={acc.distributed_type} local_batch={local} "
-                       f"runs={[r['key'] for r in plan.runs]} eval_items={len(ev_ids)}")
-        for run in plan.runs:
-            t0 = time.monotonic()
-            out = Path(run["out_dir"])
-            out.mkdir(parents=True, exist_ok=True)
-            if rank == 0:
-                _atomic_json({"world_size": world, "distributed_type": str(acc.distributed_type)}, out / "launch.json")
-            fp = plan.fingerprint(run)
-            metrics_path, ckpt_path = out / "metrics.json", out / "checkpoint.pt"
-            if (metrics_path.exists() and json.loads(metrics_path.read_text()).get("fingerprint") == fp
-                    and (out / "predictions.parquet").exists()):
-                pipes.log.info(f"sft {run['key']}: reused (fingerprint {fp})")
-                pipes.report_custom_message({"run": run["key"], "reused": True})
-                continue
-            train = pl.read_parquet(run["train_path"])
-            for col in ("problem", "response"):
-                if col not in train.columns:
-                    raise ValueError(f"{run['train_path']}: training table lacks column {col!r}")
-            init = Path(run["init_dir"])
-            if not (init / "model.safetensors").exists():
-                raise FileNotFoundError(f"run {run['key']}: no initial model at {init / 'model.safetensors'}")
-            model = build(init)
-            seq_len = model.config.n_positions
-            examples = [encode_example(tok, p, r, eot) for p, r in zip(train["problem"].to_list(), train["response"].to_list())]
-            run_seed = int(run.get("seed", plan.seed))
-            sft_stream = PackedStream(examples, seq_len, eot, run_seed, name=run["train_path"])
-            gen_stream = None
-            if plan.domain_ratio < 1.0:
-                general = np.load(Path(plan.data_dir) / "general_train.npy", mmap_mode="r")
-                gen_stream = BlockStream(general, seq_len, run_seed + 7, "general_train")
-            if run.get("eval_init"):
-                init_pred = evaluate(model)
-                if rank == 0:
-                    write_parquet(init_pred, out / "predictions_init.parquet")
-            opt = torch.optim.AdamW(model.parameters(), lr=plan.lr, weight_decay=plan.weight_decay)
-            if run.get("init_optimizer") and Path(run["init_optimizer"]).exists():
-                opt.load_state_dict(torch.load(run["init_optimizer"], map_location="cpu", weights_only=False))
-                for g in opt.param_groups:
-                    g["lr"] = g["initial_lr"] = plan.lr
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(plan))
-            start, curve = 0, []
-            if ckpt_path.exists():
-                state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-                if state.get("fingerprint") == fp:
-                    model.load_state_dict(state["model"])
-                    opt.load_state_dict(state["optimizer"])
-                    sched.load_state_dict(state["scheduler"])
-                    start, curve = state["step"], state["curve"]
-                    pipes.log.info(f"sft {run['key']}: resumed at step {start}")
-            for s in range(start):  # fast-forward the deterministic data streams
-                n_sft = domain_counts(s, plan.global_batch, plan.domain_ratio)
-                sft_stream.taken += n_sft
-                if gen_stream is not None:
-                    gen_stream.taken += plan.global_batch - n_sft
-            model, opt = acc.prepare(model, opt)
-            model.train()
-            window = []
-            for step in range(start, plan.steps):
-                n_sft = domain_counts(step, plan.global_batch, plan.domain_ratio)
-                ids, mask = sft_stream.take(n_sft)
-                if n_sft < plan.global_batch:
-                    g = np.asarray(gen_stream.take(plan.global_batch - n_sft), dtype=np.int64)
-                    ids = np.concatenate([ids, g])
-                    mask = np.concatenate([mask, np.ones(g.shape, np.float32)])
-                sl = slice(rank * local, (rank + 1) * local)
-                x, mk = torch.from_numpy(ids[sl]), torch.from_numpy(mask[sl])
-                loss = sequence_loss(model(input_ids=x).logits, x, mk)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"sft {run['key']}: non-finite training loss {loss.item()} at step {step}")
-                acc.backward(loss)
-                acc.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
-                window.append(float(loss.detach()))
-                done = step + 1
-                if done % plan.log_every == 0 or done == plan.steps:
-                    point = {"step": done, "loss": float(np.mean(window)), "lr": sched.get_last_lr()[0]}
-                    window = []
-                    curve.append(point)
-                    if rank == 0:
-                        pipes.report_custom_message({"run": run["key"], **point})
-                if done % plan.checkpoint_every == 0 and done < plan.steps:
-                    if rank == 0:
-                        tmp = ckpt_path.with_name("checkpoint.pt.tmp")
-                        torch.save({"fingerprint": fp, "model": acc.unwrap_model(model).state_dict(),
-                                    "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": done,
-                                    "curve": curve}, tmp)
-                        os.replace(tmp, ckpt_path)
-                    acc.wait_for_everyone()
-                    if crash_after and done >= crash_after:
-                        raise SimulatedCrash(f"sft {run['key']}: simulated crash after the checkpoint at step {done}")
-            pred = evaluate(model)
-            if rank == 0:
-                m = acc.unwrap_model(model)
-                tmp = out / "model.safetensors.tmp"
-                save_model(m, str(tmp))
-                os.replace(tmp, out / "model.safetensors")
-                m.config.to_json_file(str(out / "config.json"))
-                torch.save(opt.state_dict(), out / "optimizer.pt.tmp")
-                os.replace(out / "optimizer.pt.tmp", out / "optimizer.pt")
-                write_parquet(pred, out / "predictions.parquet")
-                info = {"fingerprint": fp, "key": run["key"], "steps": plan.steps, "global_batch": plan.global_batch,
-                        "seq_len": seq_len, "tokens": plan.steps * plan.global_batch * seq_len,
-                        "domain_ratio": plan.domain_ratio, "seed": run_seed, "train_rows": train.height, "pack": sft_stream.counts,
-                        "curve": curve, "final_loss": curve[-1]["loss"] if curve else None, "world_size": world,
-                        "distributed_type": str(acc.distributed_type),
-                        "n_params": sum(p.numel() for p in m.parameters()),
-                        "wall_s": round(time.monotonic() - t0, 2)}
-                _atomic_json(info, metrics_path)
-                ckpt_path.unlink(missing_ok=True)
-                pipes.log.info(f"sft {run['key']}: {plan.steps} steps, final loss {info['final_loss']:.4f}, "
-                               f"{info['wall_s']} s")
-            acc.wait_for_everyone()
-    return 0
+        train = _read_table(run["train_path"], ("problem", "response"), "training")
+        examples = [encode_example(self.tok, p, r, self.eot) for p, r in zip(train["problem"].to_list(), train["response"].to_list())]
+        sft = PackedStream(examples, seq_len, self.eot, seed, name=run["train_path"])
+        general = None
+        if self.plan.domain_ratio < 1.0:
+            general = BlockStream(np.load(self.general, mmap_mode="r"), seq_len, seed + 7, "general_train")
+        return MixedBatches(sft, general, self.plan.global_batch, self.plan.domain_ratio, name=f"sft {run['key']}"), sft, train.height
+
+    def train(self, run: dict, out: Path) -> dict:
+        """Train one run (or reuse its published result) and publish model, predictions and metrics."""
+        from ops.lake import write_json_atomic, write_parquet_atomic
+        from ops.lm.checkpoint import LMState, published, run_folder
+        from ops.lm.model import load_model, save_model
+        from ops.lm.train import (Trainer, adamw, crash_if_asked, evaluating, lambda_lr, sequence_mean_loss,
+                                  warmup_cosine)
+
+        plan, dp, key, t0 = self.plan, self.dp, run["key"], time.monotonic()
+        folder = Path(run["out_dir"])
+        dp.record(folder)
+        fp = plan.fingerprint(run)
+        if (info := published(folder / "metrics.json", fp, self.log, f"sft {key}", needs=(folder / "predictions.parquet",))) is not None:
+            self.pipes.report_custom_message({"run": key, "reused": True})
+            return info
+        init = Path(run["init_dir"])
+        if not (init / "model.safetensors").exists():
+            raise FileNotFoundError(f"run {key}: no initial model at {init / 'model.safetensors'}")
+        model = load_model(init)
+        seq_len, run_seed = model.config.n_positions, int(run.get("seed", plan.seed))
+        batches, packed, train_rows = self.batches(run, seq_len, run_seed)
+        if run.get("eval_init"):
+            with evaluating(model):
+                init_pred = self.evaluate(model)
+            if dp.rank == 0:
+                write_parquet_atomic(init_pred, folder / "predictions_init.parquet")
+        opt = adamw(model, plan.lr, plan.weight_decay, init_state=run.get("init_optimizer"))
+        sched = lambda_lr(opt, warmup_cosine(plan.warmup_steps, plan.steps, plan.min_lr_ratio))
+        trainer = Trainer(dp, model, opt, sched, batches, sequence_mean_loss, state=LMState(run_folder(out, key), fp),
+                          history={"curve": [], "window": []}, name=f"sft {key}", log=self.log)
+
+        def on_step(done: int, loss: float) -> None:
+            h = trainer.history
+            h["window"].append(loss)
+            if done % plan.log_every == 0 or done == plan.steps:
+                point = {"step": done, "loss": float(np.mean(h["window"])), "lr": sched.get_last_lr()[0]}
+                h["window"] = []
+                h["curve"].append(point)
+                if dp.rank == 0:
+                    self.pipes.report_custom_message({"run": key, **point})
+            if done % plan.checkpoint_every == 0 and done < plan.steps:
+                trainer.save()
+                crash_if_asked("CRUCIBLE_SFT_CRASH_AFTER_STEP", done, "steps", f"sft {key}", self.log,
+                               since=trainer.resumed_from or 0)
+
+        trainer.train(plan.steps, on_step)
+        pred = trainer.evaluate(self.evaluate)
+        curve = trainer.history["curve"]
+        info = {"fingerprint": fp, "key": key, "steps": plan.steps, "global_batch": plan.global_batch,
+                "seq_len": seq_len, "tokens": plan.steps * plan.global_batch * seq_len,
+                "domain_ratio": plan.domain_ratio, "seed": run_seed, "train_rows": train_rows, "pack": packed.counts,
+                "curve": curve, "final_loss": curve[-1]["loss"] if curve else None, **dp.describe(),
+                "n_params": sum(p.numel() for p in trainer.unwrapped.parameters()),
+                "wall_s": round(time.monotonic() - t0, 2)}
+        if dp.rank == 0:
+            save_model(trainer.unwrapped, folder, trainer.optimizer)
+            write_parquet_atomic(pred, folder / "predictions.parquet")
+            write_json_atomic(info, folder / "metrics.json", indent=1)
+            self.log(f"sft {key}: {plan.steps} steps, final loss {info['final_loss']:.4f}, {info['wall_s']} s")
+        trainer.finish()
+        return info
+
+
+def _read_table(path: str, columns: tuple[str, ...], what: str):
+    """A Parquet table with ``columns``; ValueError naming the file and the missing column."""
+    import polars as pl
+
+    df = pl.read_parquet(path)
+    for col in columns:
+        if col not in df.columns:
+            raise ValueError(f"{path}: {what} table lacks column {col!r}")
+    return df
+
+
+def run(plan: SftPlan, out: Path, fingerprint: str, pipes) -> Optional[dict]:
+    """Train (or reuse) every run of the plan in order; the result (rank 0) is ``{"world_size",
+    "distributed_type", "runs": {key: metrics.json record}}``."""
+    from ops.lm.model import quiet_transformers
+    from ops.lm.train import DataParallel
+
+    quiet_transformers()
+    dp = DataParallel.start(plan.global_batch)
+    sft = _Sft(plan, dp, pipes)
+    pipes.log.info(f"sft: world_size={dp.world} distributed_type={dp.acc.distributed_type} local_batch={dp.local_batch} "
+                   f"runs={[r['key'] for r in plan.runs]} eval_items={len(sft.item_ids)}")
+    results = {r["key"]: sft.train(r, out) for r in plan.runs}
+    return {**dp.describe(), "runs": results} if dp.rank == 0 else None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    return worker_main(SftPlan.from_json, run, argv, description=__doc__)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: sft.py <plan.json>")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    sys.exit(main(sys.argv[1]))
+    raise SystemExit(main())

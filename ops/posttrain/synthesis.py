@@ -25,7 +25,63 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from ops.curation.dedup import NearDedupParams
+
 REASONS = ("duplicate_exact", "duplicate_near", "contaminated", "unverifiable")
+
+
+@dataclass
+class SynthesisParams:
+    """Parameters of targeted synthesis, the ``targeted_synthesis`` run config (module docstring
+    for the method).
+
+    Attributes:
+        pool_per_module: generator items per (module, level) in the synthesis pool (>= 1; the
+            targeted arm and the random control both draw from it).
+        pool_seed: the generator's seed for the pool (a fresh one: not stage 1's).
+        budget: new items per arm (>= 0; targeted and the random control get the same number).
+        retrieval_k: documents retrieved per region and per teacher request (>= 1).
+        near_threshold: MinHash Jaccard threshold of near duplicates, in (0, 1) (LSH; 0.8, as in
+            curation's near-dedup: docs/curation.md).
+        num_perm: MinHash permutations in [16, 8192].
+        verify_timeout_s: the verifier's wall clock per item (s, > 0).
+        workers: verifier processes (>= 1).
+        teacher_requests: teacher synthesis requests (>= 0; each also costs one solve request).
+            Off by default on the embedded profile: SmolLM2-135M rarely writes a question whose
+            answer it can then verify, and each request takes seconds on 2 cores; set it with a
+            production teacher endpoint.
+        teacher_max_tokens: completion tokens per teacher request (>= 1).
+        seed: seed of the targeted and random draws and of the teacher requests.
+    Raises:
+        ValueError: a field outside its range (the message names it and the range).
+    """
+
+    pool_per_module: int = 150
+    pool_seed: int = 303
+    budget: int = 600
+    retrieval_k: int = 3
+    near_threshold: float = NearDedupParams.threshold
+    num_perm: int = NearDedupParams.num_perm
+    verify_timeout_s: float = 5.0
+    workers: int = 2
+    teacher_requests: int = 0
+    teacher_max_tokens: int = 96
+    seed: int = 0
+
+    def __post_init__(self):
+        from ops.curation import minhash
+
+        minhash.check_threshold(self.near_threshold, "targeted_synthesis.near_threshold", allow_exact=False)
+        minhash.check_num_perm(self.num_perm, "targeted_synthesis.num_perm")
+        for name, lo in (("pool_per_module", 1), ("budget", 0), ("retrieval_k", 1), ("workers", 1),
+                         ("teacher_requests", 0), ("teacher_max_tokens", 1)):
+            if getattr(self, name) < lo:
+                raise ValueError(f"targeted_synthesis.{name} must be >= {lo}, got {getattr(self, name)}")
+        if not self.verify_timeout_s > 0:
+            raise ValueError(f"targeted_synthesis.verify_timeout_s must be > 0, got {self.verify_timeout_s}")
+
+
+_D = SynthesisParams
 
 
 class Retriever:
@@ -79,12 +135,13 @@ class ItemFilter:
         corpus: problem texts the new items must not repeat (training corpus, stage-1 data).
         benchmarks: dicts with ``benchmark``, ``item_id``, ``problem`` (evaluation benchmarks, and the
             post-training evaluation items as their own benchmark).
-        near_threshold: MinHash Jaccard threshold of near duplicates (SEEDS.md §1: 0.8).
-        verify_timeout_s / workers: the verifier's per-item wall clock and processes.
+        near_threshold, num_perm, verify_timeout_s, workers: as in :class:`SynthesisParams` (which
+            checks their ranges; near_threshold 0.8, as in curation's near-dedup: docs/curation.md).
     """
 
-    def __init__(self, corpus: list[str], benchmarks: list[dict], near_threshold: float = 0.8, num_perm: int = 128,
-                 verify_timeout_s: float = 5.0, workers: int = 2, decontam_config=None):
+    def __init__(self, corpus: list[str], benchmarks: list[dict], near_threshold: float = _D.near_threshold,
+                 num_perm: int = _D.num_perm, verify_timeout_s: float = _D.verify_timeout_s, workers: int = _D.workers,
+                 decontam_config=None):
         from ops.curation.decontam import Decontaminator
         from ops.curation.text import text_hash
 
@@ -170,7 +227,7 @@ def allocate(targets: list[dict], budget: int) -> list[int]:
     return out.tolist()
 
 
-def select_targeted(pool: pl.DataFrame, targets: list[dict], budget: int, seed: int = 0) -> pl.DataFrame:
+def select_targeted(pool: pl.DataFrame, targets: list[dict], budget: int, seed: int = _D.seed) -> pl.DataFrame:
     """Targeted items: for each target (module, difficulty) its allocated number of pool items
     (a seeded sample; a target with too few items gives what it has, the shortfall goes to the
     next targets in order). ``pool`` has ``module``, ``difficulty``."""
@@ -189,7 +246,7 @@ def select_targeted(pool: pl.DataFrame, targets: list[dict], budget: int, seed: 
     return pl.concat(parts)
 
 
-def select_random(pool: pl.DataFrame, n: int, seed: int = 0) -> pl.DataFrame:
+def select_random(pool: pl.DataFrame, n: int, seed: int = _D.seed) -> pl.DataFrame:
     """The control: ``n`` items drawn uniformly from the same filtered pool (seeded)."""
     return pool.sample(min(n, pool.height), seed=seed + 1, shuffle=True)
 
@@ -229,8 +286,9 @@ def parse_synthesis(text: str | None) -> tuple[str, str] | None:
 
 
 def teacher_synthesis(client, targets: list[dict], failed: pl.DataFrame, retriever: Retriever, docs: list[str],
-                      n_requests: int, max_tokens: int = 96, retrieval_k: int = 3, seed: int = 0,
-                      verify_timeout_s: float = 5.0, workers: int = 2) -> tuple[list[dict], dict]:
+                      n_requests: int, max_tokens: int = _D.teacher_max_tokens, retrieval_k: int = _D.retrieval_k,
+                      seed: int = _D.seed, verify_timeout_s: float = _D.verify_timeout_s,
+                      workers: int = _D.workers) -> tuple[list[dict], dict]:
     """LLM synthesis around the targets, kept only when two teacher samples agree.
 
     For request i (targets taken round-robin): the target module's failed problems (up to 3) and the
@@ -259,7 +317,7 @@ def teacher_synthesis(client, targets: list[dict], failed: pl.DataFrame, retriev
         ex = failed.filter(pl.col("module") == t["module"])["problem"].head(3).to_list() or [t["module"]]
         hits = retriever.query([" ".join(ex)], k=retrieval_k)[0]
         reqs.append(ChatRequest.make(synthesis_messages(ex, [docs[j] for j, _ in hits]),
-                                     {"temperature": 0.8, "max_tokens": max_tokens, "seed": seed + i},
+                                     {"temperature": 0.8, "max_tokens": max_tokens}, seed=seed + i,
                                      tag=f"{t['module']}|{t['difficulty']}|{i}"))
     results = client.complete(reqs)
     stats["requested"] = len(reqs)

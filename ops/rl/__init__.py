@@ -1,4 +1,4 @@
-"""The RL core shared by RollPacker (SEEDS.md §4, arXiv 2509.21009) and RollArc (SEEDS.md §5,
+"""The RL core shared by RollPacker (docs/rollpacker.md, arXiv 2509.21009) and RollArc (docs/rollarc.md,
 arXiv 2512.22560): rollout engines behind one interface, versioned weight sync, the GRPO loss, and a
 rule-based math reward served over HTTP.
 
@@ -8,7 +8,10 @@ Modules (torch-free unless marked):
     engine    Engine protocol; HFEngine (transformers ``generate`` on CPU, torch); VLLMEngine
               (optional GPU backend, imported only when selected); guarded_generate (hard
               wall-clock limit around any engine call)
-    weights   versioned weight sync: a version is published only after a complete sync (torch)
+    sampling  SamplingConfig (temperature, top-k, top-p) and sampling_logprobs: the one function the
+              engine records log-probs with and the trainer scores with (torch inside functions)
+    weights   versioned weight sync: a version is published only after a complete sync and only
+              forward; a failed commit is rolled back (torch)
     grpo      group-normalised advantages and the clipped GRPO loss with optional KL (torch)
     reward    math reward via ``ops.curation.verify``; RewardServer (stdlib HTTP on 127.0.0.1,
               adaptive per-problem timeout) and RewardClient (bounded retries, backoff,

@@ -11,17 +11,14 @@ import pytest
 
 from assets import gba, recsys
 from ops.gba.checkpoint import CRASH_ENV
-from ops.gba.config import MODES
+from assets._config import MIRRORS
+from ops.gba.config import GLOBAL_BATCH, LOCAL_BATCH, MODES, RunConfig
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 from resources.retry import RetryingComputeResource
+from tests.conftest import materialize_logged
 
 TINY = {"epochs": 0.1, "eval_every": 4, "checkpoint_every": 4, "straggler": "persistent", "run_timeout_s": 120.0}
-
-
-def _meta(res):
-    [m] = [e.materialization.metadata for e in res.get_asset_materialization_events()]
-    return {k: v.value for k, v in m.items()}
 
 
 def test_every_partition_gets_the_same_hyper_parameters_from_one_run_config():
@@ -29,6 +26,12 @@ def test_every_partition_gets_the_same_hyper_parameters_from_one_run_config():
     specs = {m: cfg.spec(m, workers=2) for m in MODES}
     assert all(dataclasses.replace(s, mode="gba") == specs["gba"] for s in specs.values())
     assert gba.gba_run.partitions_def.get_partition_keys() == list(MODES)
+    # one source: the Launchpad config is ops.gba.config.RunConfig, defaults included
+    assert MIRRORS[gba.GBARunConfig] == (RunConfig, frozenset())
+    assert cfg.spec("gba", workers=2) == RunConfig(**TINY).spec("gba", workers=2)
+    default = gba.GBARunConfig().spec("gba", workers=2)
+    assert (default.global_batch, default.local_batch) == (GLOBAL_BATCH, LOCAL_BATCH) == (512, 256)
+    assert gba.GBARunConfig(workers=3).spec("gba", workers=2).cluster.workers == 3     # the config wins
 
 
 def test_gba_run_partitions_materialize_compare_and_a_killed_sync_launch_resumes_on_retry(tmp_path, monkeypatch):
@@ -37,27 +40,27 @@ def test_gba_run_partitions_materialize_compare_and_a_killed_sync_launch_resumes
     assert dg.materialize([recsys.ctr_events], resources={"lake": lake}).success
     run_config = {"ops": {"gba_run": {"config": TINY}}}
     meta, logs, kinds = {}, {}, {}
-    with dg.DagsterInstance.ephemeral() as instance:
-        for mode in ("sync", "gba"):
-            if mode == "sync":
-                monkeypatch.setenv(CRASH_ENV, "1")           # SIGKILL the launch after checkpoint 1 (global step 4)
-            else:
-                monkeypatch.delenv(CRASH_ENV)
-            res = dg.materialize([gba.gba_run], partition_key=mode, resources={"lake": lake, "compute": compute},
-                                 run_config=run_config, instance=instance)
-            assert res.success
-            meta[mode] = _meta(res)
-            logs[mode] = "\n".join(e.user_message for e in instance.all_logs(res.run_id))
-            kinds[mode] = [e.event_type_value for e in res.all_events]
+    for mode in ("sync", "gba"):
+        if mode == "sync":
+            monkeypatch.setenv(CRASH_ENV, "1")               # SIGKILL the launch after checkpoint 1 (global step 4)
+        else:
+            monkeypatch.delenv(CRASH_ENV)
+        res, meta[mode], logs[mode], kinds[mode] = materialize_logged(
+            [gba.gba_run], {"lake": lake, "compute": compute}, run_config, partition_key=mode)
+        assert res.success
     s, g = meta["sync"], meta["gba"]
     # the killed sync launch died by SIGKILL, was retried once and resumed from its checkpoint at global step 4
     assert kinds["sync"].count("STEP_UP_FOR_RETRY") == 1 and "STEP_UP_FOR_RETRY" not in kinds["gba"]
     assert "launch died (exit code -9)" in logs["sync"]
+    assert "gba_run[sync]: attempt 2 in" in logs["sync"] and "checkpoint 1 at global step 4.0; the driver resumes" in logs["sync"]
+    assert "gba_run[gba]: attempt 1 in" in logs["gba"] and "nothing saved, starting from the first step" in logs["gba"]
     assert "sync: resuming from checkpoint 1 at global step 4 (2048 of 7680 samples applied) on Dagster retry 1" in logs["sync"]
     assert "sync: training (resumed at global step 4): 5632/5632 samples (100%)" in logs["sync"]
     assert "gba: training: 7680/7680 samples (100%)" in logs["gba"] and "ETA" in logs["gba"]
     assert (s["retry_number"], s["resumed_from"], s["checkpoints_written"]) == (1, "global step 4", 3)   # at 4, 8, 12
     assert (g["retry_number"], g["resumed_from"], g["checkpoints_written"]) == (0, "none", 3)
+    assert (s["resumed_from_saved"], g["resumed_from_saved"]) == ("checkpoint 1 at global step 4.0", "none")
+    assert s["reused_finished_launch"] is False and g["reused_finished_launch"] is False
     assert not list((tmp_path / "gba_run").glob(".run-*"))                 # run folders removed after success
     assert (s["world_size"], s["distributed_type"], s["launcher"]) == (2, "MULTI_CPU", "accelerate launch")
     assert (g["world_size"], g["distributed_type"]) == (3, "PS_RPC")

@@ -56,6 +56,35 @@ def test_one_probe_partition_materializes_on_two_ranks(tmp_path):
     assert df["loss_domain"][-1] < df["loss_domain"][0]
 
 
+def test_a_killed_probe_launch_is_retried_and_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """The launch protocol end to end: the CPT launch is SIGKILLed after its 2nd checkpoint (of 3),
+    RetryingComputeResource retries the step, the relaunch finds the checkpoint in the same run
+    folder and resumes; the metadata names the retry and what it resumed from."""
+    from resources.retry import RetryingComputeResource
+    from tests.conftest import materialize_logged
+
+    lake = LakeResource(root=str(tmp_path / "lake"))
+    _corpora(lake)
+    compute = RetryingComputeResource(num_processes=2, launch_timeout_s=300, launch_retries=1, retry_backoff_s=0.0)
+    res = {"lake": lake, "compute": compute}
+    assert dg.materialize([mixture.cpt_tokenizer], resources=res,
+                          run_config={"ops": {"cpt_tokenizer": {"config": {"vocab_size": 300}}}}).success
+    assert dg.materialize([mixture.cpt_base_models], resources=res, partition_key="xs",
+                          run_config={"ops": {"cpt_base_models": {"config": TINY_BASE}}}).success
+    monkeypatch.setenv("CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS", "2")
+    r, meta, log, kinds = materialize_logged([mixture.cpt_probe_runs], res, {"ops": {"cpt_probe_runs": {"config": TINY_CPT}}},
+                                             partition_key=dg.MultiPartitionKey({"size": "xs", "ratio": "0.50"}))
+    assert r.success
+    assert kinds.count("STEP_UP_FOR_RETRY") == 1 and "launch died (exit code -9)" in log
+    assert "fault injection (CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS=2)" in log
+    assert "cpt_probe_runs: attempt 2 in" in log and "checkpoints: xs_r0.500 at step 4; the driver resumes" in log
+    assert "cpt xs|0.50: resumed at step 4" in log
+    assert (meta["retry_number"], meta["resumed_from_saved"], meta["reused_finished_launch"]) == (1, "checkpoints: xs_r0.500 at step 4", False)
+    assert meta["world_size"] == 2 and meta["pipes_messages"] >= 1
+    assert lake.read("cpt_probe_runs", "xs_r0.500")["tokens"].to_list() == [0, 128, 256, 512]
+    assert not list((tmp_path / "lake/cpt_probe_runs").glob(".run-*"))     # the run folder is removed after success
+
+
 def test_probe_runs_refuse_a_global_batch_the_ranks_cannot_split(tmp_path):
     lake = LakeResource(root=str(tmp_path / "lake"))
     _corpora(lake)

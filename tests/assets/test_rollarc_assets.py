@@ -8,14 +8,13 @@ policy keeps it fast; the real policy runs in the main job and the benchmark."""
 
 from pathlib import Path
 
-import dagster as dg
 import polars as pl
 import pytest
 
 from assets import rollarc
 from ops.rl.rollarc.driver import CRASH_ENV
 from resources.compute import ComputeResource
-from tests.conftest import lake_with_problems
+from tests.conftest import lake_with_problems, materialize_logged
 from resources.lake import LakeResource
 from resources.retry import RetryingComputeResource
 
@@ -33,14 +32,9 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_d
     lake = lake_with_problems(tmp_path)
     monkeypatch.setenv(CRASH_ENV, "4")                   # after the baseline's 3 steps and RollArc's step 0
     compute = RetryingComputeResource(launch_retries=1, retry_backoff_s=0.0)
-    with dg.DagsterInstance.ephemeral() as instance:
-        res = dg.materialize([rollarc.rollarc_run], resources={"lake": lake, "compute": compute},
-                             run_config={"ops": {"rollarc_run": {"config": TINY}}}, instance=instance)
-        log = "\n".join(e.user_message for e in instance.all_logs(res.run_id))
-    assert res.success
-    [m] = [e.materialization.metadata for e in res.get_asset_materialization_events()]
-    meta = {k: v.value for k, v in m.items()}
-    assert [e.event_type_value for e in res.all_events].count("STEP_UP_FOR_RETRY") == 1
+    res, meta, log, kinds = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": compute},
+                                               {"ops": {"rollarc_run": {"config": TINY}}})
+    assert res.success and kinds.count("STEP_UP_FOR_RETRY") == 1
     assert "launch died (exit code -9)" in log and "after 4 saved steps" in log
     assert "monolithic: finished before this launch (3 steps), skipped" in log
     assert "rollarc: resuming after step 0 (policy version 1 published to the engines) on Dagster retry 1" in log
@@ -94,12 +88,23 @@ def test_sizes_are_capped_and_an_unusable_problems_table_fails_before_any_launch
     lake = LakeResource(root=str(tmp_path))
     lake.write(pl.DataFrame({"problem_id": ["p0"], "problem": ["Which is a prime? (A) 4 (B) 5"], "answer": ["B"],
                              "answer_type": ["multiple_choice"]}), "decontaminated_problems", refresh=False)
-    with dg.DagsterInstance.ephemeral() as instance:
-        res = dg.materialize([rollarc.rollarc_run], resources={"lake": lake, "compute": ComputeResource()},
-                             run_config={"ops": {"rollarc_run": {"config": TINY}}}, instance=instance,
-                             raise_on_error=False)
+    res, _, _, _ = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": ComputeResource()},
+                                      {"ops": {"rollarc_run": {"config": TINY}}}, raise_on_error=False)
     assert not res.success
     [failure] = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
     err = failure.step_failure_data.error
     assert "has no numeric problem for the tool_math environment (1 rows)" in (err.cause or err).message
     assert not (tmp_path / "rollarc_run").exists()                        # no run folder, nothing launched
+
+
+def test_the_run_config_has_one_source_the_scheduler_and_role_defaults():
+    from assets._config import MIRRORS
+    from assets._rl import OWN
+    from ops.rl.rollarc.core import ArcConfig
+    from ops.rl.rollarc.driver import RunConfig
+    from ops.rl.rollarc.ray_roles import RoleSpec
+
+    assert MIRRORS[rollarc.RollArcRunConfig] == (RunConfig, OWN)
+    spec = rollarc.spec_from(rollarc.RollArcRunConfig(policy="tiny", model_dir="tok"), Path("p.parquet"), None)
+    assert spec.arc_config == ArcConfig() and spec.role_spec == RoleSpec(tokenizer_dir="tok")
+    assert (spec.model_dir, spec.seed, spec.checkpoint_every) == (None, 0, 2)

@@ -13,7 +13,7 @@ import pytest
 from assets import rollpacker
 from ops.rl.rollpacker.driver import CRASH_ENV
 from resources.compute import ComputeResource
-from tests.conftest import lake_with_problems
+from tests.conftest import lake_with_problems, materialize_logged
 from resources.retry import RetryingComputeResource
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
@@ -28,14 +28,9 @@ def test_rollpacker_run_compares_methods_per_step_and_a_killed_driver_resumes_on
     lake = lake_with_problems(tmp_path)
     monkeypatch.setenv(CRASH_ENV, "3")                   # after baseline's 2 steps and rollpacker's step 0
     compute = RetryingComputeResource(launch_retries=1, retry_backoff_s=0.0)
-    with dg.DagsterInstance.ephemeral() as instance:
-        res = dg.materialize([rollpacker.rollpacker_run], resources={"lake": lake, "compute": compute},
-                             run_config={"ops": {"rollpacker_run": {"config": TINY}}}, instance=instance)
-        log = "\n".join(e.user_message for e in instance.all_logs(res.run_id))
-    assert res.success
-    [m] = [e.materialization.metadata for e in res.get_asset_materialization_events()]
-    meta = {k: v.value for k, v in m.items()}
-    assert [e.event_type_value for e in res.all_events].count("STEP_UP_FOR_RETRY") == 1
+    res, meta, log, kinds = materialize_logged([rollpacker.rollpacker_run], {"lake": lake, "compute": compute},
+                                               {"ops": {"rollpacker_run": {"config": TINY}}})
+    assert res.success and kinds.count("STEP_UP_FOR_RETRY") == 1
     assert "launch died (exit code -9)" in log and "baseline: finished before this launch (2 steps), skipped" in log
     assert "rollpacker: resuming after step 0 (policy version 1 published to the engine; 3 of 4 steps of the run done) " \
            "on Dagster retry 1" in log
@@ -60,3 +55,21 @@ def test_rollpacker_run_rejects_a_bad_config_naming_the_field(tmp_path):
     assert not res.success
     [fail] = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "tail_batching.eta" in str(fail.step_failure_data.error)
+
+
+def test_the_run_config_mirrors_the_driver_spec_and_the_driver_checks_its_spec(tmp_path):
+    from assets._config import MIRRORS
+    from assets._rl import OWN
+    from ops.rl.rollpacker import driver
+
+    assert MIRRORS[rollpacker.RollPackerRunConfig] == (driver.RunSpec, OWN)
+    problems = tmp_path / "p.parquet"
+    spec = rollpacker.spec_from(rollpacker.RollPackerRunConfig(policy="tiny", model_dir="tok"), problems, None)
+    assert spec == driver.RunSpec(problems_path=str(problems), tokenizer_dir="tok", model_dir=None)
+    with pytest.raises(ValueError, match="rollpacker_run.policy must be 'smollm2' or 'tiny'"):
+        rollpacker.spec_from(rollpacker.RollPackerRunConfig(policy="big"), problems, None)
+    # the launched driver checks the spec file once more, naming the file and the field
+    bad = tmp_path / "spec.json"
+    bad.write_text(spec.to_json().replace('"eta": 1.25', '"eta": 0.5'))
+    with pytest.raises(ValueError, match=r"spec.json: .*tail_batching.eta"):
+        driver.main(["--spec", str(bad), "--out", str(tmp_path / "out")])

@@ -218,3 +218,17 @@ def test_sync_launch_check_rejects_the_silent_single_process_cpu_launch():
         check_launch(1, "NO", 2)                              # `accelerate launch --cpu --num_processes 2`
     with pytest.raises(LaunchError, match="distributed type NO"):
         check_launch(2, "NO", 2)                              # two processes training without gradient sync
+
+
+@pytest.mark.parametrize("entry", ["ops.gba.ps", "ops.gba.sync"])
+def test_a_launched_process_checks_its_spec_file_naming_the_file_and_the_field(entry, tmp_path):
+    import importlib
+
+    from ops.gba.config import RunConfig
+
+    spec = RunConfig().spec("gba" if entry.endswith("ps") else "sync", workers=2)
+    bad = tmp_path / "spec.json"
+    bad.write_text(spec.to_json().replace('"workers": 2', '"workers": 0'))
+    with pytest.raises(ValueError, match=r"spec.json: cluster.workers must be >= 1"):
+        importlib.import_module(entry).main(["--spec", str(bad), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()                       # nothing started

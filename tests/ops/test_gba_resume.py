@@ -18,17 +18,8 @@ from ops.gba.config import Cluster, GBAConfigError, RunSpec, validate
 from ops.gba.control import Control
 from ops.gba.data import load
 from ops.sparse.config import TrainConfig
-from ops.sparse.data import movielens_events, time_split
 
 G, B = 512, 256
-
-
-@pytest.fixture(scope="module")
-def events(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gba-resume")
-    p = d / "ctr_events.parquet"
-    time_split(movielens_events()).write_parquet(p)
-    return str(p), str(d / "cache")
 
 
 class Crash(Exception):
@@ -58,8 +49,8 @@ def test_control_hands_out_the_batches_in_flight_at_a_checkpoint_again_first():
         validate(dataclasses.replace(spec, cluster=Cluster(workers=2, checkpoint_every=-1)))
 
 
-def test_a_checkpoint_of_another_spec_is_ignored_and_a_broken_record_names_its_file(events, tmp_path):
-    spec = RunSpec(mode="sync", train=TrainConfig(batch_size=G), local_batch=B, events_path=events[0])
+def test_a_checkpoint_of_another_spec_is_ignored_and_a_broken_record_names_its_file(ctr_events_file, tmp_path):
+    spec = RunSpec(mode="sync", train=TrainConfig(batch_size=G), local_batch=B, events_path=ctr_events_file[0])
     ck = Checkpoints(tmp_path, fingerprint(spec))
     folder = ck.stage(4 * G)
     ck.commit(folder, {"count": 1, "samples": 4 * G, "global_step": 4})
@@ -72,13 +63,13 @@ def test_a_checkpoint_of_another_spec_is_ignored_and_a_broken_record_names_its_f
         ck.find()
 
 
-def test_sync_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(events, tmp_path):
+def test_sync_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(ctr_events_file, tmp_path):
     import torch.distributed as dist
 
     from ops.gba.sync import SyncTrainer
 
     torch.set_num_threads(1)
-    events_path, cache = events
+    events_path, cache = ctr_events_file
     spec = RunSpec(mode="sync", train=TrainConfig(batch_size=G, epochs=0.25), local_batch=B, events_path=events_path,
                    data_cache=cache, cluster=Cluster(workers=1, eval_every=8, checkpoint_every=8))
     data = load(events_path, spec.train.crosses, cache)
@@ -117,8 +108,8 @@ def test_sync_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(events,
         assert torch.equal(ids, ids2) and torch.allclose(rows, rows2, atol=1e-6), name
 
 
-def test_ps_run_killed_after_a_checkpoint_resumes_and_applies_every_global_step(events, tmp_path):
-    events_path, cache = events
+def test_ps_run_killed_after_a_checkpoint_resumes_and_applies_every_global_step(ctr_events_file, tmp_path):
+    events_path, cache = ctr_events_file
     spec = RunSpec(mode="gba", train=TrainConfig(batch_size=G, epochs=0.25), local_batch=B, events_path=events_path,
                    data_cache=cache, cluster=Cluster(workers=2, eval_every=8, checkpoint_every=4, rpc_timeout_s=20,
                                                      stop_timeout_s=10, run_timeout_s=90))

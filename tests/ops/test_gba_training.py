@@ -21,17 +21,8 @@ from ops.gba.model import WorkerModel
 from ops.gba.server import ParameterServer
 from ops.gba.trace import StragglerTrace
 from ops.sparse.config import TrainConfig
-from ops.sparse.data import movielens_events, time_split
 
 G, B = 512, 256
-
-
-@pytest.fixture(scope="module")
-def events(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gba")
-    p = d / "ctr_events.parquet"
-    time_split(movielens_events()).write_parquet(p)
-    return str(p), str(d / "cache")
 
 
 def _drive(server: ParameterServer, data, spec: RunSpec, seed: int = 0) -> None:
@@ -75,13 +66,13 @@ def _drive(server: ParameterServer, data, spec: RunSpec, seed: int = 0) -> None:
             s["batch"] = r[1]
 
 
-def test_gba_without_stragglers_follows_sync_per_sample_and_applies_exactly_G_samples(events, tmp_path):
+def test_gba_without_stragglers_follows_sync_per_sample_and_applies_exactly_G_samples(ctr_events_file, tmp_path):
     import torch.distributed as dist
 
     from ops.gba.sync import SyncTrainer
 
     torch.set_num_threads(1)
-    events_path, cache = events
+    events_path, cache = ctr_events_file
     spec = RunSpec(mode="gba", train=TrainConfig(batch_size=G, epochs=0.25), local_batch=B, events_path=events_path,
                    data_cache=cache, cluster=Cluster(workers=2, eval_every=8))
     data = load(events_path, spec.train.crosses, cache)
@@ -114,9 +105,9 @@ def test_gba_without_stragglers_follows_sync_per_sample_and_applies_exactly_G_sa
     assert np.abs(gl - sl).mean() < 0.008
 
 
-def test_ps_worker_dies_sigkill_mid_run_the_ps_and_the_other_worker_finish(events, tmp_path):
+def test_ps_worker_dies_sigkill_mid_run_the_ps_and_the_other_worker_finish(ctr_events_file, tmp_path):
     """Case ps-worker-dies (../shared/cases/training.json): 1 PS + 2 workers, SIGKILL worker1 half-way."""
-    events_path, cache = events
+    events_path, cache = ctr_events_file
     spec = RunSpec(mode="gba", train=TrainConfig(batch_size=G, epochs=0.5), local_batch=B, events_path=events_path,
                    data_cache=cache, trace=StragglerTrace(base_delay_s=0.02),           # ~25 ms per local batch
                    cluster=Cluster(workers=2, eval_every=4, rpc_timeout_s=20, stop_timeout_s=10, run_timeout_s=90))

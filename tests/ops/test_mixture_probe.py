@@ -1,5 +1,6 @@
-"""CPT probe mechanics: checkpoint spacing, exact mixture schedule, deterministic block streams,
-corpora, and a crashed probe run resuming to the same result as an uninterrupted one."""
+"""CPT probe mechanics: checkpoint spacing, the plan's validation, corpora, and a crashed probe launch
+resuming to the same result as an uninterrupted one (the mixture schedule and the block streams are
+the LM substrate's: tests/ops/test_lm.py)."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import polars as pl
 import pytest
 
 from ops.mixture import corpus
-from ops.mixture.probe import BlockStream, ProbePlan, checkpoint_tokens, domain_counts, run_dir_name
+from ops.mixture.probe import ProbePlan, checkpoint_tokens, run_dir_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,27 +28,22 @@ def test_checkpoints_are_exponentially_spaced_and_end_at_the_budget():
     assert checkpoint_tokens(plan)[-1] == 100_352 and checkpoint_tokens(plan)[-2] == 65536
 
 
-@pytest.mark.parametrize("ratio", [0.0, 0.1, 0.25, 1 / 3, 0.5, 0.9, 1.0])
-def test_domain_schedule_realises_the_ratio_exactly(ratio):
-    G = 16
-    counts = [domain_counts(s, G, ratio) for s in range(250)]
-    assert all(0 <= c <= G for c in counts)
-    for steps in (1, 7, 64, 250):  # at every prefix the total is the rounded target: error < 1 sequence
-        assert abs(sum(counts[:steps]) - steps * G * ratio) <= 0.5 + 1e-9
-
-
-def test_block_stream_is_deterministic_across_a_resume():
-    tokens = np.arange(10 * 8, dtype=np.uint16)
-    whole = BlockStream(tokens, 8, seed=3, name="t").take(25)  # crosses two epoch boundaries
-    a = BlockStream(tokens, 8, seed=3, name="t")
-    first = a.take(11)
-    b = BlockStream(tokens, 8, seed=3, name="t")
-    b.taken = 11  # what the probe does when it resumes
-    np.testing.assert_array_equal(np.concatenate([first, b.take(14)]), whole)
-    # each epoch is a permutation of all blocks
-    assert sorted(whole[:10, 0].tolist()) == list(range(0, 80, 8))
-    with pytest.raises(ValueError, match="fewer than one block"):
-        BlockStream(np.arange(5, dtype=np.uint16), 8, 0, "tiny")
+def test_plan_validation_names_the_field_and_the_run():
+    ok = dict(phase="cpt", data_dir="", base_dir="", out_dir="", runs=[{"size": "xs", "ratio": 0.5, "key": "xs|0.50"}])
+    assert ProbePlan(**ok).validate(processes=2) is not None
+    with pytest.raises(ValueError, match=r"probe\.base_tokens must be >= 1, got 0"):
+        ProbePlan(**ok, base_tokens=0).validate()
+    with pytest.raises(ValueError, match="global_batch 4 is not a multiple of compute.num_processes 3"):
+        ProbePlan(**ok, global_batch=4).validate(processes=3)
+    with pytest.raises(ValueError, match=r"'xs\|1\.50'.*ratio 1\.5 outside \[0, 1\]"):
+        ProbePlan(**{**ok, "runs": [{"size": "xs", "ratio": 1.5, "key": "xs|1.50"}]}).validate()
+    with pytest.raises(ValueError, match="unknown probe size 'xxxl'"):
+        ProbePlan(**{**ok, "runs": [{"size": "xxxl", "ratio": 0.5, "key": "k"}]}).validate()
+    # the worker loads what the asset wrote, and rejects a field it does not know
+    plan = ProbePlan(**ok, seq_len=16)
+    assert ProbePlan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['seqlen'\]"):
+        ProbePlan.from_json(json.dumps({**json.loads(plan.to_json()), "seqlen": 16}))
 
 
 def test_domain_corpus_labels_subdomains_and_names_missing_columns():
@@ -88,13 +84,17 @@ def _plan(tmp: Path, data: Path, out: str, phase: str) -> Path:
                      base_tokens=512, cpt_tokens=1024, first_checkpoint=128, val_seqs_general=4,
                      val_seqs_per_subdomain=4)
     p = tmp / f"{out}-{phase}.json"
-    p.write_text(json.dumps(plan.__dict__))
+    p.write_text(plan.to_json())
     return p
 
 
-def _launch(plan: Path, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "ops/mixture/probe.py"), str(plan)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+def _launch(plan: Path, **extra_env) -> subprocess.CompletedProcess:
+    """The worker as the launch protocol starts it (``python -m``, one process), its run folder
+    beside the plan file (the same folder on every launch of one plan, like a run lineage)."""
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_PIPES_CONTEXT"}
+    return subprocess.run([sys.executable, "-m", "ops.mixture.probe", "--spec", str(plan), "--out", str(plan.with_suffix(".run")),
+                           "--fingerprint", "fp"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**env, "OMP_NUM_THREADS": "1", **extra_env})
 
 
 def test_crashed_probe_resumes_from_its_checkpoint_to_the_uninterrupted_result(tmp_path):
@@ -105,19 +105,25 @@ def test_crashed_probe_resumes_from_its_checkpoint_to_the_uninterrupted_result(t
     whole = _launch(_plan(tmp_path, data, "whole", "cpt"))
     assert whole.returncode == 0, whole.stderr[-2000:]
     crashed = _launch(_plan(tmp_path, data, "runs", "cpt"), CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS="2")
-    assert crashed.returncode == 3, crashed.stderr[-2000:]
+    assert crashed.returncode == -9, crashed.stderr[-2000:]                             # killed, as a preemption would
+    assert "fault injection (CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS=2)" in crashed.stderr
     run = tmp_path / "runs" / run_dir_name("xs", 0.5)
-    assert (run / "checkpoint.pt").exists() and not (run / "metrics.json").exists()
+    state = tmp_path / "runs-cpt.run" / "runs" / run_dir_name("xs", 0.5) / "state"   # in the launch's run folder
+    saved = json.loads((state / "state.json").read_text())
+    assert saved["step"] == 4 and len(saved["history"]) == 3                           # 2 checkpoints + the base point
+    assert (state / saved["model_file"]).exists() and not (run / "metrics.json").exists()
     resumed = _launch(_plan(tmp_path, data, "runs", "cpt"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resumed at step" in resumed.stderr
+    assert "resumed at step 4" in resumed.stderr
     got = json.loads((run / "metrics.json").read_text())["points"]
     want = json.loads((tmp_path / "whole" / run_dir_name("xs", 0.5) / "metrics.json").read_text())["points"]
     assert [p["tokens"] for p in got] == [0, 128, 256, 512, 1024]
     for g, w in zip(got, want):
         assert g["loss_general"] == pytest.approx(w["loss_general"], rel=1e-5)
         assert g["loss_domain"] == pytest.approx(w["loss_domain"], rel=1e-5)
-    assert not (run / "checkpoint.pt").exists()  # a finished run keeps only its metrics
+    assert not state.exists()  # a finished run keeps only its metrics
+    result = json.loads((tmp_path / "runs-cpt.run" / "result.json").read_text())   # what the asset reads
+    assert result["runs"]["0.50|xs"]["points"] == got and result["world_size"] == 1 and result["fingerprint"] == "fp"
 
     again = _launch(_plan(tmp_path, data, "runs", "cpt"))  # same plan, same data: reused, not retrained
     assert again.returncode == 0 and "reused" in again.stderr

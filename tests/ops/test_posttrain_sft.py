@@ -9,7 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ops.posttrain.data import PROMPT, PackedStream, encode_example, pack
+from ops.lm.data import PackedStream, pack
+from ops.posttrain.data import PROMPT, encode_example
 
 PROBLEMS = [f"What is the units digit of {n}?" for n in range(1000, 1060)]
 RESPONSES = [f"\\boxed{{{n % 10}}}" for n in range(1000, 1060)]
@@ -99,16 +100,24 @@ def _plan(tmp_path, tok_dir, out: str, ratio: float = 0.75, eval_init: bool = Fa
                    runs=[{"key": out, "init_dir": str(tmp_path / "init"), "train_path": str(tmp_path / "train.parquet"),
                           "out_dir": str(tmp_path / out), "eval_init": eval_init}])
     p = tmp_path / f"{out}.json"
-    p.write_text(json.dumps(plan.__dict__))
+    p.write_text(plan.to_json())
     return p
 
 
-def test_sft_loss_falls_and_a_crashed_run_resumes_bit_exact(tmp_path, tok_dir, monkeypatch):
+def _main(plan: Path) -> int:
+    """The worker's main as the launch protocol calls it; the run folder is the same on every
+    launch of one plan (like a run lineage)."""
     from ops.posttrain import sft
+
+    return sft.main(["--spec", str(plan), "--out", str(plan.with_suffix(".run")), "--fingerprint", "fp"])
+
+
+def test_sft_loss_falls_and_a_crashed_run_resumes_bit_exact(tmp_path, tok_dir, monkeypatch):
+    from ops.lm.train import SimulatedCrash
 
     _tiny_model(tmp_path / "init", _tok(tok_dir).get_vocab_size())
     monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
-    assert sft.main(str(_plan(tmp_path, tok_dir, "straight", eval_init=True))) == 0
+    assert _main(_plan(tmp_path, tok_dir, "straight", eval_init=True)) == 0
     straight = json.loads((tmp_path / "straight/metrics.json").read_text())
     curve = [p["loss"] for p in straight["curve"]]
     assert len(curve) == 3 and curve[-1] < curve[0] * 0.8, curve
@@ -120,25 +129,41 @@ def test_sft_loss_falls_and_a_crashed_run_resumes_bit_exact(tmp_path, tok_dir, m
 
     monkeypatch.setenv("CRUCIBLE_SFT_CRASH_AFTER_STEP", "4")
     plan = _plan(tmp_path, tok_dir, "crashed")
-    with pytest.raises(sft.SimulatedCrash):
-        sft.main(str(plan))
-    assert (tmp_path / "crashed/checkpoint.pt").exists() and not (tmp_path / "crashed/model.safetensors").exists()
+    with pytest.raises(SimulatedCrash):
+        _main(plan)
+    state = tmp_path / "crashed.run" / "runs" / "crashed" / "state"        # in the launch's run folder
+    saved = json.loads((state / "state.json").read_text())
+    assert saved["step"] == 4 and saved["data"]["first"] + saved["data"]["second"] == 4 * 4  # 4 steps of 4 rows
+    assert (state / saved["model_file"]).exists() and not (tmp_path / "crashed/model.safetensors").exists()
     monkeypatch.delenv("CRUCIBLE_SFT_CRASH_AFTER_STEP")
-    assert sft.main(str(plan)) == 0
+    assert _main(plan) == 0
     resumed = json.loads((tmp_path / "crashed/metrics.json").read_text())
     assert resumed["curve"] == straight["curve"]
     assert (tmp_path / "crashed/model.safetensors").read_bytes() == (tmp_path / "straight/model.safetensors").read_bytes()
-    assert not (tmp_path / "crashed/checkpoint.pt").exists()
+    assert not state.exists()
+    result = json.loads((tmp_path / "crashed.run" / "result.json").read_text())     # what the asset reads
+    assert result["runs"]["crashed"]["curve"] == straight["curve"] and result["fingerprint"] == "fp"
     # a finished run with the same fingerprint is reused, not retrained
     mtime = os.path.getmtime(tmp_path / "crashed/model.safetensors")
-    assert sft.main(str(plan)) == 0 and os.path.getmtime(tmp_path / "crashed/model.safetensors") == mtime
+    assert _main(plan) == 0 and os.path.getmtime(tmp_path / "crashed/model.safetensors") == mtime
+
+
+def test_a_bad_spec_fails_naming_the_file_and_the_field(tmp_path, tok_dir):
+    plan = _plan(tmp_path, tok_dir, "bad")
+    spec = json.loads(plan.read_text())
+    plan.write_text(json.dumps({**spec, "domain_ratio": 1.5}))
+    with pytest.raises(ValueError, match=r"bad\.json: sft\.domain_ratio must be in \[0, 1\], got 1\.5"):
+        _main(plan)
+    plan.write_text(json.dumps({**spec, "runs": [{"key": "r"}]}))
+    with pytest.raises(ValueError, match=r"sft run 'r' lacks \['init_dir', 'train_path', 'out_dir'\]"):
+        _main(plan)
 
 
 def test_batched_greedy_decoding_matches_one_at_a_time(tmp_path, tok_dir):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ops.posttrain.sft import greedy_decode
+    from ops.lm.generate import generate as greedy_decode
 
     _tiny_model(tmp_path / "m", _tok(tok_dir).get_vocab_size())
     torch.manual_seed(1)

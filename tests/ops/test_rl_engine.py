@@ -10,19 +10,13 @@ import torch
 
 from ops.rl.engine import EngineNotReady, HFEngine, guarded_generate
 from ops.rl.grpo import token_logprobs
-from ops.rl.policy import chat_prompt, load_tokenizer, tiny_policy
+from ops.rl.policy import chat_prompt, tiny_policy
 from ops.rl.rollpacker.scheduler import RoundPlan, run_round
 from ops.rl.types import Completion, Prompt, RolloutBatch
 from ops.rl.weights import WeightSyncError, export_state, sync_weights
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 
-
-@pytest.fixture(scope="module")
-def tok():
-    if not (MODEL_DIR / "tokenizer.json").exists():
-        pytest.skip("SmolLM2 directory missing: run make setup")
-    return load_tokenizer(MODEL_DIR)
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""RollArc's elastic reward pool (arXiv 2512.22560; SEEDS.md §5) on a real Ray cluster and real Serve
+"""RollArc's elastic reward pool (arXiv 2512.22560; docs/rollarc.md, "Reward pool") on a real Ray cluster and real Serve
 replicas: rule-based math scores through the pool, autoscaling up under queue depth and back down to
 min, and case reward-service-faults (a replica that errors twice then succeeds; a hang; a pool that
 is down) — failed scores are None/NaN + flag, never 0.0. One Ray/Serve instance for the module."""

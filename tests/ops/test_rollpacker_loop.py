@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ops.rl.engine import HFEngine
-from ops.rl.policy import chat_prompt, load_tokenizer, tiny_policy
+from ops.rl.policy import chat_prompt, tiny_policy
 from ops.rl.reward import RewardClient, RewardResult, RewardServer, RewardServiceError
 from ops.rl.rollpacker.loop import RLStep, StepConfig
 from ops.rl.rollpacker.scheduler import RoundPlanner, TailBatching
@@ -16,12 +16,6 @@ from ops.rl.weights import export_state, sync_weights
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 
-
-@pytest.fixture(scope="module")
-def tok():
-    if not (MODEL_DIR / "tokenizer.json").exists():
-        pytest.skip("SmolLM2 directory missing: run make setup")
-    return load_tokenizer(MODEL_DIR)
 
 
 @pytest.fixture(scope="module")

@@ -17,35 +17,56 @@ Modules, by concept (each imports only those before it):
   ``allocate_compute`` (§3).
 - ``crossdomain``: the Cross-Domain D-CPT Law, ``fit_cross_domain``, ``split_early``,
   ``estimate_k``, ``predict_unseen_domain`` and ``evaluate_unseen_domain`` (§3).
+- ``config``: the parameters, defaults and ranges of the fit, its held-out floor and the plan
+  (``LawFitParams``, ``FitFloorParams``, ``MixturePlanParams``), which the ``dcpt_law_fit``,
+  ``dcpt_fit_heldout_r2`` and ``mixture_plan`` run configs mirror.
 
-Units and probe-point columns: see ``forms``. This package re-exports the public names, so callers
-use ``from ops.mixture import law; law.fit_law(...)``. numpy/scipy only; no torch, no dagster.
+Units and probe-point columns: see ``forms``. This package re-exports the public names, loaded on
+first use, so callers use ``from ops.mixture import law; law.fit_law(...)``. numpy/scipy only; no
+torch, no dagster.
 """
 
 from __future__ import annotations
 
-from .crossdomain import (
-    CrossDomainFit,
-    estimate_k,
-    evaluate_unseen_domain,
-    fit_cross_domain,
-    predict_unseen_domain,
-    split_early,
-)
-from .fit import LawFit, compare_forms, fit_law
-from .forms import (
-    FORMS,
-    HUBER_DELTA,
-    LOSS_COLUMN,
-    N_BOOT,
-    N_GRID,
-    N_STARTS,
-    TARGETS,
-    LawForm,
-    huber,
-)
-from .heldout import Bootstrap, bootstrap, generalisation
-from .usages import MixturePlan, allocate_compute, limited_domain, tradeoff_ratio
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Public name -> the submodule defining it. Loaded on first use (PEP 562), so that importing
+# ``ops.mixture.law.config`` (the run-config defaults the Dagster code location reads at load)
+# pulls in numpy only, not scipy.
+_EXPORTS = {
+    **dict.fromkeys(("CrossDomainFit", "estimate_k", "evaluate_unseen_domain", "fit_cross_domain",
+                     "predict_unseen_domain", "split_early"), "crossdomain"),
+    **dict.fromkeys(("LawFit", "compare_forms", "fit_law"), "fit"),
+    **dict.fromkeys(("FORMS", "HUBER_DELTA", "LOSS_COLUMN", "N_BOOT", "N_GRID", "N_STARTS", "TARGETS", "LawForm",
+                     "huber"), "forms"),
+    **dict.fromkeys(("Bootstrap", "bootstrap", "generalisation"), "heldout"),
+    **dict.fromkeys(("MixturePlan", "allocate_compute", "limited_domain", "tradeoff_ratio"), "usages"),
+    **dict.fromkeys(("LawFitParams", "FitFloorParams", "MixturePlanParams"), "config"),
+}
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only  # noqa: F401
+    from .config import FitFloorParams, LawFitParams, MixturePlanParams
+    from .crossdomain import (CrossDomainFit, estimate_k, evaluate_unseen_domain, fit_cross_domain,
+                              predict_unseen_domain, split_early)
+    from .fit import LawFit, compare_forms, fit_law
+    from .forms import FORMS, HUBER_DELTA, LOSS_COLUMN, N_BOOT, N_GRID, N_STARTS, TARGETS, LawForm, huber
+    from .heldout import Bootstrap, bootstrap, generalisation
+    from .usages import MixturePlan, allocate_compute, limited_domain, tradeoff_ratio
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "FORMS",
@@ -67,4 +88,7 @@ __all__ = [
     "predict_unseen_domain",
     "evaluate_unseen_domain",
     "split_early",
+    "LawFitParams",
+    "FitFloorParams",
+    "MixturePlanParams",
 ]

@@ -52,7 +52,9 @@ class RollArcError(RuntimeError):
 
 @dataclass(frozen=True)
 class ArcConfig:
-    """Scheduler settings.
+    """Scheduler settings. The defaults are the embedded default's sizes (2 CPU cores: the
+    ``rollarc_run`` asset adds < 3 minutes to the main job); the ``full`` preset is production-sized
+    (pipelines/presets.py, docs/rollarc.md).
 
     Attributes:
         steps: optimizer steps (the same for RollArc and the baseline).
@@ -72,11 +74,11 @@ class ArcConfig:
     """
 
     steps: int = 3
-    groups_per_step: int = 2
+    groups_per_step: int = 1
     group_size: int = 2
     redundancy: int = 1
     async_ratio: int = 1
-    max_turns: int = 3
+    max_turns: int = 2
     turn_timeout_s: float = 30.0
     episode_timeout_s: float = 120.0
     reward_timeout_s: float = 30.0

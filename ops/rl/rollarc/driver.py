@@ -1,8 +1,13 @@
 """The RollArc run: the monolithic synchronous baseline and RollArc on the same environments, tasks,
 initial policy and number of optimizer steps. Launched by the ``rollarc_run`` asset through Dagster
-Pipes; streams one message per step and writes ``result.json``.
+Pipes (the launch protocol, ``assets.launch`` / ``ops.launch.worker_main``); it streams one message
+per step and returns the result, which ``worker_main`` writes as ``result.json`` (docs/rollarc.md).
 
-    python -m ops.rl.rollarc.driver --spec spec.json --out DIR
+    python -m ops.rl.rollarc.driver --spec spec.json --out DIR [--fingerprint FP]
+
+``RunConfig`` is the flat run configuration the asset shows in the Launchpad (its defaults are
+``core.ArcConfig``'s, ``ray_roles.RoleSpec``'s and ``RunSpec``'s); ``RunConfig.spec`` builds the
+``RunSpec`` and validates it, the asset's one check; ``load_spec`` is the driver's.
 
 The baseline runs first, colocated in this process (``LocalRoles``); then Ray starts (local
 ``ray.init`` with the four pool resources, or ``ray_address``) with the disaggregated roles
@@ -26,40 +31,46 @@ the record).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Optional
 
 from ops.launch import DriverState
+from ops.rl.runs import read_problems, resume_state
+
+from .core import ArcConfig
+from .ray_roles import RoleSpec
 
 METHODS = ("monolithic", "rollarc")
+ENVS = ("frozenlake", "tool_math")
+"""The environments of a run by default, mixed round-robin over groups."""
 
 CRASH_ENV = "CRUCIBLE_ROLLARC_CRASH_AFTER_STEPS"
 """Fault injection (tests): ``N`` makes the driver SIGKILL its process group (itself and a local Ray
 instance: the launch, as a node preemption would) right after the first save that holds N or more
 steps of the run (finished methods' steps included). Counted over the whole run: a relaunch whose
-saved state already holds N steps is not killed again."""
+saved state already holds N steps is not killed again (``ops.rl.runs.crash_if_asked``)."""
 
 
 @dataclass
 class RunSpec:
     """Everything a run needs (JSON-serialisable). ``arc``: ``core.ArcConfig`` fields; ``roles``:
-    ``ray_roles.RoleSpec`` fields; ``envs``: environments mixed round-robin over groups."""
+    ``ray_roles.RoleSpec`` fields; ``envs``: environments mixed round-robin over groups. The
+    ArcConfig and the RoleSpec are built (and checked) once per spec: ``arc_config``,
+    ``role_spec``."""
 
     problems_path: str
     tokenizer_dir: str
     model_dir: Optional[str] = None
     methods: list = field(default_factory=lambda: list(METHODS))
-    envs: list = field(default_factory=lambda: ["frozenlake", "tool_math"])
+    envs: list = field(default_factory=lambda: list(ENVS))
     arc: dict = field(default_factory=dict)
     roles: dict = field(default_factory=dict)
     frozenlake_size: int = 4
@@ -75,18 +86,19 @@ class RunSpec:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
-    def arc_config(self):
-        from .core import ArcConfig
-
+    @cached_property
+    def arc_config(self) -> ArcConfig:
+        """The scheduler settings (``arc`` over ArcConfig's defaults); raises ValueError naming the field."""
         return ArcConfig(**self.arc)
 
-    def role_spec(self):
-        from .ray_roles import RoleSpec
-
+    @cached_property
+    def role_spec(self) -> RoleSpec:
+        """The roles' settings (``roles`` over RoleSpec's defaults, with the policy of this spec)."""
         return RoleSpec(tokenizer_dir=self.tokenizer_dir, model_dir=self.model_dir, seed=self.seed, **self.roles)
 
     def validate(self) -> "RunSpec":
-        """Raises ValueError naming the field."""
+        """Returns the spec; raises ValueError naming the field (``rollarc.methods``,
+        ``rollarc.async_ratio``, ``rollarc.route_policy``, ...)."""
         from .envs import ENV_NAMES
 
         bad = [m for m in self.methods if m not in METHODS]
@@ -95,8 +107,7 @@ class RunSpec:
         bad = [e for e in self.envs if e not in ENV_NAMES]
         if bad or not self.envs:
             raise ValueError(f"rollarc.envs must be a non-empty subset of {list(ENV_NAMES)}, got {self.envs}")
-        self.arc_config()
-        rs = self.role_spec()
+        _, rs = self.arc_config, self.role_spec          # built, and checked, here once
         if rs.route_policy not in ("affinity", "uniform"):
             raise ValueError(f"rollarc.route_policy must be 'affinity' or 'uniform', got {rs.route_policy!r}")
         if rs.env_latency not in ("none", "low", "medium", "heavy"):
@@ -120,6 +131,61 @@ def fingerprint(spec: RunSpec) -> str:
     for part in ("arc", "roles"):
         d[part] = {k: v for k, v in d[part].items() if not k.endswith("timeout_s") and k != "reward_retries"}
     return spec_fingerprint(d, spec.problems_path)
+
+
+_ROLE = RoleSpec(tokenizer_dir="")
+
+
+@dataclass
+class RunConfig:
+    """A RollArc run as a user configures it, flat (the ``rollarc_run`` asset's Launchpad config
+    mirrors it): the methods and environments, the scheduler sizes (``core.ArcConfig``: steps,
+    groups_per_step G, group_size R, redundancy, async_ratio, max_turns, the turn and episode
+    limits in s, max_failed_fraction), the roles (``ray_roles.RoleSpec``: token budgets, routing,
+    engines per pool, injected env latency, reward replicas, lr), seed, local Ray CPUs and the
+    checkpoint cadence (``RunSpec``). Defaults come from those classes."""
+
+    methods: list = field(default_factory=lambda: list(METHODS))
+    envs: list = field(default_factory=lambda: list(ENVS))
+    steps: int = ArcConfig.steps
+    groups_per_step: int = ArcConfig.groups_per_step
+    group_size: int = ArcConfig.group_size
+    redundancy: int = ArcConfig.redundancy
+    async_ratio: int = ArcConfig.async_ratio
+    max_turns: int = ArcConfig.max_turns
+    turn_timeout_s: float = ArcConfig.turn_timeout_s
+    episode_timeout_s: float = ArcConfig.episode_timeout_s
+    max_failed_fraction: float = ArcConfig.max_failed_fraction
+    max_new_tokens: int = RoleSpec.max_new_tokens
+    max_prompt_tokens: int = RoleSpec.max_prompt_tokens
+    route_policy: str = RoleSpec.route_policy
+    prefill_heavy_ratio: float = RoleSpec.prefill_heavy_ratio
+    engines_compute: int = _ROLE.engines["gpu_compute"]
+    engines_bandwidth: int = _ROLE.engines["gpu_bandwidth"]
+    env_latency: str = RoleSpec.env_latency
+    env_latency_mean_s: float = RoleSpec.env_latency_mean_s
+    reward_max_replicas: int = RoleSpec.reward_max_replicas
+    lr: float = RoleSpec.lr
+    seed: int = RunSpec.seed
+    num_cpus: int = RunSpec.num_cpus
+    checkpoint_every: int = RunSpec.checkpoint_every
+
+    ARC = ("steps", "groups_per_step", "group_size", "redundancy", "async_ratio", "max_turns", "turn_timeout_s",
+           "episode_timeout_s", "max_failed_fraction")
+    ROLES = ("max_new_tokens", "max_prompt_tokens", "route_policy", "prefill_heavy_ratio", "env_latency",
+             "env_latency_mean_s", "reward_max_replicas", "lr")
+
+    def spec(self, problems_path: str, tokenizer_dir: str, model_dir: Optional[str],
+             ray_address: Optional[str] = None) -> RunSpec:
+        """The validated RunSpec of this run on ``problems_path`` with the policy at ``model_dir``
+        (None: the tiny random policy on ``tokenizer_dir``'s vocabulary). Raises ValueError naming
+        the field."""
+        roles = {k: getattr(self, k) for k in self.ROLES}
+        roles["engines"] = {"gpu_compute": self.engines_compute, "gpu_bandwidth": self.engines_bandwidth}
+        return RunSpec(problems_path=str(problems_path), tokenizer_dir=tokenizer_dir, model_dir=model_dir,
+                       methods=list(self.methods), envs=list(self.envs), arc={k: getattr(self, k) for k in self.ARC},
+                       roles=roles, seed=self.seed, ray_address=ray_address, num_cpus=self.num_cpus,
+                       checkpoint_every=self.checkpoint_every).validate()
 
 
 class RunState(DriverState):
@@ -176,14 +242,11 @@ class RunState(DriverState):
 
 def crash_if_asked(count: int, loaded: int, log: Callable[[str], None]) -> None:
     """Fault injection: SIGKILL this process group when ``CRASH_ENV`` = N with ``loaded`` < N <=
-    ``count`` (steps saved now; ``loaded``: steps the state held when this launch started). Raises
-    ValueError when the variable is not an integer."""
-    from ops.launch import crash_after
+    ``count`` (steps saved now; ``loaded``: steps the state held when this launch started;
+    ``ops.rl.runs.crash_if_asked``). Raises ValueError when the variable is not an integer."""
+    from ops.rl.runs import crash_if_asked as crash
 
-    n = crash_after(CRASH_ENV, "steps")
-    if n is not None and loaded < n <= count:
-        log(f"fault injection ({CRASH_ENV}={n}): SIGKILL to the driver's process group after {count} saved steps")
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+    crash(CRASH_ENV, count, loaded, log)
 
 
 def tool_math_problems(df):
@@ -198,29 +261,31 @@ def tool_math_problems(df):
     return df
 
 
+def tool_math_rows(spec: RunSpec) -> list[dict]:
+    """The ToolMath problems of a run, in its seeded order (empty when ``tool_math`` is not one of
+    its environments). The asset calls it before launching, so that an unusable table fails before
+    a launch and a run folder. Raises FileNotFoundError / ValueError naming the file: missing, lacks
+    columns, no numeric problem."""
+    if "tool_math" not in spec.envs:
+        return []
+    df = read_problems(spec.problems_path)
+    rows = tool_math_problems(df).sort("problem_id").to_dicts()
+    if not rows:
+        raise ValueError(f"problems table {spec.problems_path} has no numeric problem for the tool_math environment "
+                         f"({df.height} rows); use envs ['frozenlake'] or curate more problems")
+    random.Random(spec.seed).shuffle(rows)
+    return rows
+
+
 def load_tasks(spec: RunSpec) -> list:
     """One task per group of the run (enough for the baseline's steps x G and RollArc's look-ahead),
     environments round-robin: FrozenLake maps by seed, ToolMath problems with numeric answers from
-    the curated problems table (seeded order)."""
-    import polars as pl
-
+    the curated problems table (``tool_math_rows``)."""
     from .types import Task
 
-    cfg = spec.arc_config()
+    cfg = spec.arc_config
     n = (cfg.steps + 2 * (cfg.async_ratio + 2)) * cfg.groups_per_step * 4
-    math_rows: list = []
-    if "tool_math" in spec.envs:
-        p = Path(spec.problems_path)
-        if not p.exists():
-            raise FileNotFoundError(f"problems table {p} does not exist: materialize decontaminated_problems first")
-        df = pl.read_parquet(p)
-        need = {"problem_id", "problem", "answer"}
-        if not need <= set(df.columns):
-            raise ValueError(f"problems table {p} lacks columns {sorted(need - set(df.columns))}")
-        math_rows = tool_math_problems(df).sort("problem_id").to_dicts()
-        random.Random(spec.seed).shuffle(math_rows)
-        if not math_rows:
-            raise ValueError(f"problems table {p} has no numeric problem for tool_math")
+    math_rows = tool_math_rows(spec)
     out = []
     for i in range(n):
         env = spec.envs[i % len(spec.envs)]
@@ -263,7 +328,7 @@ def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes, state: Optio
     from .core import RunResult, run_monolithic, run_rollarc
     from .ray_roles import LocalRoles, RayRoles
 
-    cfg, rs = spec.arc_config(), spec.role_spec()
+    cfg, rs = spec.arc_config, spec.role_spec
     cur = state.current if state is not None and state.current and state.current["method"] == method else None
     res = RunResult.from_dict(cur["result"]) if cur else RunResult(method=method, config=asdict(cfg))
     start, wall0 = len(res.steps), res.wall_s
@@ -325,7 +390,7 @@ def init_ray(spec: RunSpec) -> None:
 
     from .ray_roles import pool_resources
 
-    rs = spec.role_spec()
+    rs = spec.role_spec
     start_ray(spec.ray_address, spec.num_cpus, rs.threads,
               resources=pool_resources(rs.engines, rs.env_workers, rs.reward_max_replicas))
 
@@ -382,29 +447,33 @@ def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
     return out
 
 
+def load_spec(text: str) -> RunSpec:
+    """The validated RunSpec of a spec file's text (``RunSpec.to_json``). Raises ValueError naming
+    the field, TypeError for an unknown field."""
+    return RunSpec(**json.loads(text)).validate()
+
+
+def run_launched(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
+    """The launched run (the ``run`` of ``ops.launch.worker_main``): ``run`` resuming from the state
+    saved under ``out`` (``RunState``), the state removed at the end (the result is the record).
+    Returns the result dict (see ``run``)."""
+    state = resume_state(RunState(out, fingerprint(spec)), pipes.log)
+    loaded = state.steps_done
+    result = run(spec, pipes, state, on_saved=lambda n: crash_if_asked(n, loaded, pipes.log.info))
+    shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
+    pipes.log.info(f"rollarc run done in {result['wall_s']:.1f}s; speedup {result.get('speedup_e2e')}")
+    return result
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spec", required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    spec = RunSpec(**json.loads(Path(args.spec).read_text())).validate()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    from ops.launch import worker_main
 
-    from ops.launch import rank0_pipes
+    return worker_main(load_spec, run_launched, argv, description=__doc__)
 
-    with rank0_pipes() as pipes:
-        state = RunState(out, fingerprint(spec))
-        if not state.load() and state.skipped:
-            pipes.log.warning(f"{state.skipped}: starting from the first step")
-        loaded = state.steps_done
-        result = run(spec, pipes, state, on_saved=lambda n: crash_if_asked(n, loaded, pipes.log.info))
-        tmp = out / ".result.json.tmp"
-        tmp.write_text(json.dumps(result, indent=1, default=str))
-        os.replace(tmp, out / "result.json")
-        shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
-        pipes.log.info(f"rollarc run done in {result['wall_s']:.1f}s; speedup {result.get('speedup_e2e')}")
-    return 0
+
+BENCHMARK_ARC = {"steps": 4, "groups_per_step": 2, "group_size": 3, "max_turns": 3}
+"""The real-engine benchmark's workload (``run_benchmark``): larger than the embedded default's
+ArcConfig; redundancy and async ratio are ArcConfig's."""
 
 
 def run_benchmark(problems_path: str, tokenizer_dir: str, model_dir: Optional[str], kinds=("low", "medium", "heavy"),
@@ -416,10 +485,10 @@ def run_benchmark(problems_path: str, tokenizer_dir: str, model_dir: Optional[st
 
     from .report import summary_rows, utilisation_rows
 
-    arc = {"steps": 4, "groups_per_step": 2, "group_size": 3, "redundancy": 1, "async_ratio": 1, "max_turns": 3,
-           **(arc or {})}
+    arc = {**BENCHMARK_ARC, **(arc or {})}
     roles = {"env_latency_mean_s": 0.5, **(roles or {})}
-    out: dict = {"settings": {"arc": arc, "roles": roles, "policy": model_dir or "tiny random Llama", "seed": seed}}
+    out: dict = {"settings": {"arc": asdict(ArcConfig(**arc)), "roles": roles, "policy": model_dir or "tiny random Llama",
+                              "seed": seed}}
     for kind in kinds:
         spec = RunSpec(problems_path=problems_path, tokenizer_dir=tokenizer_dir, model_dir=model_dir, seed=seed,
                        arc=dict(arc), roles={**roles, "env_latency": kind}).validate()

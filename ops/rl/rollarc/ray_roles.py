@@ -34,17 +34,20 @@ import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+
+from ops.rl.runs import PolicySpec
 
 from .types import POOLS, Segment, StepResult, Task, Trajectory
 
 
 @dataclass
-class RoleSpec:
-    """What the roles need (JSON-serialisable; part of the driver's RunSpec).
+class RoleSpec(PolicySpec):
+    """What the roles need (JSON-serialisable; part of the driver's RunSpec): the policy
+    (``ops.rl.runs.PolicySpec``: tokenizer_dir, model_dir (None = the tiny random policy), lr,
+    temperature, seed, tiny_hidden, threads of each engine actor, reward_timeout_s and
+    reward_retries of one reward request) and the placement and sizes below.
 
     Attributes:
-        tokenizer_dir / model_dir: the policy (model_dir None = the tiny random policy).
         engines: engine actors per pool (``gpu_compute``, ``gpu_bandwidth``).
         route_policy: ``affinity`` | ``uniform`` (router.RequestRouter).
         prefill_heavy_ratio: prompt / expected-decode tokens at or above which a request is
@@ -58,12 +61,9 @@ class RoleSpec:
         env_workers, env_concurrency: environment actors and sessions per actor.
         env_latency, env_latency_mean_s: injected per-step latency kind (envs.EnvLatency) and mean (s).
         reward_min_replicas / reward_max_replicas / reward_target_ongoing: Serve autoscaling.
-        lr, temperature, seed, tiny_hidden: policy / trainer settings; threads: torch threads of each
-            engine actor; trainer_threads: of the trainer actor (the heaviest role).
+        trainer_threads: torch threads of the trainer actor (the heaviest role).
     """
 
-    tokenizer_dir: str
-    model_dir: Optional[str] = None
     engines: dict = field(default_factory=lambda: {"gpu_compute": 1, "gpu_bandwidth": 1})
     route_policy: str = "affinity"
     prefill_heavy_ratio: float = 12.0
@@ -79,19 +79,7 @@ class RoleSpec:
     reward_min_replicas: int = 1
     reward_max_replicas: int = 2
     reward_target_ongoing: float = 1.0
-    reward_timeout_s: float = 30.0
-    reward_retries: int = 2
-    lr: float = 1e-6
-    temperature: float = 1.0
-    seed: int = 0
-    threads: int = 1
     trainer_threads: int = 2
-    tiny_hidden: int = 64
-
-    def policy(self) -> dict:
-        return {"tokenizer_dir": self.tokenizer_dir, "model_dir": self.model_dir, "seed": self.seed,
-                "threads": self.threads, "tiny_hidden": self.tiny_hidden, "temperature": self.temperature,
-                "lr": self.lr}
 
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -169,7 +157,7 @@ class EngineServer:
         torch.set_num_threads(spec.get("threads", 1))
         torch.manual_seed(spec.get("seed", 0) + 1000 + POOLS.index(pool))
         model, tok = _build_policy(spec)
-        self.engine = HFEngine(model, tok, temperature=spec.get("temperature", 1.0), version=0)
+        self.engine = HFEngine.from_spec(model, tok, spec, version=0)
         self.pool, self.max_batch, self.batch_wait_s = pool, max_batch, batch_wait_s
         self.pending: list = []
         self._batcher = None
@@ -461,7 +449,7 @@ class LocalRoles:
         pol = spec.policy()
         torch.manual_seed(spec.seed + 1000)
         model, _ = _build_policy(pol)
-        self.engine = HFEngine(model, tokenizer, temperature=spec.temperature, version=0)
+        self.engine = HFEngine.from_spec(model, tokenizer, pol, version=0)
         # the Ray trainer's body in this process (same StreamTrainer, AdamW and checkpoint format);
         # this process's torch thread count is left as it is
         self._trainer = _TrainerImpl({**pol, "threads": torch.get_num_threads()})

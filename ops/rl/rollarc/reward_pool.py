@@ -1,6 +1,6 @@
 """RollArc's elastic reward pool: stateless verifier replicas on Ray Serve that scale with queue depth.
 
-RollArc (arXiv 2512.22560, statefulness-aware placement; SEEDS.md §5) sends stateless components —
+RollArc (arXiv 2512.22560, statefulness-aware placement; docs/rollarc.md, "Reward pool") sends stateless components —
 reward models and verifiers — to an elastic, serverless-style pool, while stateful environments stay
 on CPU workers. Here the pool is a Ray Serve application whose deployment ``RewardVerifier`` is
 autoscaled by Serve between ``min_replicas`` and ``max_replicas`` on the number of queued + ongoing

@@ -1,5 +1,5 @@
 """Hardware-affinity request routing between the LLM engine pools (RollArc, arXiv 2512.22560 §4,
-hardware-affinity mapping; SEEDS.md §5). Pure Python: no ray, no torch.
+hardware-affinity mapping; docs/rollarc.md, "Pools and the affinity router"). Pure Python: no ray, no torch.
 
 RollArc sends compute-bound work to compute-optimised GPUs and bandwidth-bound work to
 bandwidth-optimised GPUs. An LLM call has two phases:

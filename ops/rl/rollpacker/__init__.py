@@ -1,4 +1,4 @@
-"""RollPacker: tail batching for synchronous RL (Gao et al., arXiv 2509.21009, NSDI 2026; SEEDS.md §4).
+"""RollPacker: tail batching for synchronous RL (Gao et al., arXiv 2509.21009, NSDI 2026; docs/rollpacker.md).
 
 Modules:
     scheduler  RoundPlanner (short rounds, long rounds, the FIFO long-prompt queue, or the

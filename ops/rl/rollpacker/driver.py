@@ -1,13 +1,14 @@
 """The RollPacker run: baseline and tail batching, a few GRPO steps each on the same prompts and the
 same initial policy, on Ray (local ``ray.init(num_cpus=...)`` by default, ``--address`` in
-production). Launched by the ``rollpacker_run`` asset through Dagster Pipes; rank 0 streams one
-message per step and writes ``result.json``.
+production). Launched by the ``rollpacker_run`` asset through Dagster Pipes (the launch protocol,
+``assets.launch`` / ``ops.launch.worker_main``); it streams one message per step and returns the
+result, which ``worker_main`` writes as ``result.json`` (docs/rollpacker.md).
 
-    python -m ops.rl.rollpacker.driver --spec spec.json --out DIR
+    python -m ops.rl.rollpacker.driver --spec spec.json --out DIR [--fingerprint FP]
 
 spec.json (``RunSpec.to_json``): methods, P0, R0, eta, steps, max_new_tokens, timeouts, the policy
-(a model directory, or the tiny random policy with ``tokenizer_dir``), the problems file, learning
-rate, reward settings, Ray address and CPUs.
+(``ops.rl.runs.PolicySpec``: a model directory, or the tiny random policy with ``tokenizer_dir``;
+learning rate, temperature, seed), the problems file, reward settings, Ray address and CPUs.
 
 Resume (``RunState``): after every completed GRPO step the driver saves, under ``DIR/state/``, the
 finished step rows, the tail-batching planner's position (fresh prompts, long-prompt queue, step)
@@ -23,12 +24,9 @@ ignored. A finished launch removes its state (``result.json`` is the record). Pr
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
 import shutil
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,11 +34,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ops.launch import DriverState
+from ops.rl.runs import PolicySpec, read_problems, resume_state
 
 CRASH_ENV = "CRUCIBLE_ROLLPACKER_CRASH_AFTER_STEPS"
 """Fault injection (tests): ``N`` makes the driver SIGKILL its process group (itself and a local Ray
 instance; the launch, as a node preemption would) right after saving the run's N-th step. Counted
-over the whole run, so the relaunch, which resumes past step N, is not killed again."""
+over the whole run, so the relaunch, which resumes past step N, is not killed again
+(``ops.rl.runs.crash_if_asked``)."""
 
 METHODS = {
     # name: (tail batching, reward scheduler, stream trainer)
@@ -52,12 +52,13 @@ METHODS = {
 
 
 @dataclass
-class RunSpec:
-    """Everything a run needs (JSON-serialisable). See the ``rollpacker_run`` asset's config."""
+class RunSpec(PolicySpec):
+    """Everything a run needs (JSON-serialisable): the policy (``PolicySpec``: tokenizer_dir,
+    model_dir, lr, temperature, seed, threads per actor, reward timeout and retries), the problems
+    file, the methods and their sizes. The ``rollpacker_run`` asset's Launchpad config mirrors it.
+    ``validate`` is the one check, run by the asset and by the launched driver (``load_spec``)."""
 
     problems_path: str
-    tokenizer_dir: str
-    model_dir: Optional[str] = None
     methods: list = field(default_factory=lambda: ["baseline", "rollpacker"])
     prompts_per_step: int = 2
     responses_per_prompt: int = 4
@@ -66,22 +67,17 @@ class RunSpec:
     max_new_tokens: int = 48
     timeout_s: float = 120.0
     max_prompt_tokens: int = 200
-    lr: float = 1e-6
-    temperature: float = 1.0
-    seed: int = 0
     max_failed_fraction: float = 0.25
     reward_workers: int = 1
-    reward_timeout_s: float = 30.0
-    reward_retries: int = 2
     ray_address: Optional[str] = None
     num_cpus: int = 2
-    threads_per_actor: int = 1
-    tiny_hidden: int = 64
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
     def validate(self) -> "RunSpec":
+        """Returns the spec; raises ValueError naming the field (``tail_batching.eta``,
+        ``rollpacker.methods``, ``rollpacker.steps``, ...)."""
         from .scheduler import TailBatching
 
         TailBatching(self.prompts_per_step, self.responses_per_prompt, self.eta)
@@ -103,7 +99,7 @@ def fingerprint(spec: RunSpec) -> str:
     from ops.launch import spec_fingerprint
 
     d = asdict(spec)
-    for k in ("ray_address", "num_cpus", "threads_per_actor", "timeout_s", "reward_timeout_s", "reward_retries"):
+    for k in ("ray_address", "num_cpus", "threads", "timeout_s", "reward_timeout_s", "reward_retries"):
         d.pop(k)
     return spec_fingerprint(d, spec.problems_path)
 
@@ -123,6 +119,11 @@ class RunState(DriverState):
     """
 
     FIELDS = {"rows": [], "done": [], "current": None, "count": 0}
+
+    @property
+    def steps_done(self) -> int:
+        """GRPO steps of the run the state holds (every method's finished rows)."""
+        return len(self.rows)
 
     def rows_of(self, method: str) -> list[dict]:
         return [r for r in self.rows if r["method"] == method]
@@ -162,17 +163,6 @@ def restore_planner(planner, saved: dict, prompts: list) -> None:
     planner.step = saved["step"]
 
 
-def crash_if_asked(count: int, log: Callable[[str], None]) -> None:
-    """Fault injection: SIGKILL this process group when ``CRASH_ENV`` equals ``count`` (steps saved).
-    Raises ValueError when the variable is not an integer."""
-    from ops.launch import crash_after
-
-    n = crash_after(CRASH_ENV, "steps")
-    if n is not None and n == count:
-        log(f"fault injection ({CRASH_ENV}={n}): SIGKILL to the driver's process group after step {count}")
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-
 def load_prompts(spec: RunSpec, tokenizer) -> list:
     """The epoch: ``steps`` x P0 problems with an answer, in a seeded order, as chat prompts."""
     import polars as pl
@@ -180,12 +170,7 @@ def load_prompts(spec: RunSpec, tokenizer) -> list:
     from ops.rl.policy import chat_prompt
 
     p = Path(spec.problems_path)
-    if not p.exists():
-        raise FileNotFoundError(f"problems table {p} does not exist: materialize the curated problems first")
-    df = pl.read_parquet(p)
-    need = {"problem_id", "problem", "answer"}
-    if not need <= set(df.columns):
-        raise ValueError(f"problems table {p} lacks columns {sorted(need - set(df.columns))}")
+    df = read_problems(p)
     cols = [c for c in ("problem_id", "problem", "answer", "solution", "answer_type") if c in df.columns]
     df = df.select(cols).filter(pl.col("answer").is_not_null() & (pl.col("answer").str.strip_chars() != ""))
     if "answer_type" in df.columns:
@@ -203,10 +188,7 @@ def make_actors(spec: RunSpec):
     """The engine, trainer and reward actors of a run (``ops.rl.ray_actors.Actors``)."""
     from ops.rl.ray_actors import Actors
 
-    pol = {"tokenizer_dir": spec.tokenizer_dir, "model_dir": spec.model_dir, "seed": spec.seed,
-           "threads": spec.threads_per_actor, "tiny_hidden": spec.tiny_hidden}
-    return Actors({**pol, "temperature": spec.temperature}, {**pol, "lr": spec.lr}, spec.reward_workers,
-                  spec.reward_timeout_s)
+    return Actors(spec.policy(), spec.policy(), spec.reward_workers, spec.reward_timeout_s)
 
 
 def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: Optional[RunState] = None,
@@ -285,47 +267,51 @@ def run_methods(spec: RunSpec, prompts: list, pipes, actors, state: RunState,
     return rows
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spec", required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    spec = RunSpec(**json.loads(Path(args.spec).read_text())).validate()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def load_spec(text: str) -> RunSpec:
+    """The validated RunSpec of a spec file's text (``RunSpec.to_json``). Raises ValueError naming
+    the field, TypeError for an unknown field."""
+    return RunSpec(**json.loads(text)).validate()
 
-    from ops.launch import init_ray, rank0_pipes
+
+def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
+    """The launched run (the ``run`` of ``ops.launch.worker_main``): Ray and the actors up, every
+    method resumed from the state saved under ``out`` (``RunState``), the state removed at the end
+    (the result is the record). Returns the result: spec, step rows, Ray start and wall seconds,
+    Ray address, prompt uids, resumes, seconds spent saving."""
+    import ray
+
+    from ops.launch import init_ray
     from ops.rl.policy import load_tokenizer
+    from ops.rl.runs import crash_if_asked
 
-    with rank0_pipes() as pipes:
-        import ray
+    t0 = time.monotonic()
+    tok = load_tokenizer(spec.tokenizer_dir)
+    prompts = load_prompts(spec, tok)
+    state = resume_state(RunState(out, fingerprint(spec)), pipes.log)
+    loaded = state.count
+    init_ray(spec.ray_address, spec.num_cpus, spec.threads)
+    rows = []
+    try:
+        actors = make_actors(spec)
+        init_s = time.monotonic() - t0
+        pipes.log.info(f"ray and actors ready in {init_s:.1f}s")
+        rows = run_methods(spec, prompts, pipes, actors, state,
+                           on_saved=lambda n: crash_if_asked(CRASH_ENV, n, loaded, pipes.log.info))
+        actors.kill()
+    finally:
+        ray.shutdown()
+    result = {"spec": asdict(spec), "steps": rows, "ray_init_s": init_s, "wall_s": time.monotonic() - t0,
+              "ray_address": spec.ray_address or "local", "prompts": [p.uid for p in prompts],
+              "resumes": state.resumes, "state_save_s": state.seconds}
+    shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
+    pipes.log.info(f"rollpacker run done in {result['wall_s']:.1f}s: {len(rows)} steps")
+    return result
 
-        t0 = time.monotonic()
-        tok = load_tokenizer(spec.tokenizer_dir)
-        prompts = load_prompts(spec, tok)
-        state = RunState(out, fingerprint(spec))
-        if not state.load() and state.skipped:
-            pipes.log.warning(f"{state.skipped}: starting from the first step")
-        init_ray(spec.ray_address, spec.num_cpus, spec.threads_per_actor)
-        rows = []
-        try:
-            actors = make_actors(spec)
-            init_s = time.monotonic() - t0
-            pipes.log.info(f"ray and actors ready in {init_s:.1f}s")
-            rows = run_methods(spec, prompts, pipes, actors, state, on_saved=lambda n: crash_if_asked(n, pipes.log.info))
-            actors.kill()
-        finally:
-            ray.shutdown()
-        result = {"spec": asdict(spec), "steps": rows, "ray_init_s": init_s, "wall_s": time.monotonic() - t0,
-                  "ray_address": spec.ray_address or "local", "prompts": [p.uid for p in prompts],
-                  "fingerprint": state.fp, "retry_number": getattr(pipes, "retry_number", None),
-                  "resumes": state.resumes, "state_save_s": state.seconds}
-        tmp = out / ".result.json.tmp"
-        tmp.write_text(json.dumps(result, indent=1, default=str))
-        os.replace(tmp, out / "result.json")
-        shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
-        pipes.log.info(f"rollpacker run done in {result['wall_s']:.1f}s: {len(rows)} steps")
-    return 0
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from ops.launch import worker_main
+
+    return worker_main(load_spec, run, argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""One source for each config default (assets/_config.py; docs/architecture.md, "Configuration").
+
+Every run config the code location shows in the Launchpad (a ``dagster.Config`` subclass defined
+in assets/, pipelines/ or resources/) must be declared with ``@mirrors``: each field has the same
+default as the ops dataclass it mirrors, or is named ``own`` (asset-only, e.g. a launch timeout).
+Resources (``dg.ConfigurableResource``, also ``Config`` subclasses) are not run configs and are
+left out. The offenders are listed all at once, one per line, so the failure reads as a to-do list.
+"""
+
+import dataclasses
+import importlib
+import pkgutil
+
+import dagster as dg
+import pytest
+
+import pipelines.definitions  # noqa: F401  (the code location: imports every asset module)
+from assets._config import MIRRORS, mirrors, mismatches
+
+PACKAGES = ("assets", "pipelines", "resources")
+
+
+def project_config_classes() -> list[type]:
+    """Every ``dg.Config`` subclass (recursively) whose module is in :data:`PACKAGES`, resources
+    excluded. Every module of those packages is imported first, so a class in a module the
+    definitions do not import is found too."""
+    for pkg in PACKAGES:
+        for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + "."):
+            importlib.import_module(info.name)
+    found, stack = {}, [dg.Config]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if sub.__module__.split(".")[0] in PACKAGES and not issubclass(sub, dg.ConfigurableResource):
+                found[f"{sub.__module__}.{sub.__qualname__}"] = sub
+    return [found[k] for k in sorted(found)]
+
+
+@pytest.fixture
+def restore_mirrors():
+    """The registry as it was: a class that fails ``@mirrors`` is registered before it raises."""
+    saved = dict(MIRRORS)
+    yield
+    MIRRORS.clear()
+    MIRRORS.update(saved)
+
+
+def test_the_walk_finds_the_run_configs_and_no_resource():
+    names = {c.__name__ for c in project_config_classes()}
+    # one per group, including a subclass (DedupConfig extends ExactDedupConfig)
+    assert {"RawProblemsConfig", "DedupConfig", "ExactDedupConfig", "LawFitConfig", "CTRModelConfig",
+            "SynthesisConfig"} <= names
+    assert not names & {"LakeResource", "TeacherResource", "SourcesResource", "ComputeResource"}
+
+
+def test_every_config_class_mirrors_an_ops_dataclass():
+    offenders = []
+    for cls in project_config_classes():
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        if cls not in MIRRORS:
+            offenders.append(f"{where}: not registered (decorate it with @mirrors(<ops dataclass>, own=...))")
+            continue
+        source, _ = MIRRORS[cls]
+        if source is not None and not dataclasses.is_dataclass(source):
+            offenders.append(f"{where}: mirrors {source!r}, which is not a dataclass")
+            continue
+        offenders += [f"{where}: {m}" for m in mismatches(cls)]
+    if offenders:
+        pytest.fail(f"{len(offenders)} config classes break the one-source rule:\n" + "\n".join(offenders), pytrace=False)
+
+
+def test_every_launchpad_default_passes_the_ops_validation():
+    """The defaults a user sees in the Launchpad build the ops dataclass without error (the asset
+    boundary's check accepts what it offers). Classes whose dataclass needs fields the run config
+    does not carry (e.g. paths the asset fills in) are skipped."""
+    offenders = []
+    for cls, (source, own) in sorted(MIRRORS.items(), key=lambda kv: kv[0].__qualname__):
+        if source is None or cls.__module__.split(".")[0] not in PACKAGES:
+            continue
+        if any(f.is_required() for f in cls.model_fields.values()):
+            continue
+        values = cls().model_dump(exclude=set(own))
+        required = [f.name for f in dataclasses.fields(source) if f.init and f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+        if any(r not in values for r in required):
+            continue
+        try:
+            source(**values)
+        except Exception as e:  # noqa: BLE001 - every failure is reported, with its class
+            offenders.append(f"{cls.__module__}.{cls.__qualname__} -> {source.__name__}: {type(e).__name__}: {e}")
+    if offenders:
+        pytest.fail("Launchpad defaults the ops validation rejects:\n" + "\n".join(offenders), pytrace=False)
+
+
+@dataclasses.dataclass
+class _Source:
+    ngram: int = 8
+    threshold: float = 0.8
+    priority: list[str] = dataclasses.field(default_factory=lambda: ["a", "b"])
+
+
+def test_a_default_that_differs_raises_naming_the_field(restore_mirrors):
+    with pytest.raises(TypeError, match=r"_Drifted\.threshold: default 0\.75 != _Source\.threshold 0\.8"):
+        @mirrors(_Source)
+        class _Drifted(dg.Config):
+            ngram: int = 8
+            threshold: float = 0.75
+
+
+def test_a_field_neither_mirrored_nor_own_raises_naming_it(restore_mirrors):
+    with pytest.raises(TypeError, match=r"_Extra\.timeout_s: not a field of _Source and not declared own"):
+        @mirrors(_Source)
+        class _Extra(dg.Config):
+            ngram: int = 8
+            timeout_s: float = 60.0
+
+
+def test_own_fields_and_sequence_defaults_pass(restore_mirrors):
+    @mirrors(_Source, own=("timeout_s",))
+    class _Good(dg.Config):
+        ngram: int = 8
+        priority: list[str] = ["a", "b"]  # a list default equals the dataclass's default_factory
+        timeout_s: float = 60.0
+
+    assert MIRRORS[_Good] == (_Source, frozenset({"timeout_s"})) and mismatches(_Good) == []
