@@ -5,42 +5,54 @@ verifies against the reference answer. Teacher path: for a slice of rows still `
 (optionally also rows with a reference), the teacher writes k samples; each is verified; the kept
 response is the shortest verified one (see ops/curation/distill.py). Every teacher response is
 cached as it arrives (SQLite under the lake), so a killed run resumes without re-asking.
+
+Seeded samples (docs/curation.md, "Seeded distillation"): every teacher request carries the sampler
+seed ``teacher_seed(seed, problem_id, sample_index)``; the metadata says whether the teacher honoured
+the seeds (``teacher_seeded``) and which backends answered (``teacher_system_fingerprints``).
 """
 
 import dagster as dg
 import polars as pl
 
 from ops import figures
+from ops.curation.distill import DistillParams
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
+from ._config import mirrors
 from ._meta import image, md_table, table_result
 
 GROUP = "curation"
+_D = DistillParams()
 
 
+@mirrors(DistillParams)
 class DistillConfig(dg.Config):
-    verify_timeout_s: float = 10.0
+    """Launchpad face of ``ops.curation.distill.DistillParams`` (meanings, ranges, defaults there)."""
+
+    verify_timeout_s: float = _D.verify_timeout_s
     """Wall-clock seconds per verification (math-verify runs in worker processes)."""
-    workers: int = 2
-    teacher: bool = True
+    workers: int = _D.workers
+    teacher: bool = _D.teacher
     """Run the teacher path (False: reference path only)."""
-    teacher_max_rows: int = 24
+    teacher_max_rows: int = _D.teacher_max_rows
     """Rows sent to the teacher (a seeded slice); sized so the embedded teacher adds < 4 min."""
-    teacher_also_reference_rows: bool = False
+    teacher_also_reference_rows: bool = _D.teacher_also_reference_rows
     """Also ask the teacher for rows that have a verified reference solution (long-CoT responses)."""
-    k_samples: int = 2
-    temperature: float = 0.7
-    max_tokens: int = 160
-    keep_per_problem: int = 1
+    k_samples: int = _D.k_samples
+    temperature: float = _D.temperature
+    max_tokens: int = _D.max_tokens
+    keep_per_problem: int = _D.keep_per_problem
     """Verified teacher responses kept per problem in distilled_problems (all stay in teacher_responses)."""
-    seed: int = 0
-    prompt_templates: dict[str, str] = {}
+    seed: int = _D.seed
+    """Run seed: the teacher slice and the sampler seed of every teacher request (with problem_id
+    and sample index; ops/curation/distill.py:teacher_seed)."""
+    prompt_templates: dict[str, str] = _D.prompt_templates
     """Per answer type (numeric, expression, text, proof, multiple_choice), a template with
     "{problem}" replacing ops/teacher/prompts.py:TEMPLATES (final answer in \\boxed{})."""
 
 
-def _reference_path(df: pl.DataFrame, config: DistillConfig, log=None) -> pl.DataFrame:
+def _reference_path(df: pl.DataFrame, config: DistillParams, log=None) -> pl.DataFrame:
     """Verify each source solution's final answer against the reference answer.
 
     A solution cannot verify itself: when the answer field does not parse and the gold falls back
@@ -87,11 +99,22 @@ def _reference_path(df: pl.DataFrame, config: DistillConfig, log=None) -> pl.Dat
     ).drop("_reason")
 
 
-SAMPLE_SCHEMA = {"problem_id": pl.String, "sample_index": pl.Int64, "status": pl.String, "text": pl.String,
-                 "completion_tokens": pl.Int64, "chars": pl.Int64, "error": pl.String, "cached": pl.Boolean}
+SAMPLE_SCHEMA = {"problem_id": pl.String, "sample_index": pl.Int64, "seed": pl.Int64, "status": pl.String, "text": pl.String,
+                 "completion_tokens": pl.Int64, "chars": pl.Int64, "error": pl.String, "cached": pl.Boolean,
+                 "system_fingerprint": pl.String}
 
 
-def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeResource, teacher: TeacherResource):
+def _seeding(results) -> dict:
+    """``teacher_seeded`` (every answered sample was seeded and the teacher honoured the seed) and
+    the sorted ``system_fingerprints`` the answers came with; {} when nothing was answered."""
+    ok = [r for r in results if r.status == "ok"]
+    if not ok:
+        return {}
+    return {"teacher_seeded": all(r.request.seed is not None and r.seed_honoured for r in ok),
+            "system_fingerprints": sorted({r.system_fingerprint for r in ok if r.system_fingerprint})}
+
+
+def _teacher_path(context, out: pl.DataFrame, config: DistillParams, lake: LakeResource, teacher: TeacherResource):
     from ops.curation.distill import build_requests, select_rows, summarize, verify_samples
 
     eligible = out.filter(pl.col("status") == "needs_teacher")
@@ -99,12 +122,9 @@ def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeR
         eligible = out.filter(pl.col("status").is_in(["needs_teacher", "verified"]))
     rows = select_rows(eligible.to_dicts(), config.teacher_max_rows, seed=config.seed)
     if not rows or not config.teacher:
-        return out, pl.DataFrame(schema=SAMPLE_SCHEMA), {}
-    from ops.teacher.prompts import validate_templates
-
-    validate_templates(config.prompt_templates)
+        return out, pl.DataFrame(schema=SAMPLE_SCHEMA), {}, {}
     params = {"temperature": config.temperature, "max_tokens": config.max_tokens}
-    requests = build_requests(rows, config.k_samples, params, config.prompt_templates)
+    requests = build_requests(rows, config.k_samples, params, config.prompt_templates, seed=config.seed)
     from ops.progress import Progress
 
     tracker = Progress(len(requests), "teacher", context.log.info, every_s=10.0, unit="responses")
@@ -120,6 +140,11 @@ def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeR
         stats = {"http_requests": client.stats.http_requests, "retries": client.stats.retries,
                  "cache_hits": client.stats.cache_hits, "failed": client.stats.failed}
     stats["teacher_seconds"] = round(time.monotonic() - t0, 1)
+    seeding = _seeding(results)
+    if seeding and not seeding["teacher_seeded"]:
+        context.log.warning("the teacher did not report honouring the request seeds (OpenAI `seed` is best effort): "
+                            "distilled_problems may differ between runs with the same seed; fingerprints seen: "
+                            f"{seeding['system_fingerprints'] or 'none'}")
     samples = verify_samples(rows, results, timeout_s=config.verify_timeout_s, workers=config.workers)
     per = summarize(samples, keep=config.keep_per_problem)
     source = f"teacher:{teacher.model_name()}"
@@ -137,31 +162,39 @@ def _teacher_path(context, out: pl.DataFrame, config: DistillConfig, lake: LakeR
         response_source=pl.when(pl.col("status") == "verified").then(pl.col("response_source")).when(teacher_ok).then(pl.lit(source)),
         status=pl.when(teacher_ok).then(pl.lit("verified")).otherwise(pl.col("status")),
     ).drop("teacher_response")
-    return out, pl.DataFrame(samples, schema=SAMPLE_SCHEMA), stats
+    return out, pl.DataFrame(samples, schema=SAMPLE_SCHEMA), stats, seeding
+
+
+def _seeding_meta(seeding: dict) -> dict:
+    if not seeding:
+        return {}
+    return {"teacher_seeded": dg.MetadataValue.bool(seeding["teacher_seeded"]),
+            "teacher_system_fingerprints": dg.MetadataValue.json(seeding["system_fingerprints"])}
 
 
 @dg.multi_asset(
     specs=[
-        dg.AssetSpec("distilled_problems", deps=["decontaminated_problems"], group_name=GROUP, code_version="2",
+        dg.AssetSpec("distilled_problems", deps=["decontaminated_problems"], group_name=GROUP, code_version="3",
                      kinds={"parquet"},
                      description="Problems with a verified response (reference solution or teacher sample) or status "
                      "needs_teacher; per row n_samples, n_verified, pass_rate. Unparseable gold answers go to "
                      "distilled_problems_quarantine."),
         dg.AssetSpec("verification_report", deps=["decontaminated_problems"], group_name=GROUP, code_version="2",
                      kinds={"parquet"}, description="Verification outcomes per source, domain and path."),
-        dg.AssetSpec("teacher_responses", deps=["decontaminated_problems"], group_name=GROUP, code_version="1",
+        dg.AssetSpec("teacher_responses", deps=["decontaminated_problems"], group_name=GROUP, code_version="2",
                      kinds={"parquet"}, description="Every teacher sample with its verification status."),
     ]
 )
 def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig, lake: LakeResource, teacher: TeacherResource):
+    params = DistillParams(**config.model_dump())  # ranges and templates checked once, here
     df = lake.read("decontaminated_problems")
-    out = _reference_path(df, config, context.log.info).with_columns(
+    out = _reference_path(df, params, context.log.info).with_columns(
         n_samples=pl.lit(None, pl.Int64), n_verified=pl.lit(None, pl.Int64), n_failed=pl.lit(None, pl.Int64),
         pass_rate=pl.lit(None, pl.Float64),
     )
     quarantine = out.filter(pl.col("status") == "quarantined")
     out = out.filter(pl.col("status") != "quarantined").drop("reason")
-    out, samples, tstats = _teacher_path(context, out, config, lake, teacher)
+    out, samples, tstats, seeding = _teacher_path(context, out, params, lake, teacher)
     lake.write(quarantine, "distilled_problems_quarantine")
     path, version = lake.write(out, "distilled_problems")
     spath, sversion = lake.write(samples, "teacher_responses")
@@ -183,13 +216,14 @@ def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig,
         quarantined=dg.MetadataValue.int(quarantine.height),
         gold_from_solution_fallback=dg.MetadataValue.int(int((out["gold_source"] == "solution_boxed").sum())),
         figure=image(figures.funnel(list(out.group_by("status").len(name="rows").sort("status").iter_rows()), "distillation status"), "status"),
+        **_seeding_meta(seeding),
     )
     yield table_result("distilled_problems", path, version, df.height, out.height, **meta)
     yield table_result("verification_report", rpath, rversion, report.height, report.height, report=md_table(report, 60))
-    yield _teacher_result(spath, sversion, samples, out, tstats)
+    yield _teacher_result(spath, sversion, samples, out, tstats, seeding)
 
 
-def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tstats: dict) -> dg.MaterializeResult:
+def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tstats: dict, seeding: dict) -> dg.MaterializeResult:
     answered = samples.filter(pl.col("status") != "failed")
     acceptance = (
         out.filter(pl.col("n_samples").is_not_null())
@@ -208,6 +242,7 @@ def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tst
         "acceptance_by_source_domain_difficulty": md_table(acceptance, 60),
         "status_counts": md_table(samples.group_by("status").len(name="rows").sort("status")),
         "client": dg.MetadataValue.json(tstats),
+        **_seeding_meta(seeding),
     }
     if lengths:
         meta["response_length_figure"] = image(figures.histogram(lengths, 20, "teacher response length", "completion tokens"), "lengths")

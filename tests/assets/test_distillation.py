@@ -113,3 +113,65 @@ def test_reference_path_never_lets_a_solution_verify_itself(tmp_path):
     assert out["wrong"]["status"] == "needs_teacher"
     q = lake.read("distilled_problems_quarantine")
     assert q["problem_id"].to_list() == ["corrupt"] and "disagrees" in q["reason"].item()
+
+
+# ------------------------------------------------------------------------------------------ seeds
+
+
+def test_every_teacher_request_carries_its_derived_seed_and_unreported_seeding_is_said(tmp_path):
+    from ops.curation.distill import teacher_seed
+
+    lake = _seed_lake(tmp_path)
+    with StubOpenAI(reply="\\boxed{0}") as stub:  # an endpoint that says nothing about seeds
+        res = dg.materialize([distilled_problems], run_config=_run_config(), resources={
+            "lake": lake, "teacher": TeacherResource(base_url=stub.base_url, model="stub")})
+        bodies = stub.bodies
+    assert res.success
+    sent = sorted((b["messages"][1]["content"].split("?")[0], b["seed"]) for b in bodies)
+    want = sorted((f"What is {i} + {i}", teacher_seed(0, f"p{i}", s)) for i in range(ROWS) for s in range(K))
+    assert sent == want
+    samples = lake.read("teacher_responses")
+    assert samples.filter(pl.col("problem_id") == "p3", pl.col("sample_index") == 1)["seed"].item() == teacher_seed(0, "p3", 1)
+    for m in res.asset_materializations_for_node("distilled_problems"):
+        if m.asset_key.path in (["distilled_problems"], ["teacher_responses"]):
+            assert m.metadata["teacher_seeded"].value is False and m.metadata["teacher_system_fingerprints"].value == []
+
+
+def _fresh_lake_with_upstream(root) -> LakeResource:
+    """Two problems for the real teacher (simple sums it solves at 40 tokens) and one with a
+    verified reference solution, written as every table sft_dataset's lineage reads."""
+    lake = LakeResource(root=str(root))
+    base = {"source": "user", "record": "r", "choices": None, "subject": None, "level": None, "split": "user",
+            "domain": "math", "difficulty": 1, "answer_type": "numeric", "text_md5": None}
+    rows = [dict(base, problem_id="one", problem="What is $1+1$?", answer="2", solution=None),
+            dict(base, problem_id="two", problem="What is $2+2$?", answer="4", solution=None),
+            dict(base, problem_id="ref", problem="What is $3+4$?", answer="7", solution="$3+4=\\boxed{7}$")]
+    df = pl.DataFrame(rows, schema_overrides={"choices": pl.List(pl.String)})
+    for name in ("annotated_problems", "exact_deduped_problems", "near_deduped_problems", "decontaminated_problems"):
+        lake.write(df, name, refresh=False)
+    return lake
+
+
+def test_distillation_is_reproducible_across_fresh_lakes_with_the_real_teacher(tmp_path):
+    """Same input, same seed, two fresh lakes (no shared response cache), the embedded teacher
+    sampling at temperature 0.7: the same data versions. Unseeded sampling gives other texts."""
+    from assets.curation import sft_dataset
+
+    cfg = {"ops": {"distilled_problems": {"config": {"teacher_max_rows": 2, "k_samples": 2, "max_tokens": 40, "workers": 1}},
+                   "sft_dataset": {"config": {"target_size": 3, "stratum_floor": 0}}}}
+    versions = []
+    for run in ("a", "b"):
+        lake = _fresh_lake_with_upstream(tmp_path / run)
+        res = dg.materialize([distilled_problems, sft_dataset], run_config=cfg,
+                             resources={"lake": lake, "teacher": TeacherResource(concurrency=4)})
+        assert res.success
+        mats = {m.asset_key.path[-1]: m for m in res.get_asset_materialization_events()
+                for m in [m.event_specific_data.materialization]}
+        assert mats["distilled_problems"].metadata["teacher_seeded"].value is True
+        fps = mats["teacher_responses"].metadata["teacher_system_fingerprints"].value
+        assert len(fps) == 1 and fps[0].startswith("crucible-embedded-")
+        versions.append({k: mats[k].metadata["data_version"].value for k in ("teacher_responses", "distilled_problems", "sft_dataset")})
+        out = lake.read("distilled_problems")
+        # the teacher's text is part of the data: at least one sum is answered by a verified teacher sample
+        assert out["response_source"].str.starts_with("teacher:").sum() >= 1, out.select("problem_id", "n_verified")
+    assert versions[0] == versions[1]

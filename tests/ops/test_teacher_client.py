@@ -102,3 +102,72 @@ def test_prompt_templates_are_overridable_and_validated():
         validate_templates({"numeric": "no placeholder"})
     with pytest.raises(ValueError, match="unknown answer type 'essay'"):
         validate_templates({"essay": "{problem}"})
+
+
+# ------------------------------------------------------------------------------------------ seeds
+
+
+def _seeded(seed):
+    return ChatRequest.make([{"role": "user", "content": "q0"}], {"max_tokens": 8}, 0, "p0", seed=seed)
+
+
+def test_seed_is_sent_as_the_openai_field_and_keys_the_cache(tmp_path):
+    import hashlib
+    import json
+
+    from ops.teacher.cache import request_key
+
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    with StubOpenAI() as stub:
+        with TeacherClient(stub.base_url, "m", cache=cache, concurrency=1) as c:
+            c.complete([_seeded(1), _seeded(2), _seeded(None)])
+        assert [b.get("seed", "absent") for b in stub.bodies] == [1, 2, "absent"]
+        with TeacherClient(stub.base_url, "m", cache=cache, concurrency=1) as c:
+            again = c.complete([_seeded(2), _seeded(1), _seeded(None), _seeded(3)])
+        assert [r.cached for r in again] == [True, True, True, False] and stub.requests == 4
+    keys = {request_key("m", _seeded(s)) for s in (None, 0, 1, 2)}
+    assert len(keys) == 4  # seed 0 is a seed, not "no seed"
+    # an unseeded request keeps the key it had before seeds existed: older caches still serve it
+    legacy = hashlib.sha256(json.dumps(["m", [["user", "q0"]], [["max_tokens", 8]], 0], sort_keys=True).encode()).hexdigest()
+    assert request_key("m", _seeded(None)) == legacy
+    with pytest.raises(ValueError, match="seed=..."):
+        ChatRequest.make([{"role": "user", "content": "q"}], {"seed": 3})
+
+
+def test_seed_honoured_is_what_the_endpoint_says_and_survives_the_cache(tmp_path):
+    with StubOpenAI() as stub:  # says nothing: best effort, not honoured
+        with TeacherClient(stub.base_url, "m", concurrency=1) as c:
+            [res] = c.complete([_seeded(5)])
+        assert res.status == "ok" and res.seed_honoured is False and res.system_fingerprint is None
+        with TeacherClient(stub.base_url, "m", concurrency=1, seed_honoured=True) as c:  # declared by the operator
+            seeded, unseeded = c.complete([_seeded(5), _seeded(None)])
+        assert seeded.seed_honoured is True and unseeded.seed_honoured is False
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    with StubOpenAI(extra={"system_fingerprint": "fp_abc", "seed_honoured": True}) as stub:
+        with TeacherClient(stub.base_url, "m", concurrency=1, cache=cache) as c:
+            [fresh] = c.complete([_seeded(7)])
+            [hit] = c.complete([_seeded(7)])
+    assert (fresh.system_fingerprint, fresh.seed_honoured, fresh.cached) == ("fp_abc", True, False)
+    assert (hit.system_fingerprint, hit.seed_honoured, hit.cached) == ("fp_abc", True, True)
+
+
+def test_a_cache_file_from_before_seeds_opens_and_still_serves(tmp_path):
+    import sqlite3
+
+    from ops.teacher.cache import request_key
+
+    path = tmp_path / "old.sqlite"
+    old_schema = ("create table responses (key text primary key, model text not null, tag text, sample_index integer, "
+                  "status text not null, text text, error text, completion_tokens integer, latency_s real, attempts integer, "
+                  "created_at real not null)")
+    with sqlite3.connect(path) as db:
+        db.execute(old_schema)
+        db.execute("insert into responses values (?,?,?,?,?,?,?,?,?,?,?)",
+                   (request_key("m", _seeded(None)), "m", "p0", 0, "ok", "old text", None, 3, 0.1, 1, 0.0))
+    cache = ResponseCache(path)
+    assert cache.get(request_key("m", _seeded(None))) == {"text": "old text", "completion_tokens": 3, "latency_s": 0.1,
+                                                          "system_fingerprint": None, "seed_honoured": False}
+    with StubOpenAI(extra={"system_fingerprint": "fp"}) as stub:
+        with TeacherClient(stub.base_url, "m", concurrency=1, cache=cache) as c:
+            [res] = c.complete([_seeded(9)])
+    assert cache.get(request_key("m", _seeded(9)))["system_fingerprint"] == "fp" and res.text

@@ -1,4 +1,4 @@
-"""The embedded teacher: the real `transformers serve` with SmolLM2-135M-Instruct on 127.0.0.1."""
+"""The embedded teacher: the real server (ops/teacher/serve.py) with SmolLM2-135M-Instruct on 127.0.0.1."""
 
 import socket
 
@@ -31,6 +31,45 @@ def test_health_and_one_batch_verified_end_to_end(server):
     assert {s["status"] for s in samples} <= {"verified", "wrong", "unparseable_prediction"}
     per = summarize(samples)
     assert per["a"]["n_samples"] == 2 and per["a"]["n_failed"] == 0
+
+
+def test_same_seed_same_text_alone_or_batched_other_seed_differs(server):
+    """Each request samples from its own generator: a seeded request returns the same text whether
+    it ran alone or in a batch with other requests, and another seed gives another text."""
+    from ops.teacher.client import ChatRequest
+
+    def req(problem, seed):
+        return ChatRequest.make([{"role": "user", "content": problem}], {"temperature": 0.9, "max_tokens": 20}, tag=problem, seed=seed)
+
+    target = "Name three colours and say why the sky is blue."
+    others = [req(f"Write a sentence about the number {i}.", 100 + i) for i in range(3)]
+    with TeacherClient(server.base_url, server.model, concurrency=4, timeout_s=300) as c:
+        [alone] = c.complete([req(target, 11)])
+        [again] = c.complete([req(target, 11)])
+        batched = c.complete([others[0], req(target, 11), others[1], others[2]])  # decoded together
+        [other_seed] = c.complete([req(target, 12)])
+        [unseeded] = c.complete([req(target, None)])
+    assert alone.status == "ok" and alone.completion_tokens == 20
+    assert again.text == alone.text and batched[1].text == alone.text
+    assert other_seed.text != alone.text and len({r.text for r in batched}) == 4
+    assert alone.seed_honoured and batched[1].seed_honoured and not unseeded.seed_honoured
+    assert alone.system_fingerprint.startswith("crucible-embedded-") and other_seed.system_fingerprint == alone.system_fingerprint
+    import httpx
+
+    about = httpx.get(f"{server.base_url}/teacher", timeout=10).json()
+    assert about == {"instance": server.instance, "model": server.model, "seed_honoured": True,
+                     "system_fingerprint": alone.system_fingerprint}
+
+
+def test_bad_request_fields_are_a_400_naming_the_field(server):
+    import httpx
+
+    url = f"{server.base_url}/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    for body, field in (({"messages": msgs, "seed": "7"}, "seed"), ({"messages": msgs, "n": 2}, "'n'"),
+                        ({"messages": msgs, "temperature": -1}, "temperature"), ({"messages": []}, "messages")):
+        resp = httpx.post(url, json={"model": server.model, **body}, timeout=30)
+        assert resp.status_code == 400 and field in resp.json()["error"]["message"], body
 
 
 def test_port_taken_is_a_clear_error(tmp_path):
