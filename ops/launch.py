@@ -70,7 +70,8 @@ def rank0_pipes() -> Iterator[Any]:
 
 def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, Any], "dict | None"],
                 argv: "list[str] | None" = None, *, description: "str | None" = None,
-                extra_args: "Callable[[argparse.ArgumentParser], None] | None" = None) -> int:
+                extra_args: "Callable[[argparse.ArgumentParser], None] | None" = None,
+                scratch: "tuple[str, ...]" = ()) -> int:
     """The ``main`` of every launched driver (see the module docstring).
 
     Args:
@@ -81,6 +82,9 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
             elsewhere. When ``extra_args`` added options, ``spec`` is ``(spec, namespace)``.
         argv: the arguments (default ``sys.argv[1:]``).
         extra_args: adds driver-specific options to the parser.
+        scratch: sub-folders of ``out`` that hold the driver's saved state (checkpoints); removed
+            on rank 0 only after ``result.json`` is written, so a launch killed at any moment leaves
+            either its saved state or its result (never neither) for the retry.
     Returns:
         0 (a failure raises).
     Raises:
@@ -113,6 +117,10 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
 
             write_json_atomic({**result, "fingerprint": args.fingerprint, "retry_number": retry},
                               out / "result.json", indent=1)
+            import shutil
+
+            for name in scratch:                       # finished: the result is the record
+                shutil.rmtree(out / name, ignore_errors=True)
     return 0
 
 

@@ -27,7 +27,7 @@ def test_whole_curation_graph_on_real_sources(tmp_path):
         run_config={"ops": {
             "annotated_problems": {"config": {"llm_label_max_rows": 2, "allow_missing_sources": True}},
             "sft_dataset": {"config": {"target_size": 300, "stratum_floor": 5}},
-            # the embedded teacher (real transformers serve), on a tiny slice to keep CI fast
+            # the embedded teacher (real ops.teacher.serve), on a tiny slice to keep CI fast
             "distilled_problems": {"config": {"teacher_max_rows": 2, "k_samples": 2, "max_tokens": 24}},
         }},
     )

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -198,8 +197,6 @@ def serve(spec, spec_path: str, out: Path, pipes) -> dict:
             if res["failure"]:                                            # checkpoints kept: a rerun resumes
                 raise RunFailed(f"{spec.mode}: {res['failure']}" + (
                     f" (checkpoints kept in {ckpts.root}: a relaunch resumes from the last one)" if ckpts else ""))
-            if ckpts is not None:
-                shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
             return res
         finally:
             rpc.shutdown(graceful=False)
@@ -329,4 +326,5 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import load_spec
 
-    return worker_main(load_spec, run, argv, description=__doc__, extra_args=_role_args)
+    return worker_main(load_spec, run, argv, description=__doc__, extra_args=_role_args,
+                       scratch=("checkpoints",))

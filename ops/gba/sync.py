@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -325,7 +324,6 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict | None:
             return None
         res.update(distributed_type=dtype, launcher="accelerate launch" if "ACCELERATE_DYNAMO_BACKEND" in os.environ
                    else "torch.distributed.run")
-        shutil.rmtree(ckpts.root, ignore_errors=True)             # finished: the result is the record
         pipes.log.info(f"sync: {res['optimizer_steps']} global steps on {res['world_size']} ranks ({dtype}), "
                        f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
         return res
@@ -338,4 +336,4 @@ def main(argv: list[str] | None = None) -> int:
     [--fingerprint FP]`` on every rank (``ops.launch.worker_main``; rank 0 writes ``result.json``)."""
     from ops.launch import worker_main
 
-    return worker_main(load_spec, run, argv, description=__doc__)
+    return worker_main(load_spec, run, argv, description=__doc__, scratch=("checkpoints",))

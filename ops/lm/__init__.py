@@ -13,6 +13,9 @@ docs/mixture.md "Probe grid"; the SFT stages, docs/posttrain.md "Stage-1 SFT").
   fault injection of the resume tests.
 - ``evaluate``: validation losses of block streams, teacher-forced response losses and token
   log-probabilities, summed or gathered over the ranks.
+- ``sampling``: the sampling distribution (``SamplingConfig``: temperature, top-k, top-p through
+  transformers' warpers) and ``sampling_logprobs``, shared by generation here and by the RL engines
+  and trainer (``ops.rl``), so sampled tokens are scored with the distribution they came from.
 - ``generate``: greedy and sampled continuation (temperature, top-k, top-p) of left-padded prompts.
 
 torch and transformers load inside the functions, so that importing a spec module stays cheap.

@@ -1,7 +1,7 @@
 """Generation of the LM substrate: greedy or sampled continuation of left-padded prompts.
 
 Sampling draws each token from ``softmax(top_p(top_k(logits / T)))`` with the sampling
-distribution of the rollout engines (``ops.rl.sampling``: transformers' temperature, top-k and
+distribution of the rollout engines (``ops.lm.sampling``: transformers' temperature, top-k and
 top-p warpers, in that order); temperature 0 is greedy (argmax, deterministic). Sources: Holtzman
 et al., "The Curious Case of Neural Text Degeneration" (ICLR 2020, arXiv 1904.09751) §3.1 for
 nucleus sampling; Fan et al. (ACL 2018) for top-k. Used by the SFT evaluation (docs/posttrain.md,
@@ -27,7 +27,7 @@ def generate(model, prompts: list[list[int]], eot_id: int, max_new_tokens: int, 
     Returns:
         one list of generated ids per prompt, ending before the first end-of-text token.
     Raises:
-        ValueError: temperature < 0, or top_k / top_p out of range (``ops.rl.sampling.SamplingConfig``).
+        ValueError: temperature < 0, or top_k / top_p out of range (``ops.lm.sampling.SamplingConfig``).
     """
     import torch
 
@@ -61,7 +61,7 @@ def generate(model, prompts: list[list[int]], eot_id: int, max_new_tokens: int, 
 
 
 def _sampling(temperature: float, top_k: int, top_p: float):
-    from ops.rl.sampling import SamplingConfig
+    from ops.lm.sampling import SamplingConfig
 
     if temperature == 0:
         SamplingConfig(1.0, top_k, top_p)               # the filters' ranges are checked all the same
@@ -71,10 +71,10 @@ def _sampling(temperature: float, top_k: int, top_p: float):
 
 def next_tokens(logits, sampling, generator: Optional[object] = None):
     """One token per row drawn from the warped distribution of ``logits`` (B, V) (``sampling``: an
-    ``ops.rl.sampling.SamplingConfig``). Returns int64 (B,)."""
+    ``ops.lm.sampling.SamplingConfig``). Returns int64 (B,)."""
     import torch
 
-    from ops.rl.sampling import warp_logits
+    from ops.lm.sampling import warp_logits
 
     probs = torch.softmax(warp_logits(logits, sampling), dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]

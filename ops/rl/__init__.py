@@ -5,11 +5,11 @@ rule-based math reward served over HTTP.
 Modules (torch-free unless marked):
     types     Prompt, Completion, RolloutBatch: what an engine returns (tokens, log-probs,
               finish_reason, policy version, timings)
+    (sampling: ``ops.lm.sampling`` -- SamplingConfig and sampling_logprobs, the one function the
+              engine records log-probs with and the trainer scores with)
     engine    Engine protocol; HFEngine (transformers ``generate`` on CPU, torch); VLLMEngine
               (optional GPU backend, imported only when selected); guarded_generate (hard
               wall-clock limit around any engine call)
-    sampling  SamplingConfig (temperature, top-k, top-p) and sampling_logprobs: the one function the
-              engine records log-probs with and the trainer scores with (torch inside functions)
     weights   versioned weight sync: a version is published only after a complete sync and only
               forward; a failed commit is rolled back (torch)
     grpo      group-normalised advantages and the clipped GRPO loss with optional KL (torch)

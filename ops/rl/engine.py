@@ -9,7 +9,7 @@ Backends:
 * ``HFEngine`` (CPU, the embedded default): transformers ``generate`` on a static batch with a
   stopping criterion that records each sequence's end, calls ``on_finish``, enforces the wall-clock
   deadline and ends the whole batch on abort; a final logits processor applies the sampling
-  distribution (temperature, top-k, top-p: ``ops.rl.sampling``) and records the log-probabilities
+  distribution (temperature, top-k, top-p: ``ops.lm.sampling``) and records the log-probabilities
   of exactly the distribution that was sampled — the trainer scores with the same function.
 * ``VLLMEngine`` (GPU, optional extra): imported only when selected.
 * ``sim.rollpacker.SimEngine`` (outside ``ops``; benchmarks and tests only): simulated time, for paper-scale runs.
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Optional, Protocol, Sequence
 
-from .sampling import SamplingConfig, warp_logits
+from ops.lm.sampling import SamplingConfig, warp_logits
 from .types import Completion, OnFinish, Prompt, RolloutBatch
 
 
@@ -58,7 +58,7 @@ class HFEngine:
     Args:
         model: a causal LM (``PreTrainedModel``), in eval mode.
         tokenizer: its tokenizer (pad and eos ids are taken from it).
-        temperature, top_k, top_p: the sampling distribution (``ops.rl.sampling.SamplingConfig``:
+        temperature, top_k, top_p: the sampling distribution (``ops.lm.sampling.SamplingConfig``:
             T > 0, top_k 0 = off, top_p in (0, 1], 1.0 = off); or pass ``sampling`` instead.
             The recorded log-probabilities are those of this (renormalised) distribution.
         version: the policy version of the weights the model holds.
@@ -144,7 +144,7 @@ class HFEngine:
 
 class _Recorder:
     """The last logits processor (``generate`` itself runs with T = 1 and no top-k/top-p): warps the
-    scores to the sampling distribution (``ops.rl.sampling.warp_logits``) and keeps its log-softmax
+    scores to the sampling distribution (``ops.lm.sampling.warp_logits``) and keeps its log-softmax
     [B, V] — the distribution ``generate`` samples the next token from."""
 
     def __init__(self, sampling: SamplingConfig):

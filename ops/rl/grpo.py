@@ -18,7 +18,7 @@ Edge cases (shared/cases/training.json):
 The loss is returned as (numerator, denominator) so that the stream trainer can add numerators of
 partial batches and divide once (``ops.rl.rollpacker.stream``). pi and pi_old are the engine's
 *sampling* distribution (temperature, top-k, top-p renormalisation): ``token_logprobs`` scores with
-``ops.rl.sampling.sampling_logprobs``, the function the engine records its log-probs with (case
+``ops.lm.sampling.sampling_logprobs``, the function the engine records its log-probs with (case
 ``logprob-temperature-consistent``).
 """
 
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .sampling import SamplingConfig, sampling_logprobs
+from ops.lm.sampling import SamplingConfig, sampling_logprobs
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Seq
 
     Args:
         prompt_ids, response_ids: B prompts and B responses (token id lists; responses may be empty).
-        sampling: the engine's SamplingConfig (temperature, top-k, top-p; ``ops.rl.sampling``); the
+        sampling: the engine's SamplingConfig (temperature, top-k, top-p; ``ops.lm.sampling``); the
             log-probs are ``sampling_logprobs`` of the model's logits, the function the engine records
             with, so on unchanged weights they equal the engine's per token. None = T 1, no filter.
             A token the filters remove (possible only off-policy) gets -inf (PPO ratio 0).
@@ -126,7 +126,7 @@ def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Seq
 
     sampling = sampling if sampling is not None else SamplingConfig()
     if not isinstance(sampling, SamplingConfig):
-        raise TypeError(f"token_logprobs.sampling must be an ops.rl.sampling.SamplingConfig, got {sampling!r}")
+        raise TypeError(f"token_logprobs.sampling must be an ops.lm.sampling.SamplingConfig, got {sampling!r}")
 
     B = len(prompt_ids)
     T = max(1, max((len(r) for r in response_ids), default=1))

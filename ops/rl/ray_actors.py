@@ -12,7 +12,7 @@ service and the trainer as actors, and driver-side proxies with the in-process i
 * ``TrainerActor``: the policy, its optimizer and a StreamTrainer.
 
 The engine and the trainer read their sampling distribution from the same spec keys
-(``temperature``, ``top_k``, ``top_p``: ``ops.rl.sampling.SamplingConfig.from_spec``), so the
+(``temperature``, ``top_k``, ``top_p``: ``ops.lm.sampling.SamplingConfig.from_spec``), so the
 trainer's old policy is the distribution the engine sampled from; drivers pass one spec to both.
 
 Resume (``Actors.save_state`` / ``Actors.restore``): between steps the trainer writes its policy
@@ -134,7 +134,7 @@ class _TrainerImpl:
 
         from .grpo import GRPOConfig
         from .rollpacker.stream import StreamTrainer
-        from .sampling import SamplingConfig
+        from ops.lm.sampling import SamplingConfig
 
         spec = self.spec
         model, tok = _build_policy(spec)

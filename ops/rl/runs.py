@@ -29,7 +29,7 @@ class PolicySpec:
         temperature: sampling temperature of the engines (the trainer's old policy is the
             engine's sampling distribution).
         top_k: keep only the k most likely tokens when sampling (0 = off); top_p: nucleus sampling
-            mass (1.0 = off). Both sides read them through ``ops.rl.sampling.SamplingConfig``.
+            mass (1.0 = off). Both sides read them through ``ops.lm.sampling.SamplingConfig``.
         seed: initial weights of the tiny policy, sampling and data order.
         threads: torch threads of each engine actor (and of RollPacker's trainer).
         tiny_hidden: hidden width of the tiny random policy.

@@ -12,7 +12,7 @@ from ops.rl.grpo import token_logprobs
 from ops.rl.policy import chat_prompt, tiny_policy
 from ops.rl.ray_actors import _EngineImpl, _TrainerImpl
 from ops.rl.rollpacker.stream import TrainSample
-from ops.rl.sampling import SamplingConfig, sampling_logprobs
+from ops.lm.sampling import SamplingConfig, sampling_logprobs
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
 NEG = float("-inf")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -455,12 +454,11 @@ def load_spec(text: str) -> RunSpec:
 
 def run_launched(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
     """The launched run (the ``run`` of ``ops.launch.worker_main``): ``run`` resuming from the state
-    saved under ``out`` (``RunState``), the state removed at the end (the result is the record).
+    saved under ``out`` (``RunState``); ``worker_main`` removes that state once ``result.json`` is written.
     Returns the result dict (see ``run``)."""
     state = resume_state(RunState(out, fingerprint(spec)), pipes.log)
     loaded = state.steps_done
     result = run(spec, pipes, state, on_saved=lambda n: crash_if_asked(n, loaded, pipes.log.info))
-    shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
     pipes.log.info(f"rollarc run done in {result['wall_s']:.1f}s; speedup {result.get('speedup_e2e')}")
     return result
 
@@ -468,7 +466,7 @@ def run_launched(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     from ops.launch import worker_main
 
-    return worker_main(load_spec, run_launched, argv, description=__doc__)
+    return worker_main(load_spec, run_launched, argv, description=__doc__, scratch=("state",))
 
 
 BENCHMARK_ARC = {"steps": 4, "groups_per_step": 2, "group_size": 3, "max_turns": 3}

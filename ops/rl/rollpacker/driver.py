@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -275,8 +274,8 @@ def load_spec(text: str) -> RunSpec:
 
 def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
     """The launched run (the ``run`` of ``ops.launch.worker_main``): Ray and the actors up, every
-    method resumed from the state saved under ``out`` (``RunState``), the state removed at the end
-    (the result is the record). Returns the result: spec, step rows, Ray start and wall seconds,
+    method resumed from the state saved under ``out`` (``RunState``; ``worker_main`` removes it once
+    ``result.json`` is written). Returns the result: spec, step rows, Ray start and wall seconds,
     Ray address, prompt uids, resumes, seconds spent saving."""
     import ray
 
@@ -303,7 +302,6 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
     result = {"spec": asdict(spec), "steps": rows, "ray_init_s": init_s, "wall_s": time.monotonic() - t0,
               "ray_address": spec.ray_address or "local", "prompts": [p.uid for p in prompts],
               "resumes": state.resumes, "state_save_s": state.seconds}
-    shutil.rmtree(state.dir, ignore_errors=True)          # finished: the result is the record
     pipes.log.info(f"rollpacker run done in {result['wall_s']:.1f}s: {len(rows)} steps")
     return result
 
@@ -311,7 +309,7 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     from ops.launch import worker_main
 
-    return worker_main(load_spec, run, argv, description=__doc__)
+    return worker_main(load_spec, run, argv, description=__doc__, scratch=("state",))
 
 
 if __name__ == "__main__":

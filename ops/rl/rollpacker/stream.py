@@ -9,7 +9,7 @@ divides the accumulated gradients by sum_g D_g, clips, and applies the optimizer
 equals the all-at-once update (to floating-point summation order). The old policy is the current
 weights: the step is deferred, so they do not change while groups arrive (on-policy, ratio = 1).
 Log-probabilities are those of the engine's sampling distribution (temperature, top-k, top-p:
-``ops.rl.sampling``), from the SamplingConfig the engine samples with (``HFEngine.sampling``, or
+``ops.lm.sampling``), from the SamplingConfig the engine samples with (``HFEngine.sampling``, or
 ``SamplingConfig.from_spec`` of the actor spec the engine was built from), so a sampled token scores
 the same on both sides (case ``logprob-temperature-consistent``).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ops.rl.grpo import GRPOConfig, grpo_loss_terms, token_logprobs
-from ops.rl.sampling import SamplingConfig
+from ops.lm.sampling import SamplingConfig
 
 
 @dataclass
@@ -74,7 +74,7 @@ class StreamTrainer:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("grpo.kl_coef > 0 needs a ref_model")
         if not isinstance(sampling, SamplingConfig):
-            raise TypeError(f"trainer.sampling must be an ops.rl.sampling.SamplingConfig, got {sampling!r}")
+            raise TypeError(f"trainer.sampling must be an ops.lm.sampling.SamplingConfig, got {sampling!r}")
         self.model, self.opt, self.cfg = model, optimizer, cfg
         self.micro_batch, self.max_grad_norm, self.sampling, self.pad_id = micro_batch, max_grad_norm, sampling, pad_id
         self.ref_model = ref_model
