@@ -355,6 +355,8 @@ class Instance:
 
 
 def make_instances(loop: EventLoop, cost: Roofline, n: int, **kw) -> list[Instance]:
+    """``n`` engine instances (ids 0..n-1) on ``loop`` with step costs from ``cost``; ``kw`` goes to
+    ``Instance`` (e.g. the KV-cache budget)."""
     return [Instance(loop, cost, i, **kw) for i in range(n)]
 
 

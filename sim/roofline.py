@@ -542,4 +542,5 @@ def with_efficiency(hw: HardwareProfile, **kw) -> HardwareProfile:
 
 
 def profiles_table(names: Mapping[str, HardwareProfile] = PROFILES) -> dict:
+    """The hardware profiles as plain dicts (name -> fields), for a results JSON."""
     return {k: asdict(v) for k, v in names.items()}

@@ -221,6 +221,7 @@ def shard_file(prefix: str, rank: int, world: int) -> str:
 
 
 def manifest_path(folder: str | Path, prefix: str = "tables") -> Path:
+    """``<folder>/<prefix>.manifest.json``: the manifest of a sharded save (``save_sharded``)."""
     return Path(folder) / f"{prefix}.manifest.json"
 
 

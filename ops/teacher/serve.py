@@ -358,6 +358,8 @@ def make_server(served: Served, host: str, port: int) -> ThreadingHTTPServer:
 
 
 def main(argv=None) -> int:
+    """``python -m ops.teacher.serve --model-dir DIR [--host H --port P ...]``: serve until killed
+    (what ``ops.teacher.server.LocalTeacherServer`` starts). Returns 0."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", required=True, type=Path)
     ap.add_argument("--host", default="127.0.0.1")
