@@ -170,8 +170,15 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
         rows = [{"size": i["size"], "n_params": i["n_params"], "n_params_total": i["n_params_total"], "tokens": i["tokens"],
                  "loss_general": round(i["losses"]["general"], 4), "loss_domain": round(i["losses"]["domain"], 4),
                  "wall_s": i.get("wall_s"), "fingerprint": i["fingerprint"]} for i in (run.result["runs"][s] for s in sizes)]
+        per_key = {}
+        for key, r in zip(context.partition_keys, rows):
+            folder = lake.base / "cpt_base_models" / r["size"]
+            files = [folder / "model.safetensors", folder / "base.json"]
+            per_key[key] = {"partition_data_version": _content_version(*(f.read_bytes() for f in files if f.exists())),
+                            "rows": 1, "n_params": r["n_params"], "tokens": r["tokens"],
+                            "loss_general": r["loss_general"], "loss_domain": r["loss_domain"]}
         return dg.MaterializeResult(
-            data_version=dg.DataVersion("-".join(r["fingerprint"] for r in rows)),
+            data_version=_partition_versions(context, per_key),
             metadata={"bases": md_table(pl.DataFrame(rows)), "path": dg.MetadataValue.path(plan.base_dir),
                       "world_size": run.result["world_size"], **run.metadata()})
 
@@ -229,12 +236,17 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
                      out_dir=str(lake.base / "cpt_probe_runs"), runs=runs, **settings,
                      **config.model_dump(exclude={"timeout_s"})).validate(compute.num_processes)
     with _probe_launch(context, compute, lake, "cpt_probe_runs", plan, config.timeout_s) as run:
-        finals = []
+        finals, per_key = [], {}
+        keys = {f"{d['size']}|{d['ratio']}": k for k, d in ((k, _dims(k)) for k in context.partition_keys)}
         for r in runs:
             info = run.result["runs"][r["key"]]
             df = _probe_table(info)
             lake.write(df, "cpt_probe_runs", run_dir_name(r["size"], r["ratio"]), refresh=False)
             last = df.sort("tokens").row(-1, named=True)
+            per_key[keys[r["key"]]] = {
+                "partition_data_version": _content_version(df.sort("tokens").write_ipc(None).getvalue()),
+                "rows": df.height, "domain_ratio": r["ratio"], "tokens": last["tokens"],
+                "loss_general": round(last["loss_general"], 4), "loss_domain": round(last["loss_domain"], 4)}
             finals.append({"size": r["size"], "n_params": info["n_params"], "domain_ratio": r["ratio"],
                            "tokens": last["tokens"], "loss_general": round(last["loss_general"], 4),
                            "loss_domain": round(last["loss_domain"], 4), "checkpoints": df.height - 1,
@@ -246,7 +258,33 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
                 "probe_points_in_lake": all_runs.height, "world_size": run.result["world_size"], **run.metadata()}
         if png:
             meta["loss_curves"] = image(png, "validation loss vs CPT tokens")
-        return dg.MaterializeResult(metadata=meta)
+        return dg.MaterializeResult(metadata=meta, data_version=_partition_versions(context, per_key))
+
+
+def _content_version(*parts: bytes) -> str:
+    """16 hex digits of the SHA-256 of a partition's own content (``parts``, in order)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for b in parts:
+        h.update(hashlib.sha256(b).digest())
+    return h.hexdigest()[:16]
+
+
+def _partition_versions(context: dg.AssetExecutionContext, per_key: dict) -> dg.DataVersion:
+    """Record each partition's own data version, row count and figures on its materialization
+    (``per_key``: partition key -> metadata with ``partition_data_version``), and return the step's
+    data version: that partition's version when the run materializes one partition; for a range
+    run, the hash of every partition's version in key order — Dagster (1.13) writes one data-version
+    tag for all partitions of a step, so the per-partition version is the
+    ``partition_data_version`` metadata entry, which ``crucible lineage`` reports
+    (case ``partition-data-versions``, docs/mixture.md)."""
+    for key, meta in per_key.items():
+        context.add_asset_metadata(meta, partition_key=key)
+    versions = [str(m["partition_data_version"]) for m in per_key.values()]
+    if len(versions) == 1:
+        return dg.DataVersion(versions[0])
+    return dg.DataVersion(_content_version(*(v.encode() for v in versions)))
 
 
 def _dims(key) -> dict:

@@ -18,6 +18,7 @@ KEY_FIGURES = ("rows_in", "rows_out", "removed", "math500_recall", "math500_prec
                # mixture: the ratio chosen (and used downstream), the law form behind it
                "tradeoff_r_d", "mixture_ratio", "chosen_form", "probe_points",
                # training runs
+               "rows", "loss_general", "loss_domain",
                "final_auc", "samples_per_s", "world_size", "speedup_e2e", "max_staleness")
 POINTER = "dagster/input_event_pointer/"
 
@@ -45,7 +46,11 @@ def _row(instance, graph, rec) -> dict:
         "run_id": rec.run_id,
         "storage_id": rec.storage_id,
         "materialized_at": dt.datetime.fromtimestamp(rec.timestamp, dt.timezone.utc).isoformat(timespec="seconds"),
-        "data_version": mat.tags.get("dagster/data_version"),
+        # a partition of a range run carries its own version in its metadata (Dagster tags one
+        # version for every partition of a step; case partition-data-versions)
+        "data_version": md["partition_data_version"].value if "partition_data_version" in md
+        else mat.tags.get("dagster/data_version"),
+        "step_data_version": mat.tags.get("dagster/data_version"),
         "code_version": mat.tags.get("dagster/code_version"),
         "figures": {k: md[k].value for k in KEY_FIGURES if k in md},
         "checks": _checks(instance, graph, mat.asset_key, rec.run_id),

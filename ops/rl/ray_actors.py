@@ -144,6 +144,25 @@ class _TrainerImpl:
                                      sampling=SamplingConfig.from_spec(spec))     # the engine's, same spec
         return 0
 
+    def heldout(self, problems: list, temperature: float = 1.0, max_new_tokens: int = 256, seed: int = 0) -> dict:
+        """Held-out pass rate of the trainer's current policy on scratchpad problems
+        (``ops.rl.scratchpad.heldout_accuracy``; ``problems``: ``Problem`` or ``(uid, a, n)``
+        tuples), with the policy version it measured. Between steps only (no gradients held)."""
+        from . import scratchpad as sp
+        from .policy import load_tokenizer
+
+        if not hasattr(self, "_tok"):
+            self._tok = load_tokenizer(self.spec["tokenizer_dir"])
+        probs = [p if isinstance(p, sp.Problem) else sp.Problem(*p) for p in problems]
+        model = self.trainer.model
+        was_training = model.training
+        model.eval()
+        try:
+            out = sp.heldout_accuracy(model, self._tok, probs, temperature, max_new_tokens, seed=seed)
+        finally:
+            model.train(was_training)
+        return {**out, "policy_version": self.trainer.version}
+
     def add(self, samples) -> None:
         self.trainer.add(samples)
 

@@ -185,3 +185,55 @@ def test_fit_check_names_the_failing_axis(tmp_path):
 
     summary = _failure_summary(r)
     assert "dcpt_law_fit.dcpt_fit_heldout_r2" in summary and "unseen_" in summary
+
+
+def test_a_range_run_gives_every_partition_its_own_data_version(tmp_path):
+    """Case ``partition-data-versions``: one run materializes two partitions of cpt_base_models and
+    then of cpt_probe_runs; each partition's materialization carries the content hash of its own
+    output, its row count and figures, and ``crucible lineage`` reports them per partition. A
+    rerun of one partition with another config changes only that partition's version."""
+    from pipelines.lineage import lineage_report
+
+    instance = dg.DagsterInstance.ephemeral()
+    lake = LakeResource(root=str(tmp_path / "lake"))
+    _corpora(lake)
+    res = {"lake": lake, "compute": ComputeResource(num_processes=1, launch_timeout_s=300)}
+    assert dg.materialize([mixture.cpt_tokenizer], resources=res, instance=instance,
+                          run_config={"ops": {"cpt_tokenizer": {"config": {"vocab_size": 300}}}}).success
+
+    def materialize(asset, config, start, end):
+        r = dg.materialize([asset], resources=res, instance=instance,
+                           run_config={"ops": {asset.key.path[-1]: {"config": config}}},
+                           tags={"dagster/asset_partition_range_start": start, "dagster/asset_partition_range_end": end})
+        assert r.success
+        return {m.partition: m for m in r.asset_materializations_for_node(asset.key.path[-1])}
+
+    bases = materialize(mixture.cpt_base_models, TINY_BASE, "xs", "s")
+    assert sorted(bases) == ["s", "xs"]
+    v = {k: m.metadata["partition_data_version"].value for k, m in bases.items()}
+    assert v["xs"] != v["s"] and all(len(x) == 16 for x in v.values())
+    assert bases["xs"].metadata["rows"].value == 1 and bases["s"].metadata["n_params"].value > bases["xs"].metadata["n_params"].value
+
+    probes = materialize(mixture.cpt_probe_runs, TINY_CPT, "0.50|xs", "0.50|s")
+    assert sorted(probes) == ["0.50|s", "0.50|xs"]
+    pv = {k: m.metadata["partition_data_version"].value for k, m in probes.items()}
+    assert pv["0.50|xs"] != pv["0.50|s"]
+    for key, m in probes.items():                       # each version is the hash of its own table
+        df = lake.read("cpt_probe_runs", "xs_r0.500" if key.endswith("xs") else "s_r0.500")
+        assert m.metadata["rows"].value == df.height == 4
+        assert pv[key] == mixture._content_version(df.sort("tokens").write_ipc(None).getvalue())
+    graph = dg.Definitions(assets=[mixture.cpt_tokenizer, mixture.cpt_base_models, mixture.cpt_probe_runs],
+                           resources=res).resolve_asset_graph()
+    rows = lineage_report(instance, graph, "cpt_probe_runs")
+    top = rows[0]
+    assert top["asset"] == "cpt_probe_runs" and top["data_version"] == pv[top["partition"]]
+    assert top["figures"]["rows"] == 4
+    parents = {r["partition"]: r["data_version"] for r in rows if r["asset"] == "cpt_base_models"}
+    assert parents and all(parents[k] == v[k] for k in parents)
+
+    again = materialize(mixture.cpt_base_models, {**TINY_BASE, "base_tokens": 1024}, "xs", "xs")
+    assert again["xs"].metadata["partition_data_version"].value != v["xs"]
+    assert again["xs"].tags["dagster/data_version"] == again["xs"].metadata["partition_data_version"].value
+    latest_s = instance.fetch_materializations(
+        dg.AssetRecordsFilter(dg.AssetKey("cpt_base_models"), asset_partitions=["s"]), limit=1).records[0]
+    assert latest_s.asset_materialization.metadata["partition_data_version"].value == v["s"]   # untouched
