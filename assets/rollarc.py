@@ -1,8 +1,13 @@
 """RollArc training run (docs/rollarc.md; RollArc, arXiv 2512.22560): disaggregated, trajectory-level
 asynchronous agentic RL against the monolithic synchronous baseline, on the same multi-turn
-environments (text FrozenLake from gymnasium; tool-use math on the curated problems with a sandboxed
-Python calculator), the same initial policy (SmolLM2-135M-Instruct on the embedded default) and the
-same number of optimizer steps.
+environments, the same initial policy and the same number of optimizer steps.
+
+By default (``policy: scratchpad``) every group is a multi-turn ``checked_subtraction`` episode of
+the scratchpad task with the warm-started GPT-2 of ``rl_policy`` (docs/rl_policy.md): the policy
+writes a few chain lines per turn and asks the checker, so rewards carry signal, trajectory lengths
+have a long tail and a held-out pass-rate curve per method shows the learning against training
+seconds. With ``policy: smollm2`` the environments are text FrozenLake (gymnasium) and tool-use math
+on the curated problems with a sandboxed Python calculator, and the policy SmolLM2-135M-Instruct.
 
 The asset launches ``ops.rl.rollarc.driver`` through Dagster Pipes (``ComputeResource.run``): the
 baseline runs colocated in the launched process, then Ray starts (local, or ``compute.ray_address``)
@@ -22,6 +27,7 @@ the first step. The folder is removed once the asset is materialized; a launch t
 whose step failed later is not rerun (its result is reused).
 """
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -36,7 +42,8 @@ from resources.lake import LakeResource
 
 from ._config import mirrors
 from ._meta import image, md_table, table_result
-from ._rl import ASSET, OWN, PolicyRunConfig, launch_driver, problems_table, run_metadata
+from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
+                  run_metadata)
 
 _D = RunConfig()
 
@@ -88,11 +95,21 @@ class RollArcRunConfig(PolicyRunConfig):
     (median 2 s), against ~5 s of optimizer step."""
 
 
-def spec_from(config: RollArcRunConfig, problems: Path, ray_address: Optional[str]) -> RunSpec:
-    """The driver's RunSpec, validated (the asset's one check; ``RunConfig.spec``). Raises
-    ValueError naming the field."""
-    tokenizer_dir, model_dir = config.policy_dirs("rollarc_run")
-    return RunConfig(**config.driver_fields()).spec(problems, tokenizer_dir, model_dir, ray_address)
+def spec_from(config: RollArcRunConfig, problems: Optional[Path], ray_address: Optional[str],
+              rl_policy: str | Path = "") -> RunSpec:
+    """The driver's RunSpec, validated (the asset's one check; ``RunConfig.spec``): the scratchpad
+    task on the ``rl_policy`` folder (no injected env latency unless ``env_latency`` is set: the
+    checker's latency is its real work), or the curated ``problems`` with SmolLM2 / the tiny policy.
+    Raises ValueError naming the field."""
+    tokenizer_dir, model_dir = config.policy_dirs("rollarc_run", rl_policy)
+    spec = RunConfig(**config.driver_fields()).spec(str(problems or ""), tokenizer_dir, model_dir, ray_address)
+    task = config.task_fields("rollarc_run")
+    if not task:
+        return spec
+    roles = dict(spec.roles)
+    if "env_latency" not in config.model_fields_set:
+        roles["env_latency"] = "none"
+    return replace(spec, roles=roles, **task).validate()
 
 
 @dg.asset(**ASSET)
@@ -106,11 +123,16 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
     utilisation (engines, trainer, environment workers, reward replicas; of a resumed method's last
     launch), the router's split, the staleness plot, the Ray address, the retry number and where a
     retried launch resumed. A retried launch continues after its last saved step (see the module
-    docstring). Raises FileNotFoundError without ``decontaminated_problems``, ValueError naming a
-    config field out of range, dg.Failure when the driver leaves no result."""
-    problems = problems_table(lake)
-    spec = spec_from(config, problems, compute.ray_address)
-    tool_math_rows(spec)                                  # an unusable table fails here, before a launch and a run folder
+    docstring). With the scratchpad policy also the held-out accuracy curve per method against
+    training seconds (evaluation excluded), the response-length distribution and the time per
+    method. Raises FileNotFoundError without ``rl_policy`` (scratchpad) or ``decontaminated_problems``
+    (smollm2, tiny), ValueError naming a config field out of range, dg.Failure when the driver leaves
+    no result."""
+    if config.task == "scratchpad":
+        spec = spec_from(config, None, compute.ray_address, rl_policy_dir(lake, config, "rollarc_run"))
+    else:
+        spec = spec_from(config, problems_table(lake), compute.ray_address)
+        tool_math_rows(spec)                              # an unusable table fails here, before a launch and a run folder
     with launch_driver(context, compute, lake, "rollarc_run", "ops.rl.rollarc.driver", spec, fingerprint(spec), RunState,
                        config.run_timeout_s) as run:
         return _materialize(context, lake, spec, run)
@@ -155,6 +177,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         trajectories_per_s=dg.MetadataValue.json({r["method"]: r["trajectories_per_s"] for r in summary.iter_rows(named=True)}),
         max_staleness=dg.MetadataValue.int(max([int(k) for k in arc.get("staleness_hist", {})] or [0])),
         discarded_groups=dg.MetadataValue.int(arc.get("discarded_groups", 0)),
+        **learning_metadata(res, "monolithic"),
         **run_metadata(res, spec.model_dir, resumed),
         **run.metadata(),
     )

@@ -1,10 +1,14 @@
 """RollPacker training run (docs/rollpacker.md; Gao et al., arXiv 2509.21009): synchronous GRPO with tail
-batching against the synchronous veRL-style baseline, on the same curated problems and the same
-initial policy (SmolLM2-135M-Instruct on the embedded default).
+batching against the synchronous veRL-style baseline, on the same prompts and the same initial
+policy.
 
-The policy learns from ``decontaminated_problems``: the curated problems with their reference
-answers and every benchmark overlap removed (RL needs answers, not teacher responses, so it does
-not wait for distillation; training on benchmark-clean data keeps later evaluations honest).
+By default (``policy: scratchpad``) the policy is the warm-started scratchpad GPT-2 of ``rl_policy``
+on the long-tailed scratchpad task (docs/rl_policy.md): its rewards carry signal and its response
+lengths have the tail tail batching is for, and a held-out pass-rate curve per method shows the
+learning against training seconds. With ``policy: smollm2`` the policy is SmolLM2-135M-Instruct and
+it learns from ``decontaminated_problems``: the curated problems with their reference answers and
+every benchmark overlap removed (RL needs answers, not teacher responses, so it does not wait for
+distillation; training on benchmark-clean data keeps later evaluations honest).
 
 The asset launches ``ops.rl.rollpacker.driver`` through Dagster Pipes (``ComputeResource.run``);
 the driver starts Ray (local, or ``compute.ray_address``) with the rollout engine, the reward
@@ -35,7 +39,8 @@ from resources.lake import LakeResource
 
 from ._config import mirrors
 from ._meta import image, md_table, table_result
-from ._rl import ASSET, OWN, PolicyRunConfig, launch_driver, problems_table, run_metadata
+from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
+                  run_metadata)
 
 _D = RunSpec(problems_path="", tokenizer_dir="")
 
@@ -67,11 +72,15 @@ class RollPackerRunConfig(PolicyRunConfig):
     """CPUs of the local Ray instance (ignored with compute.ray_address)."""
 
 
-def spec_from(config: RollPackerRunConfig, problems: Path, ray_address: Optional[str]) -> RunSpec:
-    """The driver's RunSpec, validated (the asset's one check). Raises ValueError naming the field."""
-    tokenizer_dir, model_dir = config.policy_dirs("rollpacker_run")
-    return RunSpec(problems_path=str(problems), tokenizer_dir=tokenizer_dir, model_dir=model_dir,
-                   ray_address=ray_address, **config.driver_fields()).validate()
+def spec_from(config: RollPackerRunConfig, problems: Optional[Path], ray_address: Optional[str],
+              rl_policy: str | Path = "") -> RunSpec:
+    """The driver's RunSpec, validated (the asset's one check): the scratchpad task on the
+    ``rl_policy`` folder, or the curated ``problems`` with SmolLM2 / the tiny policy. Raises
+    ValueError naming the field."""
+    tokenizer_dir, model_dir = config.policy_dirs("rollpacker_run", rl_policy)
+    fields = {"problems_path": str(problems or ""), **config.task_fields("rollpacker_run")}
+    return RunSpec(tokenizer_dir=tokenizer_dir, model_dir=model_dir, ray_address=ray_address, **fields,
+                   **config.driver_fields()).validate()
 
 
 @dg.asset(**ASSET)
@@ -84,9 +93,13 @@ def rollpacker_run(context: dg.AssetExecutionContext, config: RollPackerRunConfi
     mean reward, verified / unparseable / failed rewards, zero-signal groups, finish reasons, loss,
     policy version. Metadata: the per-method summary with the speedup, the per-step comparison
     table and plot, the Ray address, the retry number and where a retried launch resumed. A
-    retried launch continues after its last completed step (see the module docstring)."""
-    problems = problems_table(lake)
-    spec = spec_from(config, problems, compute.ray_address)
+    retried launch continues after its last completed step (see the module docstring). With the
+    scratchpad policy also the held-out accuracy curve per method against training seconds
+    (evaluation excluded), the response-length distribution and the time per method."""
+    if config.task == "scratchpad":
+        spec = spec_from(config, None, compute.ray_address, rl_policy_dir(lake, config, "rollpacker_run"))
+    else:
+        spec = spec_from(config, problems_table(lake), compute.ray_address)
     with launch_driver(context, compute, lake, "rollpacker_run", "ops.rl.rollpacker.driver", spec, fingerprint(spec), RunState,
                        config.run_timeout_s) as run:
         return _materialize(context, lake, spec, run)
@@ -112,6 +125,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         figure=image(comparison_plot(res["steps"]), "rollout and step time per step"),
         speedup_vs_baseline=dg.MetadataValue.json({r["method"]: r["speedup_vs_baseline"] for r in summary.iter_rows(named=True)}),
         ray_init_s=dg.MetadataValue.float(round(res["ray_init_s"], 2)),
+        **learning_metadata(res, "baseline"),
         **run_metadata(res, spec.model_dir, resumed),
         **run.metadata(),
     )

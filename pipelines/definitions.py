@@ -8,14 +8,15 @@ an asset module, append it to ``ASSET_MODULES``.
 
 import dagster as dg
 
-from assets import curation, curation_checks, distillation, gba, mixture, posttrain, recsys, rollarc, rollpacker, sources
+from assets import (curation, curation_checks, distillation, gba, mixture, posttrain, recsys, rl_policy, rollarc, rollpacker,
+                    sources)
 
 from .jobs import ALL_JOBS
 from .profiles import load_profile
 from .schedules import SCHEDULES
 from .sensors import SENSORS, with_automation
 
-ASSET_MODULES = [sources, curation, distillation, recsys, gba, rollpacker, rollarc, mixture, posttrain]
+ASSET_MODULES = [sources, curation, distillation, recsys, gba, rl_policy, rollpacker, rollarc, mixture, posttrain]
 CHECK_MODULES = [curation_checks, mixture, posttrain]
 
 PROFILE = load_profile()

@@ -74,10 +74,17 @@ gba_job, gba_job_full = _jobs(
     "gba_job", dg.AssetSelection.assets("gba_run"), ["gba_run"], "training",
     "Train the CTR model in one training mode (partition): sync | async | gba | ssp | hopbw.", gpu=True)
 
-# RollPacker (tail batching) vs the synchronous GRPO baseline on the SmolLM2 policy, a few steps each.
+# The warm-started scratchpad policy of the RL runs (docs/rl_policy.md), on its own.
+rl_policy_job, rl_policy_job_full = _jobs(
+    "rl_policy_job", dg.AssetSelection.assets("rl_policy"), ["rl_policy"], "training",
+    "Warm-start the scratchpad policy of the RL runs (SFT to the target held-out pass rate).", gpu=True)
+
+# RollPacker (tail batching) vs the synchronous GRPO baseline, a few steps each, on the scratchpad
+# policy (warm-started first: rl_policy reuses a published policy of the same spec) or SmolLM2.
 rollpacker_job, rollpacker_job_full = _jobs(
-    "rollpacker_job", dg.AssetSelection.assets("rollpacker_run"), ["rollpacker_run"], "training",
-    "RollPacker (tail batching) vs synchronous GRPO baseline, a few steps each.", gpu=True)
+    "rollpacker_job", dg.AssetSelection.assets("rl_policy", "rollpacker_run"), ["rl_policy", "rollpacker_run"],
+    "training", "Warm-start the scratchpad policy, then RollPacker (tail batching) vs synchronous GRPO baseline, "
+    "a few steps each.", gpu=True)
 
 # RollArc (trajectory-level async agentic RL, disaggregated on Ray pools) vs the monolithic baseline.
 rollarc_job, rollarc_job_full = _jobs(
@@ -109,7 +116,7 @@ posttrain_job, posttrain_job_full = _jobs(
 
 GROUP_JOBS = {
     "curation": ["curation_job"],
-    "training": ["training_job", "gba_job", "rollpacker_job", "rollarc_job", "posttrain_job"],
+    "training": ["training_job", "gba_job", "rl_policy_job", "rollpacker_job", "rollarc_job", "posttrain_job"],
     "evaluation": ["posttrain_job"],
     "mixture": ["mixture_data_job", "cpt_base_job", "cpt_probe_job", "mixture_job"],
 }
@@ -133,7 +140,8 @@ LIFECYCLE: tuple[tuple[str, str], ...] = (
 
 ALL_JOBS = [
     sources_job, sources_job_full, source_refresh_job, curation_job, curation_job_full,
-    training_job, training_job_full, gba_job, gba_job_full, rollpacker_job, rollpacker_job_full,
+    training_job, training_job_full, gba_job, gba_job_full, rl_policy_job, rl_policy_job_full,
+    rollpacker_job, rollpacker_job_full,
     rollarc_job, rollarc_job_full,
     mixture_data_job, mixture_data_job_full, cpt_base_job, cpt_base_job_full,
     cpt_probe_job, cpt_probe_job_full, mixture_job, mixture_job_full, posttrain_job, posttrain_job_full,

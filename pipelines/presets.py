@@ -14,6 +14,7 @@ from typing import Any
 from ops.gba.config import RunConfig as GBARun
 from ops.rl.rollarc.driver import RunConfig as RollArcRun
 from ops.rl.rollpacker.driver import RunSpec as RollPackerRun
+from ops.rl.warmstart import WarmStartSpec as RlPolicyRun
 
 
 def _defaults(source: type, *names: str) -> dict[str, Any]:
@@ -30,6 +31,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "sft_dataset": {"target_size": 2000},
     "ctr_model": {"epochs": 3},
     "gba_run": _defaults(GBARun, "epochs"),
+    "rl_policy": _defaults(RlPolicyRun, "max_steps", "batch_problems", "target_pass_rate"),
     "rollpacker_run": _defaults(RollPackerRun, "steps", "prompts_per_step", "responses_per_prompt", "max_new_tokens"),
     "rollarc_run": _defaults(RollArcRun, "steps", "groups_per_step", "group_size", "redundancy", "max_turns",
                              "max_new_tokens"),
@@ -47,6 +49,9 @@ FULL: dict[str, dict[str, Any]] = {
     "sft_dataset": {"target_size": 100_000},
     "ctr_model": {"epochs": 10},
     "gba_run": {"epochs": 5.0},
+    # the scratchpad policy's recipe is the same at production scale; a GPU affords more steps
+    # and a larger batch before the target stops it
+    "rl_policy": {"max_steps": 4000, "batch_problems": 64, "target_pass_rate": 0.4},
     "rollpacker_run": {"steps": 200, "prompts_per_step": 128, "responses_per_prompt": 16, "max_new_tokens": 4096,
                        "timeout_s": 3600.0},
     "rollarc_run": {"steps": 200, "groups_per_step": 32, "group_size": 8, "redundancy": 2, "max_turns": 10,

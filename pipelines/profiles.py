@@ -34,7 +34,7 @@ CONFIG_ENV = "CRUCIBLE_PROD_CONFIG"
 PROFILES = ("default", "prod")
 REPO = Path(__file__).resolve().parents[1]
 
-GPU_OPS = ("cpt_base_models", "cpt_probe_runs", "gba_run", "rollpacker_run", "rollarc_run", "sft_checkpoint", "stage2_checkpoint")
+GPU_OPS = ("cpt_base_models", "cpt_probe_runs", "gba_run", "rl_policy", "rollpacker_run", "rollarc_run", "sft_checkpoint", "stage2_checkpoint")
 """Steps that launch accelerate/torchrun workers (the assets that belong in ``pool="gpu"``)."""
 
 

@@ -92,13 +92,14 @@ def test_small_preset_is_the_assets_own_defaults():
     from assets.mixture import BaseModelConfig, LawFitConfig, ProbeRunConfig
     from assets.recsys import CTRModelConfig
     from assets.rollarc import RollArcRunConfig
+    from assets.rl_policy import RlPolicyConfig
     from assets.rollpacker import RollPackerRunConfig
     from assets.sources import RawProblemsConfig
     from pipelines.presets import SMALL
 
     classes = {"raw_problems": RawProblemsConfig, "annotated_problems": AnnotateConfig, "distilled_problems": DistillConfig,
                "sft_dataset": SftConfig, "ctr_model": CTRModelConfig, "gba_run": GBARunConfig,
-               "rollpacker_run": RollPackerRunConfig, "rollarc_run": RollArcRunConfig,
+               "rollpacker_run": RollPackerRunConfig, "rollarc_run": RollArcRunConfig, "rl_policy": RlPolicyConfig,
                "cpt_base_models": BaseModelConfig, "cpt_probe_runs": ProbeRunConfig, "dcpt_law_fit": LawFitConfig}
     assert set(classes) == set(SMALL)
     for op, values in SMALL.items():

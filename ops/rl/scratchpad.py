@@ -175,10 +175,13 @@ def heldout_accuracy(model, tokenizer, probs: list[Problem], temperature: float 
             for i, a in enumerate(ids):
                 x[i, w - len(a):] = torch.tensor(a)
                 att[i, w - len(a):] = 1
+            first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+            if first is not None:                                # the model's device (GPU runs)
+                x, att = x.to(first.device), att.to(first.device)
             kw = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
             out = model.generate(input_ids=x, attention_mask=att, max_new_tokens=max_new_tokens, pad_token_id=pad,
                                  eos_token_id=tokenizer.eos_token_id, **kw)
-            for p, row in zip(chunk, out[:, w:].tolist()):
+            for p, row in zip(chunk, out[:, w:].cpu().tolist()):
                 n = next((j for j, t in enumerate(row) if t == tokenizer.eos_token_id), len(row))
                 ok = score_text(p, tokenizer.decode(row[:n]))
                 hits.append(ok)

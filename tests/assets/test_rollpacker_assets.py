@@ -66,7 +66,7 @@ def test_the_run_config_mirrors_the_driver_spec_and_the_driver_checks_its_spec(t
     problems = tmp_path / "p.parquet"
     spec = rollpacker.spec_from(rollpacker.RollPackerRunConfig(policy="tiny", model_dir="tok"), problems, None)
     assert spec == driver.RunSpec(problems_path=str(problems), tokenizer_dir="tok", model_dir=None)
-    with pytest.raises(ValueError, match="rollpacker_run.policy must be 'smollm2' or 'tiny'"):
+    with pytest.raises(ValueError, match=r"rollpacker_run.policy must be one of \['scratchpad', 'smollm2', 'tiny'\]"):
         rollpacker.spec_from(rollpacker.RollPackerRunConfig(policy="big"), problems, None)
     # the launched driver checks the spec file once more, naming the file and the field
     bad = tmp_path / "spec.json"

@@ -412,7 +412,7 @@ def _check_failed(step: int, groups: list[Group], cfg: ArcConfig) -> None:
 
 async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
                       on_step: Optional[Callable[[dict], Optional[Awaitable]]] = None, start_step: int = 0,
-                      result: Optional[RunResult] = None) -> RunResult:
+                      result: Optional[RunResult] = None, method: str = "rollarc") -> RunResult:
     """The asynchronous run: a producer creating groups within the staleness budget, every
     trajectory advancing independently, and the trainer taking the oldest fresh groups.
 
@@ -428,13 +428,14 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
         result: the RunResult of steps ``0..start_step-1`` (its ``steps`` has ``start_step`` rows),
             continued in place: counters add up over the launches, ``wall_s`` adds this launch's
             seconds, group ids continue after ``tasks_consumed``. None: a new one.
+        method: the RunResult's method name (the driver's ``async0`` / ``rollarc_a<k>`` rows).
     Resuming loses the groups that were in flight or waiting in the buffer when the earlier launch
     stopped (their tasks count as consumed; the producer creates fresh groups from the next tasks).
     Returns: RunResult. Raises: RollArcError (no fresh group in time, too many failed rewards, a
         train/publish call or ``on_step``'s awaitable past ``train_timeout_s``); ValueError
         (``start_step`` outside [0, steps) or not matching ``result``).
     """
-    res = _continued(result, "rollarc", cfg, start_step)
+    res = _continued(result, method, cfg, start_step)
     buf = GroupBuffer(cfg.async_ratio)
     state = {"step": start_step, "created": 0}
     stop = {"now": False}

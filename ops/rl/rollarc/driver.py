@@ -27,6 +27,14 @@ number. Lost: the steps after the last save, and RollArc's groups in flight at t
 (setup and lost work excluded); a resumed method's utilisation covers its last launch. A state of
 another spec (``fingerprint``) is ignored; a finished launch removes its state (``result.json`` is
 the record).
+
+Task ``scratchpad`` (the result contract of the RL drivers): every group is a ``checked_subtraction``
+episode (``envs.CheckedSubtraction``) on ``ops.rl.scratchpad.problems(task_seed, ...)``; with
+``eval_size`` the trainer's held-out accuracy (``_TrainerImpl.heldout``) is measured before, every
+``eval_every`` steps and after each method, never inside its times. The result adds ``task``,
+``eval`` ({method: [{step, train_wall_s, accuracy, n, policy_version}, ...]}), ``response_lengths``
+({method: response tokens of every trained trajectory, in order}), ``budget`` (the processes and
+threads of the methods, ``placement``) and ``speedup_vs_monolithic`` ({method: x}).
 """
 
 from __future__ import annotations
@@ -47,7 +55,15 @@ from ops.rl.runs import read_problems, resume_state
 from .core import ArcConfig
 from .ray_roles import RoleSpec
 
-METHODS = ("monolithic", "rollarc")
+METHODS = ("monolithic", "rollarc", "async0", "rollarc_a1", "rollarc_a2")
+"""The methods a run may hold: ``monolithic`` (the synchronous lock-step baseline, ``core.run_monolithic``)
+and the trajectory-level asynchronous scheduler (``core.run_rollarc``) at the spec's ``async_ratio``
+(``rollarc``) or at a fixed one: ``async0`` (async_ratio 0: trajectory-level asynchrony and
+redundancy, no off-policy data), ``rollarc_a1``, ``rollarc_a2``. Redundancy is the spec's for all
+of them. Which processes run a method is ``RunSpec.placement``'s."""
+DEFAULT_METHODS = ("monolithic", "rollarc")
+TASKS = ("curated", "scratchpad")
+PLACEMENTS = ("split", "local", "ray")
 ENVS = ("frozenlake", "tool_math")
 """The environments of a run by default, mixed round-robin over groups."""
 
@@ -68,12 +84,35 @@ class RunSpec:
     problems_path: str
     tokenizer_dir: str
     model_dir: Optional[str] = None
-    methods: list = field(default_factory=lambda: list(METHODS))
+    methods: list = field(default_factory=lambda: list(DEFAULT_METHODS))
     envs: list = field(default_factory=lambda: list(ENVS))
     arc: dict = field(default_factory=dict)
     roles: dict = field(default_factory=dict)
     frozenlake_size: int = 4
     seed: int = 0
+    task: str = "curated"
+    """``curated``: FrozenLake and ToolMath on ``problems_path`` (``envs``); ``scratchpad``: every group
+    is a ``checked_subtraction`` episode (``envs`` unused) on ``ops.rl.scratchpad.problems(task_seed,
+    ..., max_lines)``, the char-level policy (no chat template: plain rendering, stop at ``?``)."""
+    task_seed: int = 0
+    eval_size: int = 0
+    """Held-out scratchpad problems (``problems(task_seed + 1000, eval_size)``), scored single-turn by
+    the trainer's ``heldout`` (sampled at ``eval_temperature``); 0 = no evaluation."""
+    eval_every: int = 0
+    """Optimizer steps between evaluations (0: only before and after). A mid-run evaluation of an
+    asynchronous method runs while its rollouts go on (their work is not paused); its seconds are
+    excluded from the method's times all the same."""
+    eval_temperature: float = 1.0
+    max_lines: int = 60
+    """Scratchpad quotient cap (``scratchpad.problems``' ``max_lines``)."""
+    check_work: int = 0
+    """``checked_subtraction``'s checker CPU per line (``envs.CheckedSubtraction``)."""
+    placement: str = "split"
+    """Where each method's roles run. ``split`` (the asset's): the baseline colocated in this process
+    (``LocalRoles``, one engine), the others disaggregated on Ray (``RayRoles``). ``local``: every
+    method on ``LocalRoles(serve=True)`` in this process — the same engines (``roles.engines``
+    batching servers), env threads, trainer and reward process for every method (the equal-budget
+    comparison). ``ray``: every method on ``RayRoles``."""
     ray_address: Optional[str] = None
     num_cpus: int = 2
     checkpoint_every: int = 2
@@ -93,7 +132,25 @@ class RunSpec:
     @cached_property
     def role_spec(self) -> RoleSpec:
         """The roles' settings (``roles`` over RoleSpec's defaults, with the policy of this spec)."""
-        return RoleSpec(tokenizer_dir=self.tokenizer_dir, model_dir=self.model_dir, seed=self.seed, **self.roles)
+        roles = dict(self.roles)
+        if self.task == "scratchpad":
+            roles.setdefault("env_latency", "none")          # the checker's latency is real work
+        return RoleSpec(tokenizer_dir=self.tokenizer_dir, model_dir=self.model_dir, seed=self.seed, **roles)
+
+    def method_config(self, method: str) -> ArcConfig:
+        """The ArcConfig a method runs with: ``async0`` / ``rollarc_a<k>`` fix ``async_ratio``."""
+        from dataclasses import replace
+
+        k = {"async0": 0, "rollarc_a1": 1, "rollarc_a2": 2}.get(method)
+        return self.arc_config if k is None else replace(self.arc_config, async_ratio=k)
+
+    def eval_problems(self) -> list:
+        """The held-out scratchpad problems as ``(uid, a, n)`` (empty when ``eval_size`` is 0)."""
+        if not self.eval_size:
+            return []
+        from ops.rl import scratchpad as sp
+
+        return [(p.uid, p.a, p.n) for p in sp.problems(self.task_seed + 1000, self.eval_size, self.max_lines)]
 
     def validate(self) -> "RunSpec":
         """Returns the spec; raises ValueError naming the field (``rollarc.methods``,
@@ -101,8 +158,25 @@ class RunSpec:
         from .envs import ENV_NAMES
 
         bad = [m for m in self.methods if m not in METHODS]
-        if bad or not self.methods:
+        if bad or not self.methods or len(set(self.methods)) != len(self.methods):
             raise ValueError(f"rollarc.methods must be a non-empty subset of {list(METHODS)}, got {self.methods}")
+        if self.task not in TASKS:
+            raise ValueError(f"rollarc.task must be one of {list(TASKS)}, got {self.task!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"rollarc.placement must be one of {list(PLACEMENTS)}, got {self.placement!r}")
+        for name in ("eval_size", "eval_every", "task_seed", "check_work"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"rollarc.{name} must be an int >= 0, got {v!r}")
+        if not (isinstance(self.eval_temperature, (int, float)) and self.eval_temperature >= 0):
+            raise ValueError(f"rollarc.eval_temperature must be >= 0, got {self.eval_temperature!r}")
+        if not (isinstance(self.max_lines, int) and 1 <= self.max_lines <= 60):
+            raise ValueError(f"rollarc.max_lines must be an int in [1, 60], got {self.max_lines!r}")
+        if self.eval_size and self.task != "scratchpad":
+            raise ValueError("rollarc.eval_size needs task 'scratchpad' (the held-out set is scratchpad problems)")
+        if self.task == "scratchpad" and self.role_spec.env_latency != "none":
+            raise ValueError(f"rollarc.env_latency must be 'none' for task 'scratchpad' (its latency is the "
+                             f"checker's real work), got {self.role_spec.env_latency!r}")
         bad = [e for e in self.envs if e not in ENV_NAMES]
         if bad or not self.envs:
             raise ValueError(f"rollarc.envs must be a non-empty subset of {list(ENV_NAMES)}, got {self.envs}")
@@ -129,7 +203,7 @@ def fingerprint(spec: RunSpec) -> str:
         d.pop(k)
     for part in ("arc", "roles"):
         d[part] = {k: v for k, v in d[part].items() if not k.endswith("timeout_s") and k != "reward_retries"}
-    return spec_fingerprint(d, spec.problems_path)
+    return spec_fingerprint(d, spec.problems_path if spec.task == "curated" else "scratchpad:")
 
 
 _ROLE = RoleSpec(tokenizer_dir="")
@@ -144,7 +218,7 @@ class RunConfig:
     engines per pool, injected env latency, reward replicas, lr), seed, local Ray CPUs and the
     checkpoint cadence (``RunSpec``). Defaults come from those classes."""
 
-    methods: list = field(default_factory=lambda: list(METHODS))
+    methods: list = field(default_factory=lambda: list(DEFAULT_METHODS))
     envs: list = field(default_factory=lambda: list(ENVS))
     steps: int = ArcConfig.steps
     groups_per_step: int = ArcConfig.groups_per_step
@@ -265,7 +339,7 @@ def tool_math_rows(spec: RunSpec) -> list[dict]:
     its environments). The asset calls it before launching, so that an unusable table fails before
     a launch and a run folder. Raises FileNotFoundError / ValueError naming the file: missing, lacks
     columns, no numeric problem."""
-    if "tool_math" not in spec.envs:
+    if spec.task != "curated" or "tool_math" not in spec.envs:
         return []
     df = read_problems(spec.problems_path)
     rows = tool_math_problems(df).sort("problem_id").to_dicts()
@@ -283,7 +357,13 @@ def load_tasks(spec: RunSpec) -> list:
     from .types import Task
 
     cfg = spec.arc_config
-    n = (cfg.steps + 2 * (cfg.async_ratio + 2)) * cfg.groups_per_step * 4
+    n = (cfg.steps + 2 * (max(cfg.async_ratio, 2) + 2)) * cfg.groups_per_step * 4
+    if spec.task == "scratchpad":
+        from ops.rl import scratchpad as sp
+
+        return [Task(uid=p.uid, env="checked_subtraction",
+                     spec={"a": p.a, "n": p.n, "answer": p.answer, "answer_type": "numeric", "check_work": spec.check_work})
+                for p in sp.problems(spec.task_seed, n, spec.max_lines)]
     math_rows = tool_math_rows(spec)
     out = []
     for i in range(n):
@@ -313,30 +393,59 @@ def _progress(pipes, method: str, steps: int, t0: float, start_step: int = 0):
 
 
 def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes, state: Optional[RunState] = None,
-               on_saved: Optional[Callable[[int], None]] = None) -> dict:
+               on_saved: Optional[Callable[[int], None]] = None, eval_cache: Optional[dict] = None) -> dict:
     """One method, from the initial policy or, when ``state`` holds it in progress, after its last
     saved step: trainer state loaded, ``publish(k + 1)`` to every engine, the saved RunResult
     continued on the tasks after the consumed ones. With ``state``, the trainer state and the
     RunResult are saved every ``spec.checkpoint_every`` steps (not after the last step: the finished
     method is saved whole), then ``on_saved(steps saved over the run)``.
 
+    With ``spec.eval_size``, the trainer's held-out accuracy before the first step (reused from
+    ``eval_cache`` when an earlier method of the run measured it: every method starts from the same
+    policy and the evaluation is seeded), every ``eval_every`` steps and after the last; evaluation
+    seconds are excluded from ``wall_s`` and every ``train_wall_s``.
+
     Returns ``RunResult.to_dict()`` plus ``utilisation`` (of this launch), ``setup_s`` (actors /
-    Serve start, outside ``wall_s``). Raises RollArcError (see ``core``), RuntimeError when the
+    Serve start, outside ``wall_s``), ``async_ratio``, ``eval`` (entries as in the result contract),
+    ``eval_s`` (mid-run evaluation seconds taken out of ``wall_s``). Raises RollArcError (see ``core``), RuntimeError when the
     saved trainer's version does not match the saved steps, FileNotFoundError naming a missing
     trainer file."""
     from .core import RunResult, run_monolithic, run_rollarc
     from .ray_roles import LocalRoles, RayRoles
 
-    cfg, rs = spec.arc_config, spec.role_spec
+    cfg, rs = spec.method_config(method), spec.role_spec
     cur = state.current if state is not None and state.current and state.current["method"] == method else None
     res = RunResult.from_dict(cur["result"]) if cur else RunResult(method=method, config=asdict(cfg))
     start, wall0 = len(res.steps), res.wall_s
     t0 = time.monotonic()
-    roles = LocalRoles(rs, tok) if method == "monolithic" else RayRoles(rs, tok).start()
+    if needs_ray(spec, method):
+        roles = RayRoles(rs, tok).start()
+    else:
+        roles = LocalRoles(rs, tok, serve=spec.placement == "local")
     setup_s = time.monotonic() - t0
-    pipes.log.info(f"{method}: roles ready in {setup_s:.1f}s")
+    pipes.log.info(f"{method}: roles ready in {setup_s:.1f}s ({type(roles).__name__}, placement {spec.placement}, "
+                   f"async_ratio {cfg.async_ratio})")
+    probs = spec.eval_problems()
+    evals: list = list(cur["result"].get("eval", [])) if cur else []
+    ev = {"s": 0.0}                                     # seconds of evaluation inside the method's clock
+
+    async def evaluate(step: int, wall_so_far: float) -> float:
+        te = time.monotonic()
+        r = await asyncio.wait_for(roles.heldout(probs, spec.eval_temperature, 256, spec.task_seed), cfg.train_timeout_s)
+        evals.append({"step": step, "train_wall_s": max(0.0, wall_so_far), "accuracy": r["accuracy"], "n": r["n"],
+                      "policy_version": r["policy_version"], "by_lines": r.get("by_lines"), "mean_len": r.get("mean_len")})
+        pipes.log.info(f"{method}: held-out accuracy {r['accuracy']:.3f} (n {r['n']}) after {step} steps, "
+                       f"policy version {r['policy_version']} ({time.monotonic() - te:.1f}s, not timed)")
+        return time.monotonic() - te
 
     async def go():
+        if probs and not cur:                          # before the method's clock starts
+            if eval_cache is not None and "step0" in eval_cache:
+                evals.append(dict(eval_cache["step0"]))
+            else:
+                await evaluate(0, 0.0)
+                if eval_cache is not None:
+                    eval_cache["step0"] = dict(evals[-1])
         if cur:
             path = str(state.dir / cur["trainer"])
             version = await asyncio.wait_for(roles.load_checkpoint(path), cfg.train_timeout_s)
@@ -356,31 +465,55 @@ def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes, state: Optio
         def on_step(row: dict):
             progress(row)
             k = row["step"]
-            if state is None or k >= cfg.steps - 1 or (k + 1) % spec.checkpoint_every:
+            mid_eval = bool(probs and spec.eval_every and k < cfg.steps - 1 and (k + 1) % spec.eval_every == 0)
+            save_now = not (state is None or k >= cfg.steps - 1 or (k + 1) % spec.checkpoint_every)
+            if not (mid_eval or save_now):
                 return None
-            snapshot = res.to_dict()                 # now: the producer keeps counting during the save
+            wall_now = res.wall_s - ev["s"]
 
-            async def save():
-                n = await state.save_step(method, snapshot, roles, cfg.train_timeout_s)
-                if on_saved:
-                    on_saved(n)
-            return save()
+            async def after():
+                if mid_eval:
+                    ev["s"] += await evaluate(k + 1, wall_now)
+                if save_now:
+                    snapshot = res.to_dict()
+                    snapshot["eval"] = list(evals)
+                    snapshot["wall_s"] -= ev["s"]
+                    n = await state.save_step(method, snapshot, roles, cfg.train_timeout_s)
+                    if on_saved:
+                        on_saved(n)
+            return after()
 
-        fn = run_monolithic if method == "monolithic" else run_rollarc
-        return await fn(roles, cfg, iter(tasks[res.tasks_consumed:]), on_step=on_step, start_step=start, result=res)
+        it = iter(tasks[res.tasks_consumed:])
+        if method == "monolithic":
+            return await run_monolithic(roles, cfg, it, on_step=on_step, start_step=start, result=res)
+        return await run_rollarc(roles, cfg, it, on_step=on_step, start_step=start, result=res, method=method)
+
+    async def go_and_eval():
+        await go()
+        res.wall_s -= ev["s"]                          # evaluation never counts in a method's time
+        if probs:
+            await evaluate(cfg.steps, res.wall_s)
 
     try:
-        asyncio.run(go())
+        asyncio.run(go_and_eval())
         out = res.to_dict()
         out["utilisation"] = roles.utilisation(res.wall_s - wall0)
     finally:
         roles.close()
     out["setup_s"] = setup_s
+    out["async_ratio"] = None if method == "monolithic" else cfg.async_ratio
+    out["eval"] = evals
+    out["eval_s"] = ev["s"]
     if state is not None:
         n = state.save_done(method, out)
         if on_saved:
             on_saved(n)
     return out
+
+
+def needs_ray(spec: RunSpec, method: str) -> bool:
+    """Whether ``method``'s roles are Ray actors under ``spec.placement``."""
+    return spec.placement == "ray" or (spec.placement == "split" and method != "monolithic")
 
 
 def init_ray(spec: RunSpec) -> None:
@@ -404,7 +537,7 @@ def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
     t0 = time.monotonic()
     tok = load_tokenizer(spec.tokenizer_dir)
     tasks = load_tasks(spec)
-    results, ray_init_s = {}, None
+    results, ray_init_s, eval_cache = {}, None, {}
     for method in spec.methods:
         if state is not None and method in state.done:
             results[method] = state.done[method]
@@ -413,25 +546,32 @@ def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
                 state.resumes.append({"method": method, "skipped": True, "steps_done": len(results[method]["steps"]),
                                       "retry_number": getattr(pipes, "retry_number", None)})
             continue
-        if method == "rollarc":
+        if needs_ray(spec, method):
             import ray
 
             from ray import serve
 
             ti = time.monotonic()
             init_ray(spec)
-            ray_init_s = time.monotonic() - ti
+            ray_init_s = (ray_init_s or 0.0) + time.monotonic() - ti
             try:
-                results[method] = run_method(method, spec, tasks, tok, pipes, state, on_saved)
+                results[method] = run_method(method, spec, tasks, tok, pipes, state, on_saved, eval_cache)
             finally:
                 try:
                     serve.shutdown()
                 finally:
                     ray.shutdown()
         else:
-            results[method] = run_method(method, spec, tasks, tok, pipes, state, on_saved)
+            results[method] = run_method(method, spec, tasks, tok, pipes, state, on_saved, eval_cache)
     out = {"spec": asdict(spec), "methods": results, "ray_init_s": ray_init_s, "wall_s": time.monotonic() - t0,
-           "ray_address": spec.ray_address or "local"}
+           "ray_address": spec.ray_address or "local", "task": spec.task,
+           "eval": {m: r.get("eval", []) for m, r in results.items()},
+           "response_lengths": {m: [t["response_tokens"] for t in r["trajectories"]] for m, r in results.items()},
+           "budget": budget(spec)}
+    if "monolithic" in results:
+        b = results["monolithic"]["wall_s"]
+        out["speedup_vs_monolithic"] = {m: (b / r["wall_s"] if r["wall_s"] > 0 else None)
+                                        for m, r in results.items() if m != "monolithic"}
     if state is not None:
         out.update(fingerprint=state.fp, retry_number=getattr(pipes, "retry_number", None), resumes=state.resumes,
                    state_save_s=state.seconds)
@@ -444,6 +584,23 @@ def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
         out["speedup_trajectories_per_s"] = (a["trajectories_per_s"] / b["trajectories_per_s"]
                                              if b["trajectories_per_s"] > 0 else None)
     return out
+
+
+def budget(spec: RunSpec) -> str:
+    """The processes and threads each method of ``spec`` runs on, in words."""
+    rs = spec.role_spec
+    n_eng = sum(rs.engines.values())
+    if spec.placement == "local":
+        return (f"every method: one process (this one) with {n_eng} engine servers ({rs.engines}, dynamic batching "
+                f"up to {rs.max_batch}, one generation thread each), the trainer on a thread of it, torch intra-op "
+                f"threads {rs.threads} (process-wide), environment steps on threads (each check one sandboxed "
+                f"subprocess), one reward verifier process")
+    if spec.placement == "ray":
+        return (f"every method: Ray actors — {n_eng} engines ({rs.engines}, {rs.threads} torch threads each), one "
+                f"trainer actor ({rs.trainer_threads} threads) on gpu_compute, {rs.env_workers} env worker(s), reward "
+                f"pool {rs.reward_min_replicas}-{rs.reward_max_replicas} replicas; Ray CPUs {spec.num_cpus}")
+    return (f"split: monolithic colocated in one process (one engine, in-process trainer); the others on Ray "
+            f"({n_eng} engines, trainer actor, {rs.env_workers} env worker(s), reward pool) — not an equal budget")
 
 
 def load_spec(text: str) -> RunSpec:

@@ -84,9 +84,32 @@ class RoleSpec(PolicySpec):
 
 # ------------------------------------------------------------------------------ shared helpers
 
+def has_chat_template(tokenizer) -> bool:
+    """Whether the tokenizer renders chats itself (SmolLM2: yes; the scratchpad's char-level one: no)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_plain(messages: list) -> str:
+    """The conversation as one text for a tokenizer without a chat template: the user and assistant
+    contents concatenated with no separators, system messages left out — exactly how the scratchpad
+    SFT data concatenates the multi-turn form (``tool_prompt``, turn text, observation, turn text,
+    ...; ``ops.rl.scratchpad.tool_turns``)."""
+    return "".join(m["content"] for m in messages if m.get("role") != "system")
+
+
+def stop_strings(tokenizer):
+    """Where an LLM call stops besides EOS: at ``?`` (the scratchpad's check request) for a tokenizer
+    without a chat template, nowhere else for chat models (their template's end of turn is EOS)."""
+    return None if has_chat_template(tokenizer) else ["?"]
+
+
 def encode(tokenizer, messages: list, max_prompt_tokens: int) -> list[int]:
-    """Chat-template token ids of the conversation with the generation prompt, left-truncated to
-    ``max_prompt_tokens`` (the latest turns are kept)."""
+    """Token ids of the conversation with the generation prompt, left-truncated to
+    ``max_prompt_tokens`` (the latest turns are kept): the chat template when the tokenizer has one,
+    else ``render_plain`` (no special tokens)."""
+    if not has_chat_template(tokenizer):
+        ids = tokenizer(render_plain(messages), add_special_tokens=False)["input_ids"]
+        return [int(t) for t in list(ids)[-max_prompt_tokens:]]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
@@ -173,9 +196,11 @@ class EngineServer:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine")
         return self._executor
 
-    async def generate(self, prompt_ids: list, max_new_tokens: int, timeout_s: float) -> dict:
+    async def generate(self, prompt_ids: list, max_new_tokens: int, timeout_s: float, stop=None) -> dict:
+        """One request, batched with concurrent ones. ``stop``: stop strings (``stop_strings``; every
+        request of a run passes the same ones — a batch uses its first request's)."""
         fut = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt_ids, max_new_tokens, timeout_s, fut))
+        self.pending.append((prompt_ids, max_new_tokens, timeout_s, fut, stop))
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.ensure_future(self._drain())
         return await fut
@@ -189,10 +214,11 @@ class EngineServer:
                 await asyncio.sleep(self.batch_wait_s)              # let concurrent requests join the batch
             batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch:]
             prompts = [Prompt(uid=str(i), token_ids=tuple(b[0])) for i, b in enumerate(batch)]
-            mnt, timeout = max(b[1] for b in batch), min(b[2] for b in batch)
+            mnt, timeout, stop = max(b[1] for b in batch), min(b[2] for b in batch), batch[0][4]
             self.clock.enter()
             try:
-                rb = await loop.run_in_executor(self._exec(), lambda: self.engine.generate(prompts, 1, mnt, timeout_s=timeout))
+                rb = await loop.run_in_executor(self._exec(), lambda: self.engine.generate(prompts, 1, mnt, stop=stop,
+                                                                                           timeout_s=timeout))
             except Exception as e:                                  # every request of the batch fails
                 for b in batch:
                     if not b[3].done():
@@ -322,7 +348,8 @@ class RayRoles:
         pool, i = self.router.route(len(ids), int(self.estimator.estimate(kind)))
         t0 = time.monotonic()
         try:
-            out = await self.engines[pool][i].generate.remote(ids, self.spec.max_new_tokens, self.spec.llm_timeout_s)
+            out = await self.engines[pool][i].generate.remote(ids, self.spec.max_new_tokens, self.spec.llm_timeout_s,
+                                                              stop_strings(self.tok))
         finally:
             self.router.done(pool, i)
         self.estimator.observe(kind, len(out["response_ids"]))
@@ -370,6 +397,12 @@ class RayRoles:
         if any(v != version for v in got):
             raise RollArcError(f"weight sync to version {version} incomplete: engines hold {got}")
         self.sync_s.append(time.monotonic() - t0)
+
+    async def heldout(self, problems: list, temperature: float, max_new_tokens: int = 256, seed: int = 0) -> dict:
+        """Held-out pass rate of the trainer actor's current policy (``_TrainerImpl.heldout``: one
+        single-turn sampled response per scratchpad problem; ``problems`` as ``(uid, a, n)``)."""
+        return await asyncio.wait_for(self.trainer.heldout.remote(list(problems), temperature, max_new_tokens, seed),
+                                      self.rpc_timeout_s)
 
     async def save_checkpoint(self, path: str) -> int:
         """Between optimizer steps: the trainer actor writes its state to ``path`` (on a cluster, a
@@ -436,20 +469,40 @@ def pool_resources(engines: dict, env_workers: int, reward_max_replicas: int) ->
 class LocalRoles:
     """The monolithic baseline's roles: engine, environments, verifier and trainer in this process
     (environment steps on threads; math verification in ``ops.rl.reward.RewardServer``'s process
-    pool, since math-verify needs a main thread)."""
+    pool, since math-verify needs a main thread).
 
-    def __init__(self, spec: RoleSpec, tokenizer):
+    ``serve=True`` (the driver's ``placement = "local"``: every method on the same budget) replaces
+    the single engine by ``spec.engines`` ``EngineServer`` instances in this process — the same
+    dynamic batching and affinity router as ``RayRoles``, each generating on its own thread — and
+    sets this process's torch intra-op threads to ``spec.threads`` (shared by the engines and the
+    trainer). Budget then: one process; engine threads = sum of ``spec.engines``; one trainer
+    thread; environment steps on threads (each check one sandbox subprocess); one reward process.
+    """
+
+    def __init__(self, spec: RoleSpec, tokenizer, serve: bool = False):
         import torch
 
         from ops.rl.engine import HFEngine
         from ops.rl.ray_actors import _build_policy, _TrainerImpl
         from ops.rl.reward import RewardServer
 
-        self.spec, self.tok = spec, tokenizer
+        from .router import DecodeLengthEstimator, RequestRouter
+
+        self.spec, self.tok, self.serve = spec, tokenizer, serve
         pol = spec.policy()
         torch.manual_seed(spec.seed + 1000)
-        model, _ = _build_policy(pol)
-        self.engine = HFEngine.from_spec(model, tokenizer, pol, version=0)
+        self.servers: dict = {}
+        if serve:
+            self.engine = None
+            self.servers = {p: [EngineServer(pol, p, spec.max_batch, spec.batch_wait_s) for _ in range(n)]
+                            for p, n in spec.engines.items() if n > 0}
+            torch.set_num_threads(pol.get("threads", 1))
+            self.router = RequestRouter({p: len(v) for p, v in self.servers.items()}, policy=spec.route_policy,
+                                        prefill_heavy_ratio=spec.prefill_heavy_ratio)
+            self.estimator = DecodeLengthEstimator(spec.max_new_tokens)
+        else:
+            model, _ = _build_policy(pol)
+            self.engine = HFEngine.from_spec(model, tokenizer, pol, version=0)
         # the Ray trainer's body in this process (same StreamTrainer, AdamW and checkpoint format);
         # this process's torch thread count is left as it is
         self._trainer = _TrainerImpl({**pol, "threads": torch.get_num_threads()})
@@ -458,19 +511,38 @@ class LocalRoles:
         self.envs: dict = {}
         self.engine_clock, self.train_clock, self.env_clock = BusyClock(), BusyClock(), BusyClock()
 
+    async def _served(self, messages: list, key: str, turn: int) -> Segment:
+        ids = encode(self.tok, messages, self.spec.max_prompt_tokens)
+        kind = "first" if turn == 0 else "later"
+        pool, i = self.router.route(len(ids), int(self.estimator.estimate(kind)))
+        t0 = time.monotonic()
+        try:
+            out = await self.servers[pool][i].generate(ids, self.spec.max_new_tokens, self.spec.llm_timeout_s,
+                                                       stop_strings(self.tok))
+        finally:
+            self.router.done(pool, i)
+        self.estimator.observe(kind, len(out["response_ids"]))
+        return Segment(prompt_ids=ids, response_ids=out["response_ids"], logprobs=out["logprobs"],
+                       policy_version=out["version"], pool=pool, finish_reason=out["finish_reason"],
+                       latency_s=time.monotonic() - t0, text=out["text"])
+
     async def llm(self, messages: list, key: str, turn: int) -> Segment:
+        if self.serve:
+            return await self._served(messages, key, turn)
         return (await self.llm_batch([(messages, key, turn)]))[0]
 
     async def llm_batch(self, requests: list) -> list:
         from ops.rl.types import Prompt
 
+        if self.serve:
+            return list(await asyncio.gather(*(self._served(m, k, t) for m, k, t in requests)))
         ids = [encode(self.tok, m, self.spec.max_prompt_tokens) for m, _, _ in requests]
         prompts = [Prompt(uid=str(i), token_ids=tuple(x)) for i, x in enumerate(ids)]
         t0 = time.monotonic()
         self.engine_clock.enter()
         try:
             rb = await asyncio.to_thread(self.engine.generate, prompts, 1, self.spec.max_new_tokens,
-                                         None, self.spec.llm_timeout_s)
+                                         stop_strings(self.tok), self.spec.llm_timeout_s)
         finally:
             self.engine_clock.exit()
         dt = time.monotonic() - t0
@@ -529,7 +601,19 @@ class LocalRoles:
     async def publish(self, version: int) -> None:
         from ops.rl.weights import export_state, sync_weights
 
+        from .core import RollArcError
+
+        if self.serve:
+            state = export_state(self.trainer.model)
+            got = await asyncio.gather(*(e.update_weights(state, version) for es in self.servers.values() for e in es))
+            if any(v != version for v in got):
+                raise RollArcError(f"weight sync to version {version} incomplete: engines hold {got}")
+            return
         await asyncio.to_thread(sync_weights, self.engine, export_state(self.trainer.model), version)
+
+    async def heldout(self, problems: list, temperature: float, max_new_tokens: int = 256, seed: int = 0) -> dict:
+        """``RayRoles.heldout`` in this process (on a thread, between steps)."""
+        return await asyncio.to_thread(self._trainer.heldout, list(problems), temperature, max_new_tokens, seed)
 
     async def save_checkpoint(self, path: str) -> int:
         """``RayRoles.save_checkpoint`` in this process (on a thread). Returns the version saved."""
@@ -542,7 +626,14 @@ class LocalRoles:
     def utilisation(self, wall_s: float) -> dict:
         e, t, v = self.engine_clock.snapshot(), self.train_clock.snapshot(), self.env_clock.snapshot()
         f = (lambda x: round(x["busy_s"] / wall_s, 4) if wall_s > 0 else 0.0)
+        if self.serve:
+            es = [x.clock.snapshot() for xs in self.servers.values() for x in xs]
+            eng = round(sum(x["busy_s"] for x in es) / (wall_s * len(es)), 4) if wall_s > 0 and es else 0.0
+            return {"colocated": {"engine": eng, "trainer": f(t), "env": f(v)}, "router": self.router.stats()}
         return {"colocated": {"engine": f(e), "trainer": f(t), "env": f(v)}}
 
     def close(self) -> None:
+        for e in [x for xs in self.servers.values() for x in xs]:
+            if e._executor is not None:
+                e._executor.shutdown(wait=False)
         self.verifier.stop()

@@ -65,3 +65,11 @@ def staleness_plot(result: dict) -> bytes:
     return figures.grouped_bars([f"staleness {k}" for k in keys],
                                 {m: [h.get(str(k), h.get(k, 0)) for k in keys] for m, h in hists.items()},
                                 "trained groups by staleness", "groups")
+
+
+def eval_rows(result: dict) -> list[dict]:
+    """Held-out accuracy against training wall time (evaluation excluded), one row per (method,
+    evaluation): ``result["eval"]`` of a scratchpad run (the result contract; empty otherwise)."""
+    return [{"method": m, "step": e["step"], "train_wall_s": round(e["train_wall_s"], 3),
+             "accuracy": round(e["accuracy"], 4), "n": e["n"], "policy_version": e["policy_version"]}
+            for m, evs in (result.get("eval") or {}).items() for e in evs]

@@ -41,6 +41,12 @@ instance; the launch, as a node preemption would) right after saving the run's N
 over the whole run, so the relaunch, which resumes past step N, is not killed again
 (``ops.rl.runs.crash_if_asked``)."""
 
+TASKS = {
+    "curated": "problems_path (decontaminated_problems) as chat prompts of the policy's tokenizer",
+    "scratchpad": "ops.rl.scratchpad.problems(task_seed, steps x P0): remainder by repeated subtraction",
+}
+"""``RunSpec.task``: where the epoch's prompts come from (docs/rollpacker.md)."""
+
 METHODS = {
     # name: (tail batching, reward scheduler, stream trainer)
     "baseline": (False, False, False),
@@ -57,7 +63,7 @@ class RunSpec(PolicySpec):
     file, the methods and their sizes. The ``rollpacker_run`` asset's Launchpad config mirrors it.
     ``validate`` is the one check, run by the asset and by the launched driver (``load_spec``)."""
 
-    problems_path: str
+    problems_path: str = ""
     methods: list = field(default_factory=lambda: ["baseline", "rollpacker"])
     prompts_per_step: int = 2
     responses_per_prompt: int = 4
@@ -70,6 +76,11 @@ class RunSpec(PolicySpec):
     reward_workers: int = 1
     ray_address: Optional[str] = None
     num_cpus: int = 2
+    task: str = "curated"
+    task_seed: int = 0
+    eval_size: int = 0
+    eval_every: int = 0
+    eval_temperature: float = 1.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -80,13 +91,21 @@ class RunSpec(PolicySpec):
         from .scheduler import TailBatching
 
         TailBatching(self.prompts_per_step, self.responses_per_prompt, self.eta)
+        if self.task not in TASKS:
+            raise ValueError(f"rollpacker.task must be one of {list(TASKS)}, got {self.task!r}")
+        if self.task == "curated" and not self.problems_path:
+            raise ValueError("rollpacker.problems_path is required with task 'curated'")
+        if self.eval_size and self.task != "scratchpad":
+            raise ValueError(f"rollpacker.eval_size needs task 'scratchpad' (held-out problems), got task {self.task!r}")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods or len(set(self.methods)) != len(self.methods):
             raise ValueError(f"rollpacker.methods must be a non-empty subset of {sorted(METHODS)} without repeats, "
                              f"got {self.methods}")
         for name, ok in (("steps", self.steps >= 1), ("max_new_tokens", self.max_new_tokens >= 1),
                          ("timeout_s", self.timeout_s > 0), ("lr", self.lr > 0),
-                         ("max_failed_fraction", 0 <= self.max_failed_fraction <= 1), ("num_cpus", self.num_cpus >= 1)):
+                         ("max_failed_fraction", 0 <= self.max_failed_fraction <= 1), ("num_cpus", self.num_cpus >= 1),
+                         ("eval_size", self.eval_size >= 0), ("eval_every", self.eval_every >= 0),
+                         ("eval_temperature", self.eval_temperature >= 0)):
             if not ok:
                 raise ValueError(f"rollpacker.{name} is out of range: {getattr(self, name)}")
         return self
@@ -100,7 +119,8 @@ def fingerprint(spec: RunSpec) -> str:
     d = asdict(spec)
     for k in ("ray_address", "num_cpus", "threads", "timeout_s", "reward_timeout_s", "reward_retries"):
         d.pop(k)
-    return spec_fingerprint(d, spec.problems_path)
+    # the scratchpad epoch is a function of the spec alone (no data file; "" would stat the cwd)
+    return spec_fingerprint(d, spec.problems_path if spec.task == "curated" else "<scratchpad: no data file>")
 
 
 class RunState(DriverState):
@@ -112,12 +132,13 @@ class RunState(DriverState):
 
     Attributes:
         rows: finished step rows, every method, in run order. done: methods finished.
+        evals: held-out evaluations so far, per method (``run_method``; {} without ``eval_size``).
         current: the method in progress (``method``, ``step``, ``version``, ``trainer``, ``engine``,
             ``planner``) or None. count: steps saved over the run. skipped: why a state on disk was
             ignored (None: it was not). seconds: time spent saving, over every launch.
     """
 
-    FIELDS = {"rows": [], "done": [], "current": None, "count": 0}
+    FIELDS = {"rows": [], "done": [], "current": None, "count": 0, "evals": {}}
 
     @property
     def steps_done(self) -> int:
@@ -163,7 +184,14 @@ def restore_planner(planner, saved: dict, prompts: list) -> None:
 
 
 def load_prompts(spec: RunSpec, tokenizer) -> list:
-    """The epoch: ``steps`` x P0 problems with an answer, in a seeded order, as chat prompts."""
+    """The epoch: ``steps`` x P0 problems with an answer, in a seeded order, as chat prompts
+    (task ``curated``), or the first ``steps`` x P0 problems of the scratchpad stream
+    ``ops.rl.scratchpad.problems(task_seed, ...)`` as ``a:N=`` prompts (task ``scratchpad``; the
+    tokenizer must be the task's character tokenizer, which the warm-started policy folder holds)."""
+    if spec.task == "scratchpad":
+        from ops.rl import scratchpad as sp
+
+        return [sp.to_prompt(tokenizer, p) for p in sp.problems(spec.task_seed, spec.steps * spec.prompts_per_step)]
     import polars as pl
 
     from ops.rl.policy import chat_prompt
@@ -183,6 +211,29 @@ def load_prompts(spec: RunSpec, tokenizer) -> list:
                         r.get("answer_type") or "numeric", spec.max_prompt_tokens) for r in rows[:n]]
 
 
+def heldout_problems(spec: RunSpec) -> list:
+    """The held-out problems of a scratchpad run: ``eval_size`` problems of the stream
+    ``task_seed + 1000`` (uids disjoint from the epoch's); [] when evaluation is off."""
+    from ops.rl import scratchpad as sp
+
+    return sp.problems(spec.task_seed + 1000, spec.eval_size) if spec.task == "scratchpad" and spec.eval_size else []
+
+
+def evaluate(actors, problems: list, spec: RunSpec) -> dict:
+    """Held-out pass rate of the trainer's current policy (``ops.rl.ray_actors._TrainerImpl.heldout``:
+    one response per problem at ``eval_temperature``, greedy at 0; sampling seeded with ``spec.seed``,
+    so every evaluation of a run draws from the same stream), between steps. Works on ``Actors`` (a
+    call on the trainer actor's handle, bounded by its RPC timeout) and on ``LocalActors`` (the trainer
+    role in process). Returns ``{"accuracy", "n", "by_lines", "mean_len", "policy_version"}``."""
+    tuples = [(p.uid, p.a, p.n) for p in problems]
+    args = (tuples, spec.eval_temperature, spec.max_new_tokens, spec.seed)
+    if hasattr(actors, "handles"):                            # Ray: the trainer actor is handles[1]
+        import ray
+
+        return ray.get(actors.handles[1].heldout.remote(*args), timeout=actors.rpc_timeout_s)
+    return actors._tr.heldout(*args)
+
+
 def make_actors(spec: RunSpec):
     """The engine, trainer and reward actors of a run (``ops.rl.ray_actors.Actors``)."""
     from ops.rl.ray_actors import Actors
@@ -191,13 +242,21 @@ def make_actors(spec: RunSpec):
 
 
 def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: Optional[RunState] = None,
-               progress=None, on_saved: Optional[Callable[[int], None]] = None) -> list[dict]:
+               progress=None, on_saved: Optional[Callable[[int], None]] = None,
+               evals: Optional[dict] = None) -> list[dict]:
     """``spec.steps`` steps of one method, from the initial policy (actors reset first).
 
     With ``state``, every completed step is saved (``RunState.save``; then ``on_saved(steps saved)``),
     and a method the state holds in progress continues after its last saved step: planner position
     restored, trainer state loaded and published to the engine. ``progress.update()`` after each
-    step. Returns the method's rows (restored ones included)."""
+    step. Returns the method's rows (restored ones included).
+
+    Held-out evaluation (``spec.eval_size`` > 0, task scratchpad): before the first step, every
+    ``eval_every`` steps and after the last, appended to ``state.evals[method]`` (or to ``evals``
+    when given) as ``{"step", "train_wall_s", "accuracy", "n", "policy_version", "by_lines"}``;
+    ``train_wall_s`` sums the rows' ``step_s`` (rollout, rewards, training, weight sync), so
+    evaluation and state saving never count in any time. Each row
+    carries ``response_lengths`` (tokens of every trained response, in acceptance order)."""
     from ops.rl.reward import RewardClient
 
     from .loop import RLStep, StepConfig
@@ -218,9 +277,28 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: 
         pipes.log.info(f"{method}: resuming after step {cur['step']} (policy version {version} published to the engine; "
                        f"{len(state.rows)} of {len(spec.methods) * spec.steps} steps of the run done) on Dagster retry "
                        f"{getattr(pipes, 'retry_number', 'n/a')}")
+    held = heldout_problems(spec)
+    if evals is None:
+        evals = state.evals if state is not None else {}
+    if cur is None or cur["method"] != method:
+        evals[method] = []
+    ev = evals.setdefault(method, [])
+
+    def run_eval():
+        if not held:
+            return
+        t = time.monotonic()
+        r = evaluate(actors, held, spec)
+        ev.append({"step": len(rows), "train_wall_s": sum(x["step_s"] for x in rows), "accuracy": r["accuracy"],
+                   "n": r["n"], "policy_version": r["policy_version"], "by_lines": r["by_lines"], "mean_len": r["mean_len"]})
+        pipes.log.info(f"{method} held-out after {len(rows)} steps: accuracy {r['accuracy']:.3f} on {r['n']} problems "
+                       f"(T={spec.eval_temperature}, {time.monotonic() - t:.1f}s, not counted)")
+
     client = RewardClient(actors.reward_url, timeout_s=spec.reward_timeout_s, max_retries=spec.reward_retries,
                           backoff_s=0.2)
     client.health()                                           # before any training
+    if not rows and not ev:
+        run_eval()                                            # step 0: the initial policy
     step = RLStep(actors.engine, actors.trainer, client.score, actors.publish,
                   StepConfig(max_new_tokens=spec.max_new_tokens, timeout_s=spec.timeout_s, reward_overlap=overlap,
                              stream_train=stream, max_failed_fraction=spec.max_failed_fraction), reward_threads=4)
@@ -230,13 +308,17 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: 
             planner.requeue(rnd.aborted)
             m = {"method": method, **{k: v for k, v in m.items() if k != "policy_versions"},
                  "policy_version": (m["policy_versions"] or [None])[0],
-                 "trained_prompts": [g.prompt.uid for g in rnd.groups], "long_queue": len(planner.long_queue)}
+                 "trained_prompts": [g.prompt.uid for g in rnd.groups], "long_queue": len(planner.long_queue),
+                 "response_lengths": [c.length for g in rnd.groups for c in g.completions]}
             rows.append(m)
-            pipes.report_custom_message({k: v for k, v in m.items() if k != "trained_prompts"})
+            pipes.report_custom_message({k: v for k, v in m.items() if k not in ("trained_prompts", "response_lengths")})
             pipes.log.info(f"{method} step {m['step']} ({m['round']}): rollout {m['rollout_s']:.1f}s, step {m['step_s']:.1f}s, "
                            f"max len {m['max_response_len']}, bubble {m['bubble_ratio']:.2f}, reward {m['reward_mean']:.3f}")
+            last = len(rows) >= spec.steps or planner.done()
+            if held and (last or (spec.eval_every and len(rows) % spec.eval_every == 0)):
+                run_eval()                                    # before the save: a resume keeps it
             if state is not None:
-                n = state.save(method, rows, planner, actors, finished=len(rows) >= spec.steps or planner.done())
+                n = state.save(method, rows, planner, actors, finished=last)
                 if on_saved:
                     on_saved(n)
             if progress is not None:
@@ -266,6 +348,14 @@ def run_methods(spec: RunSpec, prompts: list, pipes, actors, state: RunState,
     return rows
 
 
+def result_fields(spec: RunSpec, rows: list[dict], evals: dict) -> dict:
+    """The result's ``task``, ``eval`` ({method: evaluation entries}, {} without ``eval_size``) and
+    ``response_lengths`` ({method: tokens of every trained response, in training order})."""
+    return {"task": spec.task, "eval": {m: list(evals.get(m, [])) for m in spec.methods if evals.get(m)},
+            "response_lengths": {m: [n for r in rows if r["method"] == m for n in r.get("response_lengths", [])]
+                                 for m in spec.methods}}
+
+
 def load_spec(text: str) -> RunSpec:
     """The validated RunSpec of a spec file's text (``RunSpec.to_json``). Raises ValueError naming
     the field, TypeError for an unknown field."""
@@ -276,7 +366,8 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
     """The launched run (the ``run`` of ``ops.launch.worker_main``): Ray and the actors up, every
     method resumed from the state saved under ``out`` (``RunState``; ``worker_main`` removes it once
     ``result.json`` is written). Returns the result: spec, step rows, Ray start and wall seconds,
-    Ray address, prompt uids, resumes, seconds spent saving."""
+    Ray address, prompt uids, resumes, seconds spent saving, and ``result_fields`` (task, eval,
+    response_lengths)."""
     import ray
 
     from ops.launch import init_ray
@@ -301,7 +392,7 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
         ray.shutdown()
     result = {"spec": asdict(spec), "steps": rows, "ray_init_s": init_s, "wall_s": time.monotonic() - t0,
               "ray_address": spec.ray_address or "local", "prompts": [p.uid for p in prompts],
-              "resumes": state.resumes, "state_save_s": state.seconds}
+              "resumes": state.resumes, "state_save_s": state.seconds, **result_fields(spec, rows, state.evals)}
     pipes.log.info(f"rollpacker run done in {result['wall_s']:.1f}s: {len(rows)} steps")
     return result
 

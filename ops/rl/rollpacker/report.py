@@ -61,3 +61,18 @@ def comparison_plot(steps: list[dict]) -> bytes:
         series[f"{m} step"] = [ss[i]["step_s"] if i < len(ss) else 0.0 for i in range(n)]
     cats = [f"step {i}" for i in range(n)]
     return figures.grouped_bars(cats, series, "rollout and step time per step", "seconds")
+
+
+def accuracy_summary(evals: dict) -> list[dict]:
+    """One row per method of a result's ``eval`` ({method: [{"step", "train_wall_s", "accuracy", "n",
+    "policy_version"}, ...]}, docs/rollpacker.md): held-out accuracy before the first and after the
+    last step, the gain in points, steps and the method's training seconds (evaluation excluded)."""
+    rows = []
+    for m, ev in evals.items():
+        if not ev:
+            continue
+        a, b = ev[0], ev[-1]
+        rows.append({"method": m, "accuracy_before": round(a["accuracy"], 4), "accuracy_after": round(b["accuracy"], 4),
+                     "gain_points": round(100 * (b["accuracy"] - a["accuracy"]), 2), "n": b["n"], "steps": b["step"],
+                     "train_wall_s": round(b["train_wall_s"], 2), "evaluations": len(ev)})
+    return rows

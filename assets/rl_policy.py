@@ -1,0 +1,137 @@
+"""The scratchpad policy of the RL runs (docs/rl_policy.md): the SFT warm start of a small GPT-2 on
+the remainder-by-repeated-subtraction task (``ops.rl.scratchpad``), stopped once its held-out
+sampled pass rate reaches the target, so that ``rollpacker_run`` and ``rollarc_run`` start from a
+policy whose GRPO groups carry signal.
+
+The asset launches ``ops.rl.warmstart`` through the launch protocol (``assets.launch``): the worker
+trains in ``<lake>/rl_policy/.run-<root run id>`` (checkpoints there; a retried launch resumes after
+its last one) and publishes the policy folder ``<lake>/rl_policy/policy`` (config.json,
+model.safetensors, tokenizer files, metrics.json). A later materialization with the same spec
+reuses the published folder instead of retraining. The evaluation curve is also the asset's table
+(``<lake>/rl_policy/data.parquet``: step, train_s, accuracy, n, mean_len).
+"""
+
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from ops.lm.checkpoint import describe_saved
+from ops.rl.warmstart import WarmStartSpec
+from resources.compute import ComputeResource
+from resources.lake import LakeResource
+
+from ._config import mirrors
+from ._meta import image, md_table, table_result
+from .launch import launch
+
+_D = WarmStartSpec(out_dir="")
+_OWN = ("timeout_s",)
+
+
+def policy_dir(lake: LakeResource) -> Path:
+    """The published policy folder of ``rl_policy``: ``<lake>/rl_policy/policy``."""
+    return lake.base / "rl_policy" / "policy"
+
+
+@mirrors(WarmStartSpec, own=_OWN)
+class RlPolicyConfig(dg.Config):
+    """The warm start's recipe: the Launchpad face of ``ops.rl.warmstart.WarmStartSpec`` (meanings,
+    defaults and ranges there). The default is the full recipe: on 2 quiet CPU cores it reaches a
+    sampled pass rate of 0.4 in about 550 steps, ~7 minutes (docs/rl_policy.md)."""
+
+    n_embd: int = _D.n_embd
+    n_layer: int = _D.n_layer
+    n_head: int = _D.n_head
+    n_positions: int = _D.n_positions
+    lr: float = _D.lr
+    weight_decay: float = _D.weight_decay
+    warmup_steps: int = _D.warmup_steps
+    min_lr_ratio: float = _D.min_lr_ratio
+    max_steps: int = _D.max_steps
+    """Optimizer steps at most (training stops earlier at the target pass rate)."""
+    batch_problems: int = _D.batch_problems
+    """Problems (sequences) per optimizer step."""
+    max_lines: int = _D.max_lines
+    alpha: float = _D.alpha
+    """Training length law p(q) ~ q^-alpha (the RL distribution has 1.2)."""
+    multi_turn_fraction: float = _D.multi_turn_fraction
+    eval_every: int = _D.eval_every
+    """Optimizer steps between held-out evaluations (the stopping rule's cadence)."""
+    eval_seed: int = _D.eval_seed
+    eval_size: int = _D.eval_size
+    eval_temperature: float = _D.eval_temperature
+    target_pass_rate: float = _D.target_pass_rate
+    """Stop at the first evaluation whose sampled pass rate reaches this (0.2-0.7 keeps GRPO groups mixed)."""
+    final_eval_seed: int = _D.final_eval_seed
+    final_eval_size: int = _D.final_eval_size
+    max_new_tokens: int = _D.max_new_tokens
+    checkpoint_every: int = _D.checkpoint_every
+    log_every: int = _D.log_every
+    seed: int = _D.seed
+    timeout_s: float = 3600.0
+    """Wall-clock limit of the launch (s); its whole process group is killed after it."""
+
+
+def spec_from(config: RlPolicyConfig, lake: LakeResource) -> WarmStartSpec:
+    """The worker's spec, validated. Raises ValueError naming the field (``warmstart.<field>``)."""
+    return WarmStartSpec(out_dir=str(policy_dir(lake)), **config.model_dump(exclude=set(_OWN))).validate()
+
+
+def _bucket_table(heldout: dict) -> pl.DataFrame:
+    order = ["1", "2-3", "4-7", "8-15", "16-31", "32+"]
+    rows = []
+    for b in order:
+        g, s = heldout["greedy"]["by_lines"].get(b), heldout["sampled"]["by_lines"].get(b)
+        if g is None and s is None:
+            continue
+        rows.append({"lines": b, "n": (g or s)[1], "greedy": round(g[0], 3) if g else None,
+                     "sampled_T1": round(s[0], 3) if s else None})
+    rows.append({"lines": "all", "n": heldout["n"], "greedy": round(heldout["greedy"]["accuracy"], 3),
+                 "sampled_T1": round(heldout["sampled"]["accuracy"], 3)})
+    return pl.DataFrame(rows)
+
+
+@dg.asset(group_name="training", code_version="1", kinds={"pytorch", "safetensors"}, pool="gpu")
+def rl_policy(context: dg.AssetExecutionContext, config: RlPolicyConfig, lake: LakeResource,
+              compute: ComputeResource) -> dg.MaterializeResult:
+    """The warm-started scratchpad policy (GPT-2, 0.84 M parameters, character-level tokenizer):
+    SFT on single-turn and multi-turn correct responses, stopped at the first held-out evaluation
+    whose sampled pass rate reaches ``target_pass_rate`` (or at ``max_steps``). Metadata: parameters,
+    steps and stop reason, training / evaluation seconds, the pass-rate curve, the loss curve,
+    held-out accuracy by chain length (greedy and sampled), and the response-length median / p90 /
+    max of the RL prompt distribution; the policy folder's path."""
+    from ops.posttrain.plots import loss_curves
+
+    spec = spec_from(config, lake)
+    with launch(context, compute, base=lake.base, asset="rl_policy", module="ops.rl.warmstart", spec=spec.to_json(),
+                fingerprint=spec.fingerprint(), timeout_s=config.timeout_s, saved=describe_saved) as run:
+        m = run.result
+        curve = pl.DataFrame(m["eval_curve"], schema={"step": pl.Int64, "train_s": pl.Float64, "accuracy": pl.Float64,
+                                                     "n": pl.Int64, "mean_len": pl.Float64})
+        path, version = lake.write(curve, "rl_policy")
+        lengths = m["rl_response_lengths"]
+        context.log.info(f"rl_policy: {m['steps']} steps ({m['stop_reason']}), pass rate {m['pass_rate']}, "
+                         f"{m['train_s']} s training")
+        return table_result(
+            None, path, version, m["steps"] * spec.batch_problems, curve.height,
+            policy_dir=dg.MetadataValue.path(str(policy_dir(lake))),
+            params=dg.MetadataValue.int(m["params"]),
+            steps=dg.MetadataValue.int(m["steps"]),
+            stop_reason=dg.MetadataValue.text(m["stop_reason"]),
+            pass_rate=dg.MetadataValue.float(float(m["pass_rate"] if m["pass_rate"] is not None else float("nan"))),
+            target_pass_rate=dg.MetadataValue.float(spec.target_pass_rate),
+            pass_rate_curve=md_table(curve.select("step", "train_s", "accuracy", "mean_len"), 80),
+            heldout_by_lines=md_table(_bucket_table(m["heldout"])),
+            heldout_greedy=dg.MetadataValue.float(round(m["heldout"]["greedy"]["accuracy"], 4)),
+            heldout_sampled=dg.MetadataValue.float(round(m["heldout"]["sampled"]["accuracy"], 4)),
+            rl_response_len_median=dg.MetadataValue.float(lengths["median"]),
+            rl_response_len_p90=dg.MetadataValue.float(lengths["p90"]),
+            rl_response_len_max=dg.MetadataValue.float(lengths["max"]),
+            final_train_loss=dg.MetadataValue.float(float(m["final_loss"])),
+            loss_curve=image(loss_curves({"warm start": m["loss_curve"]}, "warm-start SFT loss"), "loss"),
+            train_s=dg.MetadataValue.float(m["train_s"]),
+            eval_s=dg.MetadataValue.float(m["eval_s"]),
+            wall_s=dg.MetadataValue.float(m["wall_s"]),
+            **run.metadata(),
+        )
