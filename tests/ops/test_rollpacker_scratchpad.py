@@ -13,14 +13,22 @@ from ops.rl import scratchpad as sp
 from ops.rl.rollpacker.driver import RunSpec, RunState, fingerprint, load_prompts, result_fields, run_methods
 from tests.conftest import RecordingPipes
 
-POLICY = Path(os.environ.get("CRUCIBLE_SCRATCHPAD_POLICY", "/tmp/crucible/policy"))
+POLICY = os.environ.get("CRUCIBLE_SCRATCHPAD_POLICY")
 
 
 @pytest.fixture(scope="module")
-def policy_dir():
-    if not (POLICY / "model.safetensors").exists():
-        pytest.skip(f"warm-started scratchpad policy missing at {POLICY} (set CRUCIBLE_SCRATCHPAD_POLICY)")
-    return str(POLICY)
+def policy_dir(tmp_path_factory):
+    """A scratchpad policy folder: the warm-started one named by CRUCIBLE_SCRATCHPAD_POLICY, else
+    a short real warm start (ops.rl.warmstart, 20 steps: the run's wiring, not its learning)."""
+    if POLICY and (Path(POLICY) / "model.safetensors").exists():
+        return POLICY
+    from ops.rl.warmstart import WarmStartSpec, train
+
+    out = tmp_path_factory.mktemp("policy")
+    spec = WarmStartSpec(out_dir=str(out / "policy"), max_steps=20, batch_problems=8, eval_every=20, eval_size=8,
+                         final_eval_size=8, n_embd=64, n_layer=2, checkpoint_every=20).validate()
+    train(spec, out, RecordingPipes(0))
+    return str(out / "policy")
 
 
 def test_wrong_task_is_refused_naming_the_field():
