@@ -2,7 +2,7 @@
 warm-started policy trained with GRPO, every method on the same engine code, prompts and seeds.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.rl_real [--section rollpacker|rollarc|all] [--seeds 3] [--quick]
-        [--policy /tmp/crucible/policy] [--actors ray|local] [--out benchmarks/results/rl_real.json]
+        [--policy <rl_policy folder>] [--actors ray|local] [--out benchmarks/results/rl_real.json]
 
 Section ``rollpacker`` (RollPacker, arXiv 2509.21009): for each seed, the driver's methods
 (``ops.rl.rollpacker.driver.METHODS``: baseline, tail_batching, tail_batching+reward, rollpacker)
@@ -48,7 +48,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "benchmarks" / "results" / "rl_real.json"
-POLICY = "/tmp/crucible/policy"
+from resources.lake import LakeResource  # noqa: E402
+
+POLICY = os.environ.get("CRUCIBLE_POLICY") or str(LakeResource().base / "rl_policy" / "policy")
+"""The warm-started policy folder: ``$CRUCIBLE_POLICY``, else the ``rl_policy`` asset's output in the
+default lake (materialize it with ``crucible`` / the Dagster UI, job ``rl_policy_job``)."""
 
 #: Sizes of the rollpacker section (full and --quick). One learning rate for every method.
 SIZES = {

@@ -41,7 +41,11 @@ sys.path.insert(0, str(ROOT))
 
 METHODS = ("monolithic", "async0", "rollarc_a1", "rollarc_a2")
 HEADLINE = "rollarc_a1"
-DEFAULT_POLICY = os.environ.get("CRUCIBLE_POLICY_MT", "/tmp/crucible/policy_mt")
+from resources.lake import LakeResource  # noqa: E402
+
+DEFAULT_POLICY = os.environ.get("CRUCIBLE_POLICY") or str(LakeResource().base / "rl_policy" / "policy")
+"""The warm-started policy folder: ``$CRUCIBLE_POLICY``, else the ``rl_policy`` asset's output in the
+default lake (materialize it with ``crucible`` / the Dagster UI, job ``rl_policy_job``)."""
 
 #: The full section's workload (sized for <= 12 minutes on a quiet 2-core machine, 4 methods x 3 seeds).
 FULL = {"arc": {"steps": 6, "groups_per_step": 4, "group_size": 4, "redundancy": 1, "max_turns": 8},
