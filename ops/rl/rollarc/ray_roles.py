@@ -135,6 +135,25 @@ def env_latency_for(spec: RoleSpec, key: str):
     return EnvLatency(spec.env_latency, spec.env_latency_mean_s, seed=spec.seed * 1_000_003 + zlib.crc32(key.encode()))
 
 
+async def routed_llm(roles, messages: list, turn: int, generate) -> Segment:
+    """One LLM call through the affinity router (both role sets): encode the conversation, route by
+    prompt length and the estimated response length of this turn kind, await
+    ``generate(pool, i)(ids, max_new_tokens, timeout_s, stop)`` (a Ray actor method or an in-process
+    ``EngineServer``), then release the engine and update the length estimator. Returns the Segment."""
+    ids = encode(roles.tok, messages, roles.spec.max_prompt_tokens)
+    kind = "first" if turn == 0 else "later"
+    pool, i = roles.router.route(len(ids), int(roles.estimator.estimate(kind)))
+    t0 = time.monotonic()
+    try:
+        out = await generate(pool, i)(ids, roles.spec.max_new_tokens, roles.spec.llm_timeout_s, stop_strings(roles.tok))
+    finally:
+        roles.router.done(pool, i)
+    roles.estimator.observe(kind, len(out["response_ids"]))
+    return Segment(prompt_ids=ids, response_ids=out["response_ids"], logprobs=out["logprobs"],
+                   policy_version=out["version"], pool=pool, finish_reason=out["finish_reason"],
+                   latency_s=time.monotonic() - t0, text=out["text"])
+
+
 class BusyClock:
     """Seconds during which at least one call was in flight (union of intervals), thread-safe."""
 
@@ -343,19 +362,7 @@ class RayRoles:
         return self.engines[pool][index]
 
     async def llm(self, messages: list, key: str, turn: int) -> Segment:
-        ids = encode(self.tok, messages, self.spec.max_prompt_tokens)
-        kind = "first" if turn == 0 else "later"
-        pool, i = self.router.route(len(ids), int(self.estimator.estimate(kind)))
-        t0 = time.monotonic()
-        try:
-            out = await self.engines[pool][i].generate.remote(ids, self.spec.max_new_tokens, self.spec.llm_timeout_s,
-                                                              stop_strings(self.tok))
-        finally:
-            self.router.done(pool, i)
-        self.estimator.observe(kind, len(out["response_ids"]))
-        return Segment(prompt_ids=ids, response_ids=out["response_ids"], logprobs=out["logprobs"],
-                       policy_version=out["version"], pool=pool, finish_reason=out["finish_reason"],
-                       latency_s=time.monotonic() - t0, text=out["text"])
+        return await routed_llm(self, messages, turn, lambda pool, i: self.engines[pool][i].generate.remote)
 
     async def llm_batch(self, requests: list) -> list:
         return await asyncio.gather(*(self.llm(m, k, t) for m, k, t in requests))
@@ -512,19 +519,7 @@ class LocalRoles:
         self.engine_clock, self.train_clock, self.env_clock = BusyClock(), BusyClock(), BusyClock()
 
     async def _served(self, messages: list, key: str, turn: int) -> Segment:
-        ids = encode(self.tok, messages, self.spec.max_prompt_tokens)
-        kind = "first" if turn == 0 else "later"
-        pool, i = self.router.route(len(ids), int(self.estimator.estimate(kind)))
-        t0 = time.monotonic()
-        try:
-            out = await self.servers[pool][i].generate(ids, self.spec.max_new_tokens, self.spec.llm_timeout_s,
-                                                       stop_strings(self.tok))
-        finally:
-            self.router.done(pool, i)
-        self.estimator.observe(kind, len(out["response_ids"]))
-        return Segment(prompt_ids=ids, response_ids=out["response_ids"], logprobs=out["logprobs"],
-                       policy_version=out["version"], pool=pool, finish_reason=out["finish_reason"],
-                       latency_s=time.monotonic() - t0, text=out["text"])
+        return await routed_llm(self, messages, turn, lambda pool, i: self.servers[pool][i].generate)
 
     async def llm(self, messages: list, key: str, turn: int) -> Segment:
         if self.serve:
