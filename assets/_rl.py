@@ -143,7 +143,9 @@ def learning_metadata(res: dict, baseline: str) -> dict[str, dg.MetadataValue]:
     n, policy version), the response-length distribution of the trained responses
     (``res["response_lengths"]``: n, median, p90, max, max/median in tokens), the training seconds
     (the last evaluation's ``train_wall_s``) and the speedup against ``baseline`` (its seconds over
-    the method's). Entries the result does not hold (a curated-task run has no ``eval``) are left out."""
+    the method's), and the weight-sync record per method (``res["weight_syncs"]``: the policy
+    version the engines end on, stale commits refused, failed syncs; ``ops.rl.weights.sync_stats``).
+    Entries the result does not hold (a curated-task run has no ``eval``) are left out."""
     import polars as pl
 
     from ops.rl.warmstart import length_stats
@@ -164,6 +166,10 @@ def learning_metadata(res: dict, baseline: str) -> dict[str, dg.MetadataValue]:
         if baseline in secs:
             out["method_speedup_vs_baseline"] = dg.MetadataValue.json(
                 {m: round(secs[baseline] / s, 3) if s > 0 else None for m, s in secs.items()})
+    syncs = res.get("weight_syncs") or {}
+    if syncs:                      # {method: policy version(s) held, stale commits refused, failed syncs}
+        out["weight_syncs"] = dg.MetadataValue.json(syncs)
+        out["stale_syncs_refused"] = dg.MetadataValue.int(sum(int(s.get("stale_syncs_refused", 0)) for s in syncs.values()))
     lengths = {m: v for m, v in (res.get("response_lengths") or {}).items() if v}
     if lengths:
         out["response_lengths"] = md_table(pl.DataFrame([{"method": m, **length_stats(v)} for m, v in lengths.items()]))

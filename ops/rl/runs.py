@@ -48,6 +48,17 @@ class PolicySpec:
     reward_timeout_s: float = 30.0
     reward_retries: int = 2
 
+    def check_sampling(self, prefix: str) -> None:
+        """Raises ValueError naming ``<prefix>.temperature`` / ``.top_k`` / ``.top_p`` when the sampling
+        distribution is invalid (the checks of ``ops.lm.sampling.SamplingConfig``), so a bad value
+        fails at the asset boundary instead of inside an engine actor."""
+        from ops.lm.sampling import SamplingConfig
+
+        try:
+            SamplingConfig(self.temperature, self.top_k, self.top_p)
+        except ValueError as e:
+            raise ValueError(f"{prefix}.{str(e).removeprefix('sampling.')}") from None
+
     def policy(self) -> dict:
         """The spec dict of the engine and trainer actors (``ops.rl.ray_actors._EngineImpl`` /
         ``_TrainerImpl``)."""

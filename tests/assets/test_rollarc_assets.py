@@ -64,6 +64,11 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_d
     assert meta["ray_address"] == "local" and meta["max_staleness"] <= 1
     assert set(meta["trajectories_per_s"]) == {"monolithic", "rollarc"}
     assert meta["pipes_messages"] == 2                                    # the relaunch ran RollArc's steps 1 and 2
+    syncs = meta["weight_syncs"]                                          # every engine ends on version 3, none refused
+    assert set(syncs) == {"monolithic", "rollarc"} and len(syncs["rollarc"]["policy_versions"]) == 2
+    assert all(set(s["policy_versions"]) == {3} and (s["stale_syncs_refused"], s["failed_syncs"]) == (0, 0)
+               for s in syncs.values()), syncs
+    assert meta["stale_syncs_refused"] == 0
     assert not list((tmp_path / "rollarc_run").glob(".run-*"))
 
 
@@ -77,6 +82,12 @@ def test_rollarc_config_errors_name_the_field(tmp_path):
         rollarc.spec_from(rollarc.RollArcRunConfig(env_latency="huge"), problems, None)
     with pytest.raises(ValueError, match="rollarc.envs"):
         rollarc.spec_from(rollarc.RollArcRunConfig(envs=["chess"]), problems, None)
+    with pytest.raises(ValueError, match=r"rollarc.top_p must be in \(0, 1\]"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(top_p=0.0), problems, None)
+    with pytest.raises(ValueError, match="rollarc.temperature must be > 0"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(temperature=-1.0), problems, None)
+    spec = rollarc.spec_from(rollarc.RollArcRunConfig(top_k=8, top_p=0.95, temperature=0.8), problems, None)
+    assert (spec.role_spec.top_k, spec.role_spec.top_p, spec.role_spec.temperature) == (8, 0.95, 0.8)
 
 
 def test_sizes_are_capped_and_an_unusable_problems_table_fails_before_any_launch(tmp_path):

@@ -38,6 +38,14 @@ def test_wrong_task_is_refused_naming_the_field():
         RunSpec(problems_path="p.parquet", tokenizer_dir="x", eval_size=4).validate()   # held-out needs scratchpad
     with pytest.raises(ValueError, match=r"rollpacker\.eval_every"):
         RunSpec(task="scratchpad", tokenizer_dir="x", eval_every=-1).validate()
+    # the sampling distribution is checked at the asset boundary, not first inside an engine actor
+    with pytest.raises(ValueError, match=r"rollpacker\.top_p must be in \(0, 1\]"):
+        RunSpec(task="scratchpad", tokenizer_dir="x", top_p=1.5).validate()
+    with pytest.raises(ValueError, match=r"rollpacker\.top_k"):
+        RunSpec(task="scratchpad", tokenizer_dir="x", top_k=-1).validate()
+    with pytest.raises(ValueError, match=r"rollpacker\.temperature must be > 0"):
+        RunSpec(task="scratchpad", tokenizer_dir="x", temperature=0.0).validate()
+    assert RunSpec(task="scratchpad", tokenizer_dir="x", top_k=5, top_p=0.9, temperature=0.7).validate().top_p == 0.9
 
 
 def test_scratchpad_run_records_eval_lengths_and_trains_every_prompt_once(policy_dir, tmp_path):
@@ -80,6 +88,9 @@ def test_scratchpad_run_records_eval_lengths_and_trains_every_prompt_once(policy
         assert len(lens) == sum(r["trained_responses"] for r in mr) == steps * p0 * r0
         assert all(1 <= n <= spec.max_new_tokens for n in lens)
         assert max(lens) == max(r["max_response_len"] for r in mr)
+        # one versioned sync per step, none refused (a single publisher never races itself)
+        assert res["weight_syncs"][m] == {"policy_version": steps, "stale_syncs_refused": 0, "failed_syncs": 0}
+        assert [r["sync"]["policy_version"] for r in mr] == list(range(1, steps + 1))
     # same initial policy, same eval seed: the step-0 evaluations of both methods are identical
     assert res["eval"]["baseline"][0]["accuracy"] == res["eval"]["rollpacker"][0]["accuracy"]
     assert {r["round"] for r in rows if r["method"] == "rollpacker"} <= {"short", "long"}

@@ -174,6 +174,7 @@ class RunSpec:
             raise ValueError(f"rollarc.max_lines must be an int in [1, 60], got {self.max_lines!r}")
         if self.eval_size and self.task != "scratchpad":
             raise ValueError("rollarc.eval_size needs task 'scratchpad' (the held-out set is scratchpad problems)")
+        self.role_spec.check_sampling("rollarc")
         if self.task == "scratchpad" and self.role_spec.env_latency != "none":
             raise ValueError(f"rollarc.env_latency must be 'none' for task 'scratchpad' (its latency is the "
                              f"checker's real work), got {self.role_spec.env_latency!r}")
@@ -215,7 +216,8 @@ class RunConfig:
     mirrors it): the methods and environments, the scheduler sizes (``core.ArcConfig``: steps,
     groups_per_step G, group_size R, redundancy, async_ratio, max_turns, the turn and episode
     limits in s, max_failed_fraction), the roles (``ray_roles.RoleSpec``: token budgets, routing,
-    engines per pool, injected env latency, reward replicas, lr), seed, local Ray CPUs and the
+    engines per pool, injected env latency, reward replicas, lr, the sampling distribution:
+    temperature, top_k, top_p), the held-out evaluation's temperature, seed, local Ray CPUs and the
     checkpoint cadence (``RunSpec``). Defaults come from those classes."""
 
     methods: list = field(default_factory=lambda: list(DEFAULT_METHODS))
@@ -239,6 +241,10 @@ class RunConfig:
     env_latency_mean_s: float = RoleSpec.env_latency_mean_s
     reward_max_replicas: int = RoleSpec.reward_max_replicas
     lr: float = RoleSpec.lr
+    temperature: float = RoleSpec.temperature
+    top_k: int = RoleSpec.top_k
+    top_p: float = RoleSpec.top_p
+    eval_temperature: float = RunSpec.eval_temperature
     seed: int = RunSpec.seed
     num_cpus: int = RunSpec.num_cpus
     checkpoint_every: int = RunSpec.checkpoint_every
@@ -246,7 +252,7 @@ class RunConfig:
     ARC = ("steps", "groups_per_step", "group_size", "redundancy", "async_ratio", "max_turns", "turn_timeout_s",
            "episode_timeout_s", "max_failed_fraction")
     ROLES = ("max_new_tokens", "max_prompt_tokens", "route_policy", "prefill_heavy_ratio", "env_latency",
-             "env_latency_mean_s", "reward_max_replicas", "lr")
+             "env_latency_mean_s", "reward_max_replicas", "lr", "temperature", "top_k", "top_p")
 
     def spec(self, problems_path: str, tokenizer_dir: str, model_dir: Optional[str],
              ray_address: Optional[str] = None) -> RunSpec:
@@ -258,7 +264,7 @@ class RunConfig:
         return RunSpec(problems_path=str(problems_path), tokenizer_dir=tokenizer_dir, model_dir=model_dir,
                        methods=list(self.methods), envs=list(self.envs), arc={k: getattr(self, k) for k in self.ARC},
                        roles=roles, seed=self.seed, ray_address=ray_address, num_cpus=self.num_cpus,
-                       checkpoint_every=self.checkpoint_every).validate()
+                       checkpoint_every=self.checkpoint_every, eval_temperature=self.eval_temperature).validate()
 
 
 class RunState(DriverState):
@@ -567,6 +573,8 @@ def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
            "ray_address": spec.ray_address or "local", "task": spec.task,
            "eval": {m: r.get("eval", []) for m, r in results.items()},
            "response_lengths": {m: [t["response_tokens"] for t in r["trajectories"]] for m, r in results.items()},
+           "weight_syncs": {m: (r.get("utilisation") or {}).get("weight_syncs") for m, r in results.items()
+                            if (r.get("utilisation") or {}).get("weight_syncs")},
            "budget": budget(spec)}
     if "monolithic" in results:
         b = results["monolithic"]["wall_s"]

@@ -259,8 +259,20 @@ class EngineServer:
         return await asyncio.get_running_loop().run_in_executor(self._exec(), sync_weights, self.engine, state, version)
 
     async def stats(self) -> dict:
+        from ops.rl.weights import sync_stats
+
         return {"pool": self.pool, **self.clock.snapshot(), "batches": self.batches, "tokens": self.tokens,
-                "version": self.engine.version}
+                "version": self.engine.version, "sync": sync_stats(self.engine)}
+
+
+def weight_sync_totals(stats: list[dict]) -> dict:
+    """One method's weight-sync record over its engines (``ops.rl.weights.sync_stats`` of each):
+    the policy version each engine ends on, and the stale commits refused and failed syncs summed
+    (both 0 in a healthy run: RollArc publishes version s + 1 only after version s committed
+    everywhere, so a refusal means two publishes raced)."""
+    return {"policy_versions": [s["policy_version"] for s in stats],
+            "stale_syncs_refused": sum(int(s.get("stale_syncs_refused", 0)) for s in stats),
+            "failed_syncs": sum(int(s.get("failed_syncs", 0)) for s in stats)}
 
 
 class EnvWorker:
@@ -453,6 +465,7 @@ class RayRoles:
                          "retries": rs.get("retries"), "failures": rs.get("failures")}
         out["router"] = self.router.stats()
         out["weight_sync_s_mean"] = round(sum(self.sync_s) / len(self.sync_s), 4) if self.sync_s else None
+        out["weight_syncs"] = weight_sync_totals([a["sync"] for es in eng.values() for a in es])
         return out
 
     def close(self) -> None:
@@ -621,11 +634,16 @@ class LocalRoles:
     def utilisation(self, wall_s: float) -> dict:
         e, t, v = self.engine_clock.snapshot(), self.train_clock.snapshot(), self.env_clock.snapshot()
         f = (lambda x: round(x["busy_s"] / wall_s, 4) if wall_s > 0 else 0.0)
+        from ops.rl.weights import sync_stats
+
         if self.serve:
             es = [x.clock.snapshot() for xs in self.servers.values() for x in xs]
             eng = round(sum(x["busy_s"] for x in es) / (wall_s * len(es)), 4) if wall_s > 0 and es else 0.0
-            return {"colocated": {"engine": eng, "trainer": f(t), "env": f(v)}, "router": self.router.stats()}
-        return {"colocated": {"engine": f(e), "trainer": f(t), "env": f(v)}}
+            syncs = weight_sync_totals([sync_stats(x.engine) for xs in self.servers.values() for x in xs])
+            return {"colocated": {"engine": eng, "trainer": f(t), "env": f(v)}, "router": self.router.stats(),
+                    "weight_syncs": syncs}
+        return {"colocated": {"engine": f(e), "trainer": f(t), "env": f(v)},
+                "weight_syncs": weight_sync_totals([sync_stats(self.engine)])}
 
     def close(self) -> None:
         for e in [x for xs in self.servers.values() for x in xs]:

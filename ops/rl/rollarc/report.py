@@ -46,7 +46,7 @@ def utilisation_rows(result: dict) -> list[dict]:
     rows = []
     for m, r in result["methods"].items():
         for pool, u in (r.get("utilisation") or {}).items():
-            if not isinstance(u, dict) or pool == "router":
+            if not isinstance(u, dict) or pool in ("router", "weight_syncs"):
                 continue
             if "utilisation" in u:
                 rows.append({"method": m, "pool": pool, "utilisation": u["utilisation"],

@@ -108,6 +108,7 @@ class RunSpec(PolicySpec):
                          ("eval_temperature", self.eval_temperature >= 0)):
             if not ok:
                 raise ValueError(f"rollpacker.{name} is out of range: {getattr(self, name)}")
+        self.check_sampling("rollpacker")
         return self
 
 
@@ -256,7 +257,8 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: 
     when given) as ``{"step", "train_wall_s", "accuracy", "n", "policy_version", "by_lines"}``;
     ``train_wall_s`` sums the rows' ``step_s`` (rollout, rewards, training, weight sync), so
     evaluation and state saving never count in any time. Each row
-    carries ``response_lengths`` (tokens of every trained response, in acceptance order)."""
+    carries ``response_lengths`` (tokens of every trained response, in acceptance order) and ``sync``
+    (the engine's weight-sync record after the step: ``Actors.sync_stats``)."""
     from ops.rl.reward import RewardClient
 
     from .loop import RLStep, StepConfig
@@ -309,7 +311,8 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: 
             m = {"method": method, **{k: v for k, v in m.items() if k != "policy_versions"},
                  "policy_version": (m["policy_versions"] or [None])[0],
                  "trained_prompts": [g.prompt.uid for g in rnd.groups], "long_queue": len(planner.long_queue),
-                 "response_lengths": [c.length for g in rnd.groups for c in g.completions]}
+                 "response_lengths": [c.length for g in rnd.groups for c in g.completions],
+                 "sync": actors.sync_stats()}
             rows.append(m)
             pipes.report_custom_message({k: v for k, v in m.items() if k not in ("trained_prompts", "response_lengths")})
             pipes.log.info(f"{method} step {m['step']} ({m['round']}): rollout {m['rollout_s']:.1f}s, step {m['step_s']:.1f}s, "
@@ -350,10 +353,14 @@ def run_methods(spec: RunSpec, prompts: list, pipes, actors, state: RunState,
 
 def result_fields(spec: RunSpec, rows: list[dict], evals: dict) -> dict:
     """The result's ``task``, ``eval`` ({method: evaluation entries}, {} without ``eval_size``) and
-    ``response_lengths`` ({method: tokens of every trained response, in training order})."""
+    ``response_lengths`` ({method: tokens of every trained response, in training order}) and
+    ``weight_syncs`` ({method: the engine's ``ops.rl.weights.sync_stats`` after its last step:
+    policy_version, stale_syncs_refused, failed_syncs})."""
+    last = {r["method"]: r["sync"] for r in rows if r.get("sync")}
     return {"task": spec.task, "eval": {m: list(evals.get(m, [])) for m in spec.methods if evals.get(m)},
             "response_lengths": {m: [n for r in rows if r["method"] == m for n in r.get("response_lengths", [])]
-                                 for m in spec.methods}}
+                                 for m in spec.methods},
+            "weight_syncs": {m: last[m] for m in spec.methods if m in last}}
 
 
 def load_spec(text: str) -> RunSpec:
