@@ -39,6 +39,14 @@ gba_modes = dg.StaticPartitionsDefinition(list(MODES))
 _J = RunConfig()
 
 
+@mirrors(None, own=("step", "to"))
+class SwitchAt(dg.Config):
+    """One entry of an auto run's switch schedule: at global step ``step`` switch to mode ``to``."""
+
+    step: int
+    to: str
+
+
 @mirrors(RunConfig)
 class GBARunConfig(DeepFMConfig):
     """One configuration for every mode (the partition picks the mode; nothing else changes): the
@@ -60,8 +68,10 @@ class GBARunConfig(DeepFMConfig):
     delay_distribution: str = _J.delay_distribution
     """random trace: exponential | pareto extra time, as a multiple of compute time."""
     mean_extra: float = _J.mean_extra
-    base_delay_ms: float = _J.base_delay_ms
-    """Simulated compute per local batch (a sleep), every worker, every mode."""
+    slow_onset: int = _J.slow_onset
+    """Persistent straggler: slow from its local batch slow_onset ..."""
+    slow_recovery: int = _J.slow_recovery
+    """... up to (not including) its local batch slow_recovery (-1: to the end)."""
     trace_seed: int = _J.trace_seed
     staleness_threshold: int = _J.staleness_threshold
     """GBA: gradients with staleness above this many global steps are decayed."""
@@ -78,6 +88,20 @@ class GBARunConfig(DeepFMConfig):
     target_auc: float = _J.target_auc
     rpc_timeout_s: float = _J.rpc_timeout_s
     run_timeout_s: float = _J.run_timeout_s
+    num_ps: int = _J.num_ps
+    """PS modes: parameter-server processes; the sparse tables are sharded by ID over them."""
+    auto_target: str = _J.auto_target
+    """auto: the mode the straggler detector switches to (gba | async | ssp | hopbw); back to sync on recovery."""
+    switch_at: list[SwitchAt] = []
+    """auto, experiments: a schedule [{step, to}] that replaces the detector."""
+    detector_window: int = _J.detector_window
+    """auto: detector window in global steps."""
+    detector_k_on: float = _J.detector_k_on
+    """auto: a worker slower than k_on x the median of the others is a straggler ..."""
+    detector_k_off: float = _J.detector_k_off
+    """... and has recovered below k_off (hysteresis)."""
+    detector_patience: int = _J.detector_patience
+    """auto: consecutive windows beyond a threshold before a switch."""
 
     def spec(self, mode: str, workers: Optional[int] = None, events_path: str = "", data_cache: str = "") -> RunSpec:
         """The validated RunSpec of ``mode`` (``ops.gba.config.RunConfig.spec``): the same
@@ -110,8 +134,9 @@ def comparison(lake: LakeResource) -> tuple[pl.DataFrame, dict[str, dict]]:
 def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeResource,
             compute: ComputeResource) -> dg.MaterializeResult:
     """DeepFM on MovieLens-100k CTR events trained in one mode — sync (all-reduce, accelerate
-    launch), async, gba, ssp or hopbw (1 parameter server + W workers on torch.distributed.rpc) —
-    under the configured straggler trace. Rank 0 streams evaluation points through Dagster Pipes
+    launch), async, gba, ssp, hopbw (num_ps parameter servers + W workers on torch.distributed.rpc)
+    or auto (the PS run that starts synchronous and switches to the target mode when the straggler
+    detector fires, and back, recording the switches) — under the configured straggler trace. Rank 0 streams evaluation points through Dagster Pipes
     and writes the run record; the table holds the eval curve (global step, samples, training
     seconds, test AUC, log loss). Metadata: samples/s, time to target AUC, final AUC and log loss,
     global steps, staleness histogram, gradients decayed/dropped, lost workers, checkpoints written
@@ -145,6 +170,7 @@ def _materialize(context, lake: LakeResource, mode: str, spec: RunSpec, run) -> 
     table, results = comparison(lake)
     s = summarize(res)
     curves = {m: r["curve"] for m, r in results.items()}
+    events = {m: r["switching"]["events"] for m, r in results.items() if r.get("switching")}
     hists = {m: r["staleness_histogram"] for m, r in results.items()}
     taus = sorted({int(t) for h in hists.values() for t in h})
     lost = ", ".join(f"{w['worker']} ({w['reason']}; dropped tokens {w['dropped_tokens']}, batches {w['dropped_batches']})"
@@ -179,14 +205,15 @@ def _materialize(context, lake: LakeResource, mode: str, spec: RunSpec, run) -> 
         resumed_from=dg.MetadataValue.text(resumed),
         **run.metadata(),
         comparison=md_table(table),
-        figure=image(_auc_plot(curves, spec.cluster.target_auc), "AUC vs training time"),
+        switches=dg.MetadataValue.json(res["switching"]["events"] if res.get("switching") else []),
+        figure=image(_auc_plot(curves, spec.cluster.target_auc, events), "AUC vs training time"),
         staleness=image(figures.grouped_bars([str(t) for t in taus],
                                              {m: [h.get(str(t), 0) / max(1, sum(h.values())) for t in taus] for m, h in hists.items()},
                                              "staleness of gradients (share per mode)", "share"), "staleness"),
     )
 
 
-def _auc_plot(curves: dict, target: float) -> bytes:
+def _auc_plot(curves: dict, target: float, events: dict | None = None) -> bytes:
     from ops.gba.plots import auc_vs_time
 
-    return auc_vs_time(curves, target)
+    return auc_vs_time(curves, target, events=events)

@@ -1,21 +1,25 @@
-"""GBA vs synchronous all-reduce, async PS, SSP and Hop-BW under a straggler (arXiv 2205.11048 §5).
+"""GBA against synchronous all-reduce, async PS, SSP and Hop-BW under a straggler, and switching a
+running job between them (arXiv 2205.11048 §5; docs/gba.md, "How it is measured").
 
-All five modes in one run, one after the other, each in its own fresh processes launched exactly
-as the ``gba_run`` asset launches them (sync: ``accelerate launch`` via ``ComputeResource``; the PS
-modes: ``ops/gba/launch_ps.py``, 1 PS + W workers over torch.distributed.rpc), on the same data
-(MovieLens-100k, time split), the same hyper-parameters (one ``RunSpec``, ``with_mode``) and the
-same seeded straggler trace. Slowdowns are sleeps (``ops.gba.trace``): the persistent straggler
-sleeps (slowdown - 1) x its compute time after each local batch; ``--base-delay-ms`` adds a
-simulated compute time (a sleep) to every local batch of every worker, standing in for a heavier
-model so the 2-core CPU is not the bottleneck.
+Every run is a fresh launch exactly as the ``gba_run`` asset launches it (sync: ``accelerate
+launch`` via ``ComputeResource``; the PS modes and ``auto``: ``ops/gba/launch_ps.py``, num_ps PS
+processes + W workers over torch.distributed.rpc), on MovieLens-100k (time split) with one set of
+hyper-parameters (one ``RunSpec``, ``with_mode``). Compute is real: the forward/backward pass is
+the work, and the straggler is slowed by real extra passes (``ops.gba.trace``), no sleeps.
 
-Reported per mode: samples/s, training seconds (evaluation excluded), time to the target test AUC,
-final test AUC and log loss, global and optimizer steps, gradients decayed/dropped, staleness
-histogram. Headline ratios: GBA vs sync throughput and time to target (paper: >= 2.4x faster
-under strained resources); GBA's final AUC minus each of async, SSP, Hop-BW (paper: up to
-+0.2%) and minus sync (should be ~0).
+Sections (``--sections``, merged into the output file, other sections kept):
 
-    .venv/bin/python benchmarks/gba_bench.py      # -> benchmarks/results/gba.json (~3-4 min on 2 cores)
+- ``modes``: the five modes once each (samples/s, time to target AUC, final AUC, staleness, ...).
+- ``switching``: per seed, never-switched ``sync`` (all-reduce), ``sync_to_gba`` and
+  ``sync_to_async`` (mode ``auto`` with ``switch_at: [{step: S, to: gba|async}]``, S = the middle
+  of the run), same hyper-parameters, a persistent straggler; final test AUC mean and 95% CI
+  (Student t over seeds) per run kind, and every switch event.
+- ``throughput``: for each W in ``--throughput-workers`` and s in ``--slowdowns``: sync vs gba
+  samples/s under one persistent straggler of slowdown s, ``measured_ratio`` next to the ideal
+  (W - 1 + 1/s) / (W / s) (fast workers never wait in GBA; every sync step waits for the straggler).
+
+    .venv/bin/python benchmarks/gba_bench.py --seeds 5          # -> benchmarks/results/gba.json
+    .venv/bin/python benchmarks/gba_bench.py --quick            # 1 seed, small -> benchmarks/results/gba_quick.json
 """
 
 from __future__ import annotations
@@ -35,13 +39,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def launch(spec, workdir: Path, timeout_s: float) -> dict:
-    """Run one mode in fresh processes; returns its result.json plus the launch wall time."""
+def launch(spec, workdir: Path, timeout_s: float, name: str | None = None) -> dict:
+    """Run one spec in fresh processes (folder ``workdir/name``, default the mode); returns its
+    result.json plus the launch wall time. Raises RuntimeError with the launch's stderr tail."""
     from ops.gba.config import validate
     from resources.compute import ComputeResource
 
     validate(spec)
-    out = workdir / spec.mode
+    out = workdir / (name or spec.mode)
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"
     spec_path.write_text(spec.to_json())
@@ -63,84 +68,193 @@ def launch(spec, workdir: Path, timeout_s: float) -> dict:
     return res
 
 
+def ci95(xs: list[float]) -> dict:
+    """Mean and 95% confidence interval (Student t, n - 1 degrees of freedom) of ``xs``; with one
+    value the interval is the value itself (``n`` says so)."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(xs, dtype=float)
+    m = float(x.mean())
+    if len(x) < 2:
+        return {"mean": round(m, 5), "ci95": [round(m, 5), round(m, 5)], "n": len(x), "values": [round(v, 5) for v in xs]}
+    h = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return {"mean": round(m, 5), "ci95": [round(m - h, 5), round(m + h, 5)], "n": len(x), "values": [round(v, 5) for v in xs]}
+
+
+def ideal_ratio(workers: int, slowdown: float) -> float:
+    """GBA vs sync throughput with one straggler s times slower: (W - 1 + 1/s) / (W / s)."""
+    return (workers - 1 + 1 / slowdown) / (workers / slowdown)
+
+
+def _curve(r: dict) -> list[dict]:
+    return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items() if k != "mode"} for p in r["curve"]]
+
+
 def main(argv=None) -> int:
+    import dataclasses
+
     from ops.gba.config import MODES, Cluster, RunSpec
     from ops.gba.report import summarize
+    from ops.gba.switching import Switching
     from ops.gba.trace import StragglerTrace
     from ops.sparse.config import TrainConfig
     from ops.sparse.data import movielens_events, time_split
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--global-batch", type=int, default=768)
+    ap.add_argument("--sections", default="modes,switching,throughput")
+    ap.add_argument("--modes", default=",".join(m for m in MODES if m != "auto"))
+    ap.add_argument("--workers", type=int, default=4, help="W of the modes and switching sections")
+    ap.add_argument("--num-ps", type=int, default=2, help="PS processes (sparse tables sharded by id over them)")
     ap.add_argument("--local-batch", type=int, default=256)
+    ap.add_argument("--global-batch", type=int, default=None, help="default W x local batch")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--dense-lr", type=float, default=TrainConfig.dense_lr, help="Adam lr (one value for every mode)")
     ap.add_argument("--sparse-lr", type=float, default=TrainConfig.sparse_lr, help="SparseAdagrad lr (every mode)")
     ap.add_argument("--trace", default="persistent", choices=["none", "persistent", "random"])
     ap.add_argument("--slowdown", type=float, default=4.0)
-    ap.add_argument("--base-delay-ms", type=float, default=20.0)
     ap.add_argument("--target-auc", type=float, default=0.69)
     ap.add_argument("--eval-every", type=int, default=16)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gba.json"))
+    ap.add_argument("--seeds", type=int, default=5, help="seeds of the switching section (train and trace seed)")
+    ap.add_argument("--switch-at", type=float, default=0.5, help="switch point as a fraction of the run's global steps")
+    ap.add_argument("--throughput-workers", default="4,8")
+    ap.add_argument("--slowdowns", default="4")
+    ap.add_argument("--throughput-epochs", type=float, default=0.5)
+    ap.add_argument("--throughput-local-batch", type=int, default=128)
+    ap.add_argument("--quick", action="store_true", help="1 seed, 1 epoch, W = 4 throughput only, no modes section")
+    ap.add_argument("--out", default=None, help="default benchmarks/results/gba.json (--quick: gba_quick.json)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.seeds, a.epochs, a.throughput_workers, a.throughput_epochs = 1, 1.0, "4", 0.25
+        if a.sections == ap.get_default("sections"):
+            a.sections = "switching,throughput"
+    out_path = Path(a.out or ROOT / "benchmarks" / "results" / ("gba_quick.json" if a.quick else "gba.json"))
+    sections = a.sections.split(",")
 
     work = Path(tempfile.mkdtemp(prefix="gba-bench-"))
     events = work / "ctr_events.parquet"
     time_split(movielens_events()).write_parquet(events)
-    base = RunSpec(train=TrainConfig(batch_size=a.global_batch, epochs=a.epochs, dense_lr=a.dense_lr, sparse_lr=a.sparse_lr),
-                   local_batch=a.local_batch,
-                   cluster=Cluster(workers=a.workers, eval_every=a.eval_every, target_auc=a.target_auc),
-                   trace=StragglerTrace(kind=a.trace, slowdown=a.slowdown, base_delay_s=a.base_delay_ms / 1000),
-                   events_path=str(events), data_cache=str(work / "cache"))
-    results = {}
+    G = a.global_batch or a.workers * a.local_batch
+
+    def spec(workers: int, local_batch: int, global_batch: int, epochs: float, seed: int = 0, slowdown: float = a.slowdown,
+             trace: str = a.trace) -> RunSpec:
+        return RunSpec(train=TrainConfig(batch_size=global_batch, epochs=epochs, dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
+                                         seed=seed),
+                       local_batch=local_batch,
+                       cluster=Cluster(workers=workers, eval_every=a.eval_every, target_auc=a.target_auc, num_ps=a.num_ps,
+                                       checkpoint_every=0),
+                       trace=StragglerTrace(kind=trace, slowdown=slowdown, seed=seed),
+                       events_path=str(events), data_cache=str(work / "cache"))
+
+    def show(label: str, res: dict) -> None:
+        s = summarize(res)
+        ev = res.get("switching", {}).get("events", [])
+        print(f"{label:24s} {s['samples_per_s']:9.0f} samples/s  train {s['train_s']:6.1f} s  to AUC {a.target_auc}: "
+              f"{s['time_to_target_s']}  final AUC {s['final_auc']:.4f}  logloss {s['final_logloss']:.4f}  "
+              f"decayed {s['decayed']} dropped {s['dropped']}  switches {[(e['from'], e['to'], e['global_step']) for e in ev]}  "
+              f"(launch {res['launch_wall_s']:.1f} s)", flush=True)
+
+    out = json.loads(out_path.read_text()) if out_path.exists() else {}
+    out.update({
+        "benchmark": "GBA vs sync all-reduce, async PS, SSP, Hop-BW under stragglers, and switching a running job (arXiv 2205.11048)",
+        "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(ROOT)) if Path(sys.argv[0]).is_absolute()
+                                         else sys.argv[0]] + sys.argv[1:]),
+        "args": vars(a), "quick": a.quick,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "slowdowns": "real compute (ops.gba.trace): the straggler computes each local batch's forward/backward floor(s) "
+                     "(+1 with probability frac(s)) times and keeps the first gradient; no sleeps",
+        "paper": {"gba_vs_sync_speedup": ">= 2.4x under strained resources", "gba_auc_vs_async_derived": "up to +0.2%",
+                  "gba_vs_sync_auc": "matches (tuning-free switching)"},
+    })
     try:
-        for mode in a.modes.split(","):
-            res = launch(base.with_mode(mode), work, timeout_s=900)
-            results[mode] = res
-            s = summarize(res)
-            print(f"{mode:6s} {s['samples_per_s']:9.0f} samples/s  train {s['train_s']:6.1f} s  to AUC {a.target_auc}: "
-                  f"{s['time_to_target_s']}  final AUC {s['final_auc']:.4f}  logloss {s['final_logloss']:.4f}  "
-                  f"dropped {s['dropped']} decayed {s['decayed']}  (launch {res['launch_wall_s']:.1f} s)", flush=True)
+        if "modes" in sections:
+            base = spec(a.workers, a.local_batch, G, a.epochs)
+            results = {}
+            for mode in a.modes.split(","):
+                results[mode] = res = launch(base.with_mode(mode), work, timeout_s=1800)
+                show(mode, res)
+            out["hyper_parameters"] = results[next(iter(results))]["hyper_parameters"]
+            claims = {}
+            if "gba" in results and "sync" in results:
+                g, s = results["gba"], results["sync"]
+                claims["gba_vs_sync_throughput"] = round(g["samples_per_s"] / s["samples_per_s"], 3)
+                if g["time_to_target_s"] and s["time_to_target_s"]:
+                    claims["gba_vs_sync_time_to_target"] = round(s["time_to_target_s"] / g["time_to_target_s"], 3)
+                claims["gba_minus_sync_final_auc"] = round(g["final"]["auc"] - s["final"]["auc"], 4)
+            for other in ("async", "ssp", "hopbw"):
+                if "gba" in results and other in results:
+                    claims[f"gba_minus_{other}_final_auc"] = round(results["gba"]["final"]["auc"] - results[other]["final"]["auc"], 4)
+            out["claims"] = claims
+            out["modes"] = {m: {**summarize(r), "launch_wall_s": round(r["launch_wall_s"], 1), "command": r["command"],
+                                "staleness_histogram": r["staleness_histogram"], "staleness_unit": r["staleness_unit"],
+                                "batches_by_worker": r["batches_by_worker"], "curve": _curve(r)}
+                            for m, r in results.items()}
+
+        if "switching" in sections:
+            kinds = {"sync": None, "sync_to_gba": "gba", "sync_to_async": "async"}
+            aucs = {k: [] for k in kinds}
+            evs, runs = [], []
+            n_train = _n_train(events, work)
+            for seed in range(a.seeds):
+                base = spec(a.workers, a.local_batch, G, a.epochs, seed=seed)
+                steps = base.global_steps(n_train)
+                at = max(1, int(round(a.switch_at * steps)))
+                for kind, to in kinds.items():
+                    sp = base.with_mode("sync") if to is None else dataclasses.replace(
+                        base.with_mode("auto"), switching=Switching(schedule=((at, to),)))
+                    res = launch(sp, work, timeout_s=1800, name=f"{kind}-seed{seed}")
+                    show(f"{kind} seed {seed}", res)
+                    aucs[kind].append(res["final"]["auc"])
+                    for e in res.get("switching", {}).get("events", []):
+                        evs.append({"run": kind, "seed": seed, **{k: (round(v, 4) if isinstance(v, float) else v)
+                                                                   for k, v in e.items()}})
+                    runs.append({"run": kind, "seed": seed, **summarize(res), "launch_wall_s": round(res["launch_wall_s"], 1),
+                                 "curve": _curve(res)})
+            auc = {k: ci95(v) for k, v in aucs.items()}
+            out["switching"] = {
+                "seeds": a.seeds, "workers": a.workers, "num_ps": a.num_ps, "global_batch": G, "local_batch": a.local_batch,
+                "epochs": a.epochs, "switch_at_fraction": a.switch_at, "trace": {"kind": a.trace, "slowdown": a.slowdown},
+                "auc": auc, "events": evs, "runs": runs,
+                "sync_to_gba_minus_sync": round(auc["sync_to_gba"]["mean"] - auc["sync"]["mean"], 5),
+                "sync_to_gba_minus_sync_to_async": round(auc["sync_to_gba"]["mean"] - auc["sync_to_async"]["mean"], 5),
+            }
+
+        if "throughput" in sections:
+            rows = []
+            for W in [int(x) for x in a.throughput_workers.split(",")]:
+                for s in [float(x) for x in a.slowdowns.split(",")]:
+                    b = a.throughput_local_batch
+                    base = spec(W, b, W * b, a.throughput_epochs, slowdown=s, trace="persistent")
+                    rs = {m: launch(base.with_mode(m), work, timeout_s=1800, name=f"tp-{m}-W{W}-s{s}") for m in ("sync", "gba")}
+                    for m, r in rs.items():
+                        show(f"throughput {m} W={W} s={s}", r)
+                    meas = rs["gba"]["samples_per_s"] / rs["sync"]["samples_per_s"]
+                    ideal = ideal_ratio(W, s)
+                    rows.append({"workers": W, "slowdown": s, "num_ps": a.num_ps, "local_batch": b, "global_batch": W * b,
+                                 "sync_samples_per_s": round(rs["sync"]["samples_per_s"], 1),
+                                 "gba_samples_per_s": round(rs["gba"]["samples_per_s"], 1),
+                                 "measured_ratio": round(meas, 3), "ideal_ratio": round(ideal, 3),
+                                 "measured_over_ideal": round(meas / ideal, 3),
+                                 "batches_by_worker_gba": rs["gba"]["batches_by_worker"],
+                                 "step_time_s_gba": rs["gba"].get("step_time_s")})
+            out["throughput"] = rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    def ratio(x, y):
-        return None if not x or not y else round(x / y, 3)
+    from ops.lake import write_json_atomic
 
-    claims = {}
-    if "gba" in results and "sync" in results:
-        g, s = results["gba"], results["sync"]
-        claims["gba_vs_sync_throughput"] = ratio(g["samples_per_s"], s["samples_per_s"])
-        claims["gba_vs_sync_time_to_target"] = ratio(s["time_to_target_s"], g["time_to_target_s"])
-        claims["gba_minus_sync_final_auc"] = round(g["final"]["auc"] - s["final"]["auc"], 4)
-    for other in ("async", "ssp", "hopbw"):
-        if "gba" in results and other in results:
-            claims[f"gba_minus_{other}_final_auc"] = round(results["gba"]["final"]["auc"] - results[other]["final"]["auc"], 4)
-    out = {
-        "benchmark": "GBA vs sync all-reduce, async PS, SSP, Hop-BW under stragglers (arXiv 2205.11048)",
-        "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(ROOT)) if Path(sys.argv[0]).is_absolute()
-                                         else sys.argv[0]] + sys.argv[1:]),
-        "args": vars(a),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "slowdowns": "sleep-based (ops.gba.trace): the straggler sleeps (slowdown - 1) x (compute + base delay) after each "
-                     "local batch; base_delay_ms is a sleep standing in for a heavier model's compute",
-        "hyper_parameters": results[next(iter(results))]["hyper_parameters"],
-        "claims": claims,
-        "paper": {"gba_vs_sync_speedup": ">= 2.4x under strained resources", "gba_auc_vs_async_derived": "up to +0.2%",
-                  "gba_vs_sync_auc": "matches (tuning-free switching)"},
-        "modes": {m: {**summarize(r), "launch_wall_s": round(r["launch_wall_s"], 1), "command": r["command"],
-                      "staleness_histogram": r["staleness_histogram"], "staleness_unit": r["staleness_unit"],
-                      "batches_by_worker": r["batches_by_worker"],
-                      "curve": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items() if k != "mode"}
-                                for p in r["curve"]]}
-                  for m, r in results.items()},
-    }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(claims, indent=1))
+    write_json_atomic(out, out_path, indent=1)
+    print(json.dumps({k: out[k] for k in ("claims", "throughput") if k in out}, indent=1))
+    if "switching" in out:
+        print(json.dumps(out["switching"]["auc"], indent=1))
     return 0
+
+
+def _n_train(events: Path, work: Path) -> int:
+    from ops.gba.data import load
+    from ops.sparse.config import TrainConfig
+
+    return load(str(events), TrainConfig().crosses, str(work / "cache")).n_train
 
 
 if __name__ == "__main__":

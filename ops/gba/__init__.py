@@ -8,7 +8,8 @@ Modules, pure logic first (importable and testable without processes):
     config     RunSpec (mode + ONE set of hyper-parameters + cluster + policies + trace), validate;
                RunConfig, the flat job config every mode shares (the asset's Launchpad config)
     staleness  f(tau), the pluggable staleness decay of token control; staleness histograms
-    trace      StragglerTrace: seeded slowdowns shared by every mode
+    trace      StragglerTrace: seeded slowdowns (real extra forward/backward passes) shared by every mode
+    switching  mode auto: the switch policy, the straggler detector (hysteresis) and the schedule
     control    token control and scheduling (GBA, async, SSP, Hop-BW) — no tensors
     aggregate  Gradient / Update / Aggregator: the averaging rule shared by every mode
     data       the encoded CTR data and the shared sample stream
@@ -22,5 +23,5 @@ Modules, pure logic first (importable and testable without processes):
     plots      AUC vs training time per mode
 
 torch is imported only by the modules that need it; ``errors``, ``config``, ``checkpoint``, ``staleness``,
-``trace``, ``control`` and ``report`` load without it. torchrec/fbgemm are never used.
+``trace``, ``switching``, ``control`` and ``report`` load without it. torchrec/fbgemm are never used.
 """

@@ -34,6 +34,9 @@ class Gradient:
     sparse: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     samples: int
     loss_sum: float = 0.0
+    compute_s: float = 0.0
+    """Wall seconds the worker spent computing it (every forward/backward pass; the step time of
+    the straggler detector, ``ops.gba.switching``)."""
 
 
 @dataclass

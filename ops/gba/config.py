@@ -26,14 +26,17 @@ from ops.sparse.config import TrainConfig
 
 from .errors import GBAConfigError
 from .staleness import StalenessDecay
+from .switching import Switching
 from .trace import StragglerTrace
 
 __all__ = ["MODES", "GLOBAL_BATCH", "LOCAL_BATCH", "GBAConfigError", "Policy", "Cluster", "RunSpec", "RunConfig",
-           "hyper_parameters", "load_spec", "validate"]
+           "Switching", "hyper_parameters", "load_spec", "validate"]
 
-MODES = ("sync", "async", "gba", "ssp", "hopbw")
+MODES = ("sync", "async", "gba", "ssp", "hopbw", "auto")
 """sync: all-reduce data parallel; async: plain async PS; gba: global batch aggregation with token
-control; ssp: stale synchronous parallel (bounded staleness); hopbw: backup workers."""
+control; ssp: stale synchronous parallel (bounded staleness); hopbw: backup workers; auto: one PS
+run that starts synchronous (lock-step on the PS) and switches to ``switching.target`` when the
+straggler detector fires, or per ``switching.schedule`` (``ops.gba.switching``)."""
 
 
 GLOBAL_BATCH = 512
@@ -80,6 +83,9 @@ class Cluster:
         checkpoint_every: write a checkpoint every this many global steps (in samples:
             checkpoint_every x G; ``ops.gba.checkpoint``); a relaunch with the same run directory
             resumes from the last one. 0 = never.
+        num_ps: parameter-server processes of the PS modes: the sparse tables are sharded by ID
+            over them (owner = namespaced id % num_ps); process 0 also holds the dense parameters
+            and the token control. 1 = one PS holds everything.
     """
 
     workers: int = 2
@@ -92,6 +98,7 @@ class Cluster:
     target_auc: float = 0.68
     threads: int = 1
     checkpoint_every: int = 16
+    num_ps: int = 1
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,8 @@ class RunSpec:
     cluster: Cluster = field(default_factory=Cluster)
     policy: Policy = field(default_factory=Policy)
     trace: StragglerTrace = field(default_factory=StragglerTrace)
+    switching: Switching = field(default_factory=Switching)
+    """Mode ``auto`` only: the detector's rule and target, or a switch schedule."""
     events_path: str = ""
     """Parquet of CTR events with a ``split`` column (the ``ctr_events`` table)."""
     data_cache: str = ""
@@ -140,6 +149,8 @@ class RunSpec:
     @staticmethod
     def from_json(text: str) -> RunSpec:
         d = json.loads(text)
+        sw = dict(d.get("switching") or {})
+        sw["schedule"] = tuple((int(a), str(b)) for a, b in sw.get("schedule", ()))
         train = d["train"]
         train["hidden"] = tuple(train["hidden"])
         pol = d["policy"]
@@ -147,7 +158,7 @@ class RunSpec:
                        cluster=Cluster(**d["cluster"]),
                        policy=Policy(decay=StalenessDecay(**pol["decay"]), ssp_bound=pol["ssp_bound"],
                                      backup_workers=pol["backup_workers"]),
-                       trace=StragglerTrace(**d["trace"]), events_path=d["events_path"],
+                       trace=StragglerTrace(**d["trace"]), switching=Switching(**sw), events_path=d["events_path"],
                        data_cache=d.get("data_cache", ""))
 
 
@@ -189,11 +200,17 @@ def validate(spec: RunSpec) -> RunSpec:
     if t.epochs <= 0:
         raise GBAConfigError(f"train.epochs must be > 0, got {t.epochs}")
     m = spec.local_batches_per_step
-    if spec.mode in ("sync", "hopbw") and m % c.workers:
+    if spec.mode in ("sync", "hopbw", "auto") and m % c.workers:
         raise GBAConfigError(f"mode {spec.mode!r}: the global batch ({t.batch_size} = {m} local batches of {spec.local_batch}) "
                              f"must split evenly over cluster.workers ({c.workers}): need train.batch_size to be a "
                              f"multiple of workers x local_batch = {c.workers * spec.local_batch}")
-    if spec.mode == "hopbw" and not 0 <= spec.policy.backup_workers < c.workers:
+    if c.num_ps < 1:
+        raise GBAConfigError(f"cluster.num_ps must be >= 1 parameter-server process, got {c.num_ps}")
+    if spec.mode == "auto":
+        spec.switching.check()
+    hop = spec.mode == "hopbw" or (spec.mode == "auto" and "hopbw" in (spec.switching.target,
+                                                                       *(t for _, t in spec.switching.schedule)))
+    if hop and not 0 <= spec.policy.backup_workers < c.workers:
         raise GBAConfigError(f"policy.backup_workers must be in [0, workers={c.workers}), got {spec.policy.backup_workers}")
     if spec.policy.ssp_bound < 0:
         raise GBAConfigError(f"policy.ssp_bound must be >= 0, got {spec.policy.ssp_bound}")
@@ -229,7 +246,13 @@ class RunConfig:
         slowdown, slow_worker, trace_seed: the trace (``StragglerTrace``).
         delay_distribution, mean_extra: random trace: exponential | pareto extra time, as a multiple
             of compute time.
-        base_delay_ms: simulated compute per local batch (ms, a sleep), every worker, every mode.
+        slow_onset, slow_recovery: the persistent straggler is slow from its local batch
+            ``slow_onset`` up to (not including) ``slow_recovery`` (-1: to the end).
+        num_ps: parameter-server processes (the sparse tables sharded by ID over them).
+        auto_target, switch_at: mode ``auto``: the mode the detector switches to; or a schedule
+            ``[{"step": N, "to": mode}, ...]`` replacing the detector (experiments).
+        detector_window, detector_k_on, detector_k_off, detector_patience: the detector's rule
+            (``ops.gba.switching``).
         staleness_threshold, staleness_decay, drop_after: GBA's f(tau) = staleness_decay ** (tau -
             threshold) above the threshold (global steps); gradients staler than ``drop_after`` are
             dropped (None: never).
@@ -256,7 +279,8 @@ class RunConfig:
     slow_worker: int = StragglerTrace.slow_worker
     delay_distribution: str = StragglerTrace.distribution
     mean_extra: float = StragglerTrace.mean_extra
-    base_delay_ms: float = 0.0
+    slow_onset: int = StragglerTrace.onset
+    slow_recovery: int = StragglerTrace.recovery
     trace_seed: int = StragglerTrace.seed
     staleness_threshold: int = StalenessDecay.threshold
     staleness_decay: float = StalenessDecay.rate
@@ -268,12 +292,24 @@ class RunConfig:
     target_auc: float = Cluster.target_auc
     rpc_timeout_s: float = Cluster.rpc_timeout_s
     run_timeout_s: float = Cluster.run_timeout_s
+    num_ps: int = Cluster.num_ps
+    auto_target: str = Switching.target
+    switch_at: list[dict] = field(default_factory=list)
+    detector_window: int = Switching.window
+    detector_k_on: float = Switching.k_on
+    detector_k_off: float = Switching.k_off
+    detector_patience: int = Switching.patience
 
     def spec(self, mode: str, workers: int | None = None, events_path: str = "", data_cache: str = "") -> RunSpec:
         """The validated RunSpec of ``mode``, the same hyper-parameters for every mode. ``workers``
         is W when ``self.workers`` is None (the asset passes the launcher's process count; neither
         given: ``Cluster.workers``). Raises GBAConfigError naming the field (see ``validate``)."""
         w = self.workers if self.workers is not None else workers if workers is not None else Cluster.workers
+        schedule = []
+        for i, item in enumerate(self.switch_at):
+            if not isinstance(item, dict) or set(item) != {"step", "to"}:
+                raise GBAConfigError(f"switch_at[{i}] must be {{step: N, to: mode}}, got {item!r}")
+            schedule.append((item["step"], item["to"]))
         train = TrainConfig(dim=self.dim, hidden=tuple(self.hidden), dropout=self.dropout, epochs=self.epochs,
                             batch_size=self.global_batch, sparse_lr=self.sparse_lr, dense_lr=self.dense_lr,
                             emb_l2=self.emb_l2, crosses=list(self.crosses), seed=self.seed)
@@ -281,9 +317,11 @@ class RunConfig:
             mode=mode, train=train, local_batch=self.local_batch, events_path=events_path, data_cache=data_cache,
             cluster=Cluster(workers=w, rpc_timeout_s=self.rpc_timeout_s, run_timeout_s=self.run_timeout_s,
                             eval_every=self.eval_every, target_auc=self.target_auc,
-                            checkpoint_every=self.checkpoint_every),
+                            checkpoint_every=self.checkpoint_every, num_ps=self.num_ps),
             policy=Policy(decay=StalenessDecay(self.staleness_threshold, self.staleness_decay, self.drop_after),
                           ssp_bound=self.ssp_bound, backup_workers=self.backup_workers),
             trace=StragglerTrace(kind=self.straggler, slowdown=self.slowdown, slow_worker=self.slow_worker,
                                  distribution=self.delay_distribution, mean_extra=self.mean_extra,
-                                 base_delay_s=self.base_delay_ms / 1000.0, seed=self.trace_seed)))
+                                 onset=self.slow_onset, recovery=self.slow_recovery, seed=self.trace_seed),
+            switching=Switching(target=self.auto_target, schedule=tuple(schedule), window=self.detector_window,
+                                k_on=self.detector_k_on, k_off=self.detector_k_off, patience=self.detector_patience)))

@@ -21,6 +21,16 @@ Samples come from one shared stream: the server hands out local batch numbers in
 Staleness is counted in optimizer steps (model versions): global steps for GBA and Hop-BW,
 local-batch updates for async and SSP.
 
+Phases (mode ``auto``, ``ops.gba.switching``): ``mode`` is the rule in force; an auto run starts in
+``sync`` — lock-step synchronous training on the server: Hop-BW's schedule with no backup worker,
+so every global step waits for all M = G / b local batches (M / W per worker) computed at that
+step's parameters, then applies them with the one averaging rule, as all-reduce sync does —
+and ``switch(to)`` changes the rule at a global-step boundary (nothing pending), keeping every
+counter, the parameters and the data position. Gradients computed before a switch into a
+lock-step phase (token < ``phase_start``) are not applied; their batches are handed out again
+first (``dropped_at_switch``), so a switch skips no sample. Into GBA, async or SSP they are
+ordinary stale gradients.
+
 Resume (``state``/``restore``, taken right after an optimizer step, when nothing is pending): the
 scheduling position is the next fresh batch number plus the batches handed out but not applied
 at that point; a restored run hands those out again first, so a relaunch skips no sample.
@@ -105,13 +115,32 @@ class Control:
     lost_work: list = field(default_factory=list)        # (worker, token or None, batch) dropped with a lost worker
     reissue: list = field(default_factory=list)          # batch numbers to hand out before fresh ones (resume)
     done: bool = False
+    mode: str = ""                                       # the rule in force (spec.mode; auto: the phase)
+    phase_start: int = 0                                 # optimizer step the current phase began at
+    dropped_at_switch: int = 0                           # pre-switch gradients not applied (batch handed out again)
 
     def __post_init__(self):
         w = self.spec.cluster.workers
         self.live = set(range(w))
         self.clock, self.slots, self.batches_by_worker = [0] * w, [0] * w, [0] * w
         self.m = self.spec.local_batches_per_step
-        self.share = self.m // w if self.spec.mode == "hopbw" else self.m
+        self.share = self.m // w if self.spec.mode in ("hopbw", "auto") else self.m
+        self.mode = "sync" if self.spec.mode == "auto" else self.spec.mode
+
+    @property
+    def lockstep(self) -> bool:
+        """The rule in force waits for every step's shares (Hop-BW, and sync on the server)."""
+        return self.mode in ("hopbw", "sync")
+
+    def switch(self, to: str) -> None:
+        """Change the rule in force to ``to`` at this global-step boundary (see the module
+        docstring). Raises ProtocolError for a run not in mode auto or with gradients pending."""
+        if self.spec.mode != "auto":
+            raise ProtocolError(f"only an auto run switches modes (this run is {self.spec.mode!r})")
+        if self.pending_samples or self.pending_gradients:
+            raise ProtocolError(f"switch to {to!r} with {self.pending_gradients} gradient(s) pending; switch at a global step")
+        self.mode, self.phase_start = to, self.step
+        self.slots = [0] * len(self.slots)
 
     # -- hand-outs -------------------------------------------------------------------------------
     def _claim(self, w: int) -> int:
@@ -125,7 +154,7 @@ class Control:
 
     # -- resume ----------------------------------------------------------------------------------
     _COUNTERS = ("step", "samples_applied", "next_batch_no", "pushed", "applied", "decayed", "dropped",
-                 "discarded_at_end", "taus", "batches_by_worker")
+                 "discarded_at_end", "taus", "batches_by_worker", "mode", "phase_start", "dropped_at_switch")
 
     def state(self) -> dict:
         """The scheduling state a resumed run needs: counters, the next fresh batch number and the
@@ -148,7 +177,7 @@ class Control:
         if st["samples_applied"] >= self.total_samples:
             raise ProtocolError(f"checkpoint at {st['samples_applied']} samples is past the run's end ({self.total_samples})")
         for k in self._COUNTERS:
-            setattr(self, k, st[k])
+            setattr(self, k, st.get(k, getattr(self, k)))
         self.taus, self.batches_by_worker = list(st["taus"]), list(st["batches_by_worker"])
         self.reissue = list(st["reissue"])
 
@@ -176,22 +205,22 @@ class Control:
             raise ProtocolError(f"worker{w} pulled for batch {batch}, but holds batch {self.claimed.get(w)}")
         if w in self.outstanding:
             raise ProtocolError(f"worker{w} pulled twice without pushing (token {self.outstanding[w][0]})")
-        mode = self.spec.mode
+        mode = self.mode
         if mode == "ssp":
             slowest = min(self.clock[v] for v in self.live)
             if self.clock[w] - slowest > self.spec.policy.ssp_bound:
                 return Wait(self.poll_s, f"ssp: worker{w} at clock {self.clock[w]} is more than "
                                          f"{self.spec.policy.ssp_bound} ahead of the slowest ({slowest})")
-        if mode == "hopbw":
+        if self.lockstep:
             if self.slots[w] >= self.share:
-                return Wait(self.poll_s, f"hopbw: worker{w} has its {self.share} token(s) of global step {self.step}")
+                return Wait(self.poll_s, f"{mode}: worker{w} has its {self.share} token(s) of global step {self.step}")
             self.slots[w] += 1
         self.outstanding[w] = (self.step, batch)
         return Work(self.step)
 
     def _needed(self) -> int:
         """Hop-BW: gradients that complete a global step (capped by what the live workers can send)."""
-        want = self.m - self.spec.policy.backup_workers * self.share
+        want = self.m - (self.spec.policy.backup_workers if self.mode == "hopbw" else 0) * self.share
         return max(1, min(want, len(self.live) * self.share))
 
     def push(self, w: int, token: int, batch: int, samples: int) -> PushVerdict:
@@ -209,11 +238,15 @@ class Control:
         if self.done or w not in self.live:
             self.discarded_at_end += 1
             return PushVerdict(tau, 0.0, False, None)
+        mode = self.mode
+        if self.lockstep and token < self.phase_start:                 # computed before the switch
+            self.dropped_at_switch += 1
+            self.reissue.append(batch)
+            return PushVerdict(tau, 0.0, False, self._claim(w))
         self.taus.append(tau)
-        mode = self.spec.mode
         if mode == "gba":
             weight = float(self.spec.policy.decay(tau))
-        elif mode == "hopbw":
+        elif self.lockstep:
             weight = 1.0 if token == self.step else 0.0
         else:
             weight = 1.0
@@ -230,13 +263,13 @@ class Control:
         return PushVerdict(tau, weight, apply, None if self.done else self._claim(w))
 
     def _complete(self) -> bool:
-        mode = self.spec.mode
+        mode = self.mode
         if mode == "gba":
             if self.pending_samples > self.spec.global_batch:
                 raise ProtocolError(f"global batch overshoot: {self.pending_samples} > {self.spec.global_batch} samples "
                                     f"(local batches must have exactly {self.spec.local_batch} samples)")
             return self.pending_samples == self.spec.global_batch
-        if mode == "hopbw":
+        if self.lockstep:
             return self.pending_gradients >= self._needed()
         return True                                                     # async, ssp
 
@@ -262,7 +295,7 @@ class Control:
         batch = self.claimed.pop(w, None)
         if tok is not None or batch is not None:
             self.lost_work.append((w, tok[0] if tok else None, batch))
-        if self.spec.mode == "hopbw" and not self.done and self.pending_gradients and self._complete():
+        if self.lockstep and not self.done and self.pending_gradients and self._complete():
             self._advance()
             return True
         return False

@@ -1,9 +1,13 @@
-"""The parameter-server modes over torch.distributed.rpc (TensorPipe): rank 0 is the PS, ranks
-1..W are workers (GBA, arXiv 2205.11048 §3; docs/gba.md).
+"""The parameter-server modes over torch.distributed.rpc (TensorPipe): rank 0 is the PS ("ps":
+token control, dense parameters, table shard 0), ranks 1..num_ps-1 the table shards ("ps1", ...,
+``--role shard``), ranks num_ps..num_ps+W-1 the workers (GBA, arXiv 2205.11048 §3; docs/gba.md).
 
 Launch: ``python -m ops.gba.launch_ps --spec spec.json --out DIR`` (``ops.launch.worker_main``)
-starts rank 0, which starts its W workers itself (``--role worker``; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as children
-in its process group, so a launch timeout kills them all. Why not torchrun: its elastic agent
+starts rank 0, which starts its shard processes and W workers itself (``--role shard|worker``;
+RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as children in its process group, so a launch
+timeout kills them all. Rank 0 routes each pull's rows and each update's rows to their owning
+shard (``ops.gba.model.ServerModel``; RPC from rank 0 to a shard, never to a worker); a shard that
+dies fails the run (its rows are gone), keeping the checkpoints. Why not torchrun: its elastic agent
 stops every rank when one fails, which is the opposite of GBA's Invariant 4 (a failed worker drops
 its token and batch; nothing else breaks). Rank 0 watches its workers' processes and declares a
 worker lost when it exits before being told to stop. On several hosts, start workers with the same
@@ -42,19 +46,85 @@ from pathlib import Path
 from .errors import RunFailed
 
 _SERVER = None        # the ParameterServer of this process (rank 0 only)
+_READY = threading.Event()    # set once _SERVER is built (workers may call as soon as the RPC world is up)
+_SHARD = None         # the TableShard of a shard process
+_SHARD_STOP = threading.Event()
+_READY_TIMEOUT_S = 120.0
+
+
+def _server():
+    if not _READY.wait(_READY_TIMEOUT_S):
+        raise RuntimeError(f"the parameter server was not ready after {_READY_TIMEOUT_S} s")
+    return _SERVER
 
 
 # -- RPC handlers (run on the PS's RPC threads) ----------------------------------------------------
 def _hello(w: int):
-    return _SERVER.hello(w)
+    return _server().hello(w)
 
 
 def _pull(w: int, batch: int, ids: dict, version: int):
-    return _SERVER.pull(w, batch, ids, version)
+    return _server().pull(w, batch, ids, version)
 
 
 def _push(w: int, token: int, batch: int, grad):
-    return _SERVER.push(w, token, batch, grad)
+    return _server().push(w, token, batch, grad)
+
+
+# -- shard handlers (on a shard process; only rank 0 calls them) ------------------------------------
+def _shard_rows(ids: dict):
+    return _SHARD.rows(ids)
+
+
+def _shard_read(ids: dict):
+    return _SHARD.read(ids)
+
+
+def _shard_apply(sparse: dict):
+    return _SHARD.apply(sparse)
+
+
+def _shard_save(folder: str, name: str):
+    return _SHARD.save(folder, name)
+
+
+def _shard_load(folder: str, name: str):
+    return _SHARD.load(folder, name)
+
+
+def _shard_stop():
+    _SHARD_STOP.set()
+
+
+class ShardClient:
+    """Rank 0's handle on shard process ``k`` (RPC name ``ps<k>``): TableShard's methods, each one
+    ``rpc_sync`` with the run's RPC timeout."""
+
+    def __init__(self, k: int, timeout_s: float):
+        self.name, self.timeout = f"ps{k}", timeout_s
+
+    def _call(self, fn, *args):
+        import torch.distributed.rpc as rpc
+
+        return rpc.rpc_sync(self.name, fn, args=args, timeout=self.timeout)
+
+    def rows(self, ids):
+        return self._call(_shard_rows, ids)
+
+    def read(self, ids):
+        return self._call(_shard_read, ids)
+
+    def apply(self, sparse):
+        return self._call(_shard_apply, sparse)
+
+    def save(self, folder, name):
+        return self._call(_shard_save, folder, name)
+
+    def load(self, folder, name):
+        return self._call(_shard_load, folder, name)
+
+    def stop(self):
+        return self._call(_shard_stop)
 
 
 def free_port() -> int:
@@ -67,7 +137,7 @@ def _rpc_options(spec, port: int):
     import torch.distributed.rpc as rpc
 
     return rpc.TensorPipeRpcBackendOptions(rpc_timeout=spec.cluster.rpc_timeout_s, init_method=f"tcp://127.0.0.1:{port}",
-                                           num_worker_threads=max(4, spec.cluster.workers + 2))
+                                           num_worker_threads=max(4, spec.cluster.workers + spec.cluster.num_ps + 2))
 
 
 class Watchdog:
@@ -119,16 +189,21 @@ def serve(spec, spec_path: str, out: Path, pipes) -> dict:
     from .server import ParameterServer
 
     torch.set_num_threads(spec.cluster.threads)
-    port, world = free_port(), spec.cluster.workers + 1
+    P = spec.cluster.num_ps
+    port, world = free_port(), spec.cluster.workers + P
     t0 = time.monotonic()
     data = load(spec.events_path, spec.train.crosses, spec.data_cache)   # fills the cache before the workers read it
-    procs = []
-    for i in range(spec.cluster.workers):
-        env = {**os.environ, "RANK": str(i + 1), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+
+    def start(role: str, i: int, rank: int):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(spec.cluster.threads)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "ops.gba.launch_ps", "--role", "worker", "--index", str(i),
-                                       "--port", str(port), "--spec", spec_path, "--out", str(out)], env=env))
-    (out / "workers.json").write_text(json.dumps({f"worker{i}": p.pid for i, p in enumerate(procs)}))
+        return subprocess.Popen([sys.executable, "-m", "ops.gba.launch_ps", "--role", role, "--index", str(i),
+                                 "--port", str(port), "--spec", spec_path, "--out", str(out)], env=env)
+
+    shard_procs = [start("shard", k, k) for k in range(1, P)]
+    procs = [start("worker", i, P + i) for i in range(spec.cluster.workers)]
+    (out / "workers.json").write_text(json.dumps({**{f"worker{i}": p.pid for i, p in enumerate(procs)},
+                                                  **{f"ps{k + 1}": p.pid for k, p in enumerate(shard_procs)}}))
     progress = (out / "progress.jsonl").open("a")
     try:
         def on_eval(point: dict) -> None:
@@ -152,42 +227,50 @@ def serve(spec, spec_path: str, out: Path, pipes) -> dict:
             pipes.log.info(f"{spec.mode}: checkpoint {rec['count']} at global step {rec['global_step']:.1f}")
             crash_if_asked(rec["count"], pipes.log.info)
 
-        _SERVER = ParameterServer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
-                                  on_progress=on_progress)
-        total = _SERVER.steps_target * spec.global_batch
-        resumed = _SERVER.resumed_from
-        if ckpts is not None and ckpts.skipped:
-            pipes.log.warning(f"{spec.mode}: {ckpts.skipped}")
-        if resumed:
-            pipes.log.info(f"{spec.mode}: resuming from checkpoint {resumed['checkpoint']} at global step "
-                           f"{resumed['global_step']:.1f} ({resumed['samples']} of {total} samples applied, "
-                           f"{resumed['reissued_batches']} batch(es) handed out again) on Dagster retry "
-                           f"{getattr(pipes, 'retry_number', 'n/a')}")
-        done = resumed["samples"] if resumed else 0
-        label = f"{spec.mode}: training" + (f" (resumed at global step {resumed['global_step']:.1f})" if resumed else "")
+        def on_switch(ev: dict) -> None:
+            pipes.report_custom_message({"switch": ev})
+            pipes.log.info(f"auto: switch {ev['from']} -> {ev['to']} at global step {ev['global_step']:.1f} "
+                           f"({ev['train_s']:.1f} s): {ev['reason']}")
+
         t1 = time.monotonic()
 
         def early_exit():
-            for i, p in enumerate(procs):
+            for name, p in [*((f"worker{i}", p) for i, p in enumerate(procs)),
+                            *((f"ps{k + 1}", p) for k, p in enumerate(shard_procs))]:
                 if p.poll() is not None:
-                    return f"worker{i} {describe_exit(p.returncode)} before the RPC world was up"
+                    return f"{name} {describe_exit(p.returncode)} before the RPC world was up"
 
-        def kill_workers():
-            for p in procs:
+        def kill_children():
+            for p in procs + shard_procs:
                 p.kill()
 
         guard = Watchdog("ps", spec.cluster.start_timeout_s, lambda: None if guard.started.is_set() else early_exit(),
-                         kill_workers)
+                         kill_children)
         rpc.init_rpc("ps", rank=0, world_size=world, rpc_backend_options=_rpc_options(spec, port))
         guard.started.set()
-        with _SERVER.lock:
-            prog["line"] = Progress(total - done, label, pipes.log.info, unit="samples")
-            if prog["early"]:
-                prog["line"].update(prog["early"])
-        pipes.log.info(f"{spec.mode}: PS ready (data + model {t1 - t0:.1f} s, RPC world of {world} up after "
-                       f"{time.monotonic() - t1:.1f} s)")
+        shards = [ShardClient(k, spec.cluster.rpc_timeout_s) for k in range(1, P)]
         try:
-            _watch(_SERVER, procs, spec, pipes.log)
+            _SERVER = ParameterServer(spec, data, on_eval=on_eval, checkpoints=ckpts, on_checkpoint=on_checkpoint,
+                                      on_progress=on_progress, shards=shards, on_switch=on_switch)
+            _READY.set()
+            total = _SERVER.steps_target * spec.global_batch
+            resumed = _SERVER.resumed_from
+            if ckpts is not None and ckpts.skipped:
+                pipes.log.warning(f"{spec.mode}: {ckpts.skipped}")
+            if resumed:
+                pipes.log.info(f"{spec.mode}: resuming from checkpoint {resumed['checkpoint']} at global step "
+                               f"{resumed['global_step']:.1f} ({resumed['samples']} of {total} samples applied, "
+                               f"{resumed['reissued_batches']} batch(es) handed out again) on Dagster retry "
+                               f"{getattr(pipes, 'retry_number', 'n/a')}")
+            done = resumed["samples"] if resumed else 0
+            label = f"{spec.mode}: training" + (f" (resumed at global step {resumed['global_step']:.1f})" if resumed else "")
+            with _SERVER.lock:
+                prog["line"] = Progress(total - done, label, pipes.log.info, unit="samples")
+                if prog["early"]:
+                    prog["line"].update(prog["early"])
+            pipes.log.info(f"{spec.mode}: PS ready (data + model {t1 - t0:.1f} s, RPC world of {world} up after "
+                           f"{time.monotonic() - t1:.1f} s)")
+            _watch(_SERVER, procs, spec, pipes.log, shard_procs)
             res = _SERVER.result()
             for lw in res["lost_workers"]:
                 pipes.log.warning(f"{lw['worker']} lost ({lw['reason']}): dropped tokens {lw['dropped_tokens']}, "
@@ -199,10 +282,19 @@ def serve(spec, spec_path: str, out: Path, pipes) -> dict:
                     f" (checkpoints kept in {ckpts.root}: a relaunch resumes from the last one)" if ckpts else ""))
             return res
         finally:
+            # let every worker receive its stop reply before the RPC agent goes (graceful=False drops replies in flight)
+            end = time.monotonic() + spec.cluster.stop_timeout_s
+            while time.monotonic() < end and any(p.poll() is None for p in procs):
+                time.sleep(0.02)
+            for c in shards:
+                try:
+                    c.stop()
+                except Exception as e:  # noqa: BLE001 - a dead shard is already reported by _watch
+                    pipes.log.warning(f"{c.name}: stop failed ({e})")
             rpc.shutdown(graceful=False)
     finally:
         progress.close()
-        for p in procs:
+        for p in procs + shard_procs:
             try:
                 p.wait(timeout=spec.cluster.stop_timeout_s)
             except subprocess.TimeoutExpired:
@@ -210,13 +302,20 @@ def serve(spec, spec_path: str, out: Path, pipes) -> dict:
                 p.wait(timeout=10)
 
 
-def _watch(server, procs, spec, log) -> None:
-    """Until the run finishes: declare workers whose process exited unasked lost; bound the run by
-    ``run_timeout_s`` and the end by ``stop_timeout_s``."""
+def _watch(server, procs, spec, log, shard_procs=()) -> None:
+    """Until the run finishes: declare workers whose process exited unasked lost; fail the run when
+    a shard process exits; bound the run by ``run_timeout_s`` and the end by ``stop_timeout_s``."""
     deadline = time.monotonic() + spec.cluster.run_timeout_s
     done_at = None
     seen: set[int] = set()
     while not server.finished.wait(0.05):
+        for k, p in enumerate(shard_procs):
+            if p.poll() is not None:
+                why = f"table shard ps{k + 1} {describe_exit(p.returncode)}: its rows are gone"
+                log.error(why)
+                server.failure = why
+                server.stop_all()
+                return
         for i, p in enumerate(procs):
             rc = p.poll()
             if rc is not None and i not in seen:
@@ -238,10 +337,38 @@ def _watch(server, procs, spec, log) -> None:
 
 
 # -- workers ---------------------------------------------------------------------------------------
+def shard(spec, k: int, port: int) -> None:
+    """Table shard ``k`` (rank k, RPC name ``ps<k>``): hold the rows of the ids with id % num_ps == k
+    and serve rank 0's lookups, updates and checkpoint writes until rank 0 says stop (or is gone)."""
+    global _SHARD
+    import torch
+    import torch.distributed.rpc as rpc
+
+    from .data import load
+    from .model import TableShard
+
+    torch.set_num_threads(spec.cluster.threads)
+    data = load(spec.events_path, spec.train.crosses, spec.data_cache)
+    _SHARD = TableShard(data.fields, spec.train)
+    parent = os.getppid()
+    guard = Watchdog(f"ps{k}", spec.cluster.start_timeout_s,
+                     lambda: "its parameter server (parent process) is gone" if os.getppid() != parent else None)
+    rpc.init_rpc(f"ps{k}", rank=k, world_size=spec.cluster.workers + spec.cluster.num_ps,
+                 rpc_backend_options=_rpc_options(spec, port))
+    guard.started.set()
+    try:
+        deadline = time.monotonic() + spec.cluster.run_timeout_s + spec.cluster.stop_timeout_s + 60
+        while not _SHARD_STOP.wait(0.2):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ps{k}: no stop from rank 0 within the run's time limit")
+    finally:
+        rpc.shutdown(graceful=False)
+
+
 def work(spec, index: int, port: int) -> None:
-    """Worker ``index`` (rank index + 1): pull, compute one local batch, sleep per the straggler
-    trace, push; until stopped by the PS. Raises TimeoutError naming the wait that took longer than
-    ``cluster.wait_timeout_s``."""
+    """Worker ``index`` (rank num_ps + index): pull, compute one local batch (as many forward/backward
+    passes as the straggler trace says, keeping the first), push; until stopped by the PS. Raises
+    TimeoutError naming the wait that took longer than ``cluster.wait_timeout_s``."""
     import torch
     import torch.distributed.rpc as rpc
 
@@ -257,7 +384,8 @@ def work(spec, index: int, port: int) -> None:
     parent = os.getppid()
     guard = Watchdog(f"worker{index}", c.start_timeout_s,
                      lambda: "its parameter server (parent process) is gone" if os.getppid() != parent else None)
-    rpc.init_rpc(f"worker{index}", rank=index + 1, world_size=W + 1, rpc_backend_options=_rpc_options(spec, port))
+    P = c.num_ps
+    rpc.init_rpc(f"worker{index}", rank=P + index, world_size=W + P, rpc_backend_options=_rpc_options(spec, port))
     guard.started.set()
 
     def call(fn, *args):
@@ -292,11 +420,9 @@ def work(spec, index: int, port: int) -> None:
                 break
             _, token, rows, dense, version = r
             t = time.perf_counter()
-            grad = model.gradient(b, y, ids, rows, dense)
-            delay = spec.trace.delay_s(index, k, W, time.perf_counter() - t)
+            grad = model.gradient(b, y, ids, rows, dense, passes=spec.trace.passes(index, k, W))
+            grad.compute_s = time.perf_counter() - t
             k += 1
-            if delay > 0:
-                time.sleep(delay)
             r = call(ps._push, index, token, batch, grad)
             batch = r[1] if r[0] == "go" else None
     finally:
@@ -304,8 +430,8 @@ def work(spec, index: int, port: int) -> None:
 
 
 def _role_args(ap) -> None:
-    ap.add_argument("--role", choices=["ps", "worker"], default="ps")
-    ap.add_argument("--index", type=int, default=0, help="worker index (rank - 1)")
+    ap.add_argument("--role", choices=["ps", "shard", "worker"], default="ps")
+    ap.add_argument("--index", type=int, default=0, help="worker index (rank - num_ps) or shard number (rank)")
     ap.add_argument("--port", type=int, default=0, help="rendezvous port of rank 0")
 
 
@@ -315,6 +441,9 @@ def run(spec_args, out: Path, fp: str, pipes) -> dict | None:
     spec, a = spec_args
     if a.role == "worker":
         work(spec, a.index, a.port)
+        return None
+    if a.role == "shard":
+        shard(spec, a.index, a.port)
         return None
     return serve(spec, a.spec, out, pipes)
 

@@ -7,8 +7,16 @@ torch.distributed.rpc and that tests drive in-process. It also keeps the clock (
 evaluation excluded), evaluates the test AUC every ``eval_every`` global steps of applied samples,
 and assembles the result record (``ops.gba.report``).
 
-Sparse tables and dense parameters live here, on one server process (sharding the tables by ID
-across several servers is not built: ``ops.sparse.shard`` shards for all-reduce training only).
+Dense parameters live here; the sparse tables too, or, with ``shards`` (``Cluster.num_ps`` > 1),
+sharded by ID over this process (shard 0) and the shard processes (``ops.gba.model.ServerModel``).
+
+Mode ``auto`` (``ops.gba.switching``): the run starts in phase ``sync`` and the server switches the
+token control's rule (``Control.switch``) at global-step boundaries, by the straggler detector on
+the workers' step times (pull granted -> push received, measured here) or by the switch schedule.
+A switch touches nothing else — the same ServerModel (dense parameters with Adam state, tables
+with SparseAdagrad rows), the same data position, the same RNG and the same hyper-parameters
+continue — and is recorded in ``events`` (global step, optimizer step, training seconds, wall
+time, from, to, reason).
 
 Checkpoints (``ops.gba.checkpoint``): with ``checkpoints`` given, the server writes one right after
 the optimizer step that crosses each ``cluster.checkpoint_every`` global steps of applied samples
@@ -35,6 +43,7 @@ from .control import STOP, Control, Wait
 from .data import CTRData
 from .model import ServerModel
 from .staleness import histogram
+from .switching import StragglerDetector, due
 
 
 class ParameterServer:
@@ -47,13 +56,16 @@ class ParameterServer:
         checkpoints: where to write checkpoints and resume from (None: neither).
         on_checkpoint: called with each committed checkpoint's record (under the server lock).
         on_progress: called with the samples each optimizer step applied (under the server lock).
+        shards: clients of the shard processes 1 .. num_ps - 1 (``ops.gba.model.ServerModel``).
+        on_switch: called with each switch event (mode auto; under the server lock).
     Raises GBAConfigError for a bad spec, ValueError for mode ``sync`` (no server),
     CheckpointError / ValueError for a committed checkpoint that cannot be read.
     """
 
     def __init__(self, spec: RunSpec, data: CTRData, on_eval: Callable[[dict], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter, checkpoints: Checkpoints | None = None,
-                 on_checkpoint: Callable[[dict], None] | None = None, on_progress: Callable[[int], None] | None = None):
+                 on_checkpoint: Callable[[dict], None] | None = None, on_progress: Callable[[int], None] | None = None,
+                 shards: list | None = None, on_switch: Callable[[dict], None] | None = None):
         validate(spec)
         if spec.mode == "sync":
             raise ValueError("mode 'sync' trains by all-reduce (ops.gba.sync), not on a parameter server")
@@ -62,7 +74,18 @@ class ParameterServer:
         self.steps_target = spec.global_steps(data.n_train)
         self.control = Control(spec, total_samples=self.steps_target * spec.global_batch)
         self.agg = Aggregator()
-        self.model = ServerModel(data.fields, spec.train)
+        if len(shards or []) != spec.cluster.num_ps - 1:
+            raise ValueError(f"cluster.num_ps = {spec.cluster.num_ps} needs {spec.cluster.num_ps - 1} shard client(s), "
+                             f"got {len(shards or [])}")
+        self.model = ServerModel(data.fields, spec.train, shards)
+        self.on_switch = on_switch
+        W = spec.cluster.workers
+        self.granted: dict[int, float] = {}                 # worker -> clock when its pull was granted
+        self.step_time = [[0, 0.0] for _ in range(W)]      # per worker: batches timed, seconds
+        self.detector = StragglerDetector(W, spec.switching) if spec.mode == "auto" else None
+        self.events: list[dict] = []
+        self.sched_done = 0
+        self.next_window = spec.switching.window * spec.global_batch
         self.lock = threading.Lock()
         self.finished = threading.Event()
         self.stopped: set[int] = set()
@@ -101,6 +124,8 @@ class ParameterServer:
         m = self.model.evaluate(self.data.test, self.data.y_test)
         point = {"mode": self.spec.mode, "global_step": samples / self.spec.global_batch, "samples": samples,
                  "train_s": self.train_seconds(), **m}
+        if self.spec.mode == "auto":
+            point["phase"] = self.control.mode
         if self.t0 is not None and self.t_end is None:
             self.eval_s += self.clock() - t
         self.curve.append(point)
@@ -124,6 +149,7 @@ class ParameterServer:
             if r == STOP or isinstance(r, Wait):
                 return self._reply(w, r)
             rows = self.model.rows(ids)
+            self.granted[w] = self.clock()
             dense = None if have_version == self.version else self._dense
             return ("work", r.token, rows, dense, self.version)
 
@@ -131,6 +157,13 @@ class ParameterServer:
         """("go", next batch number) | ("stop",). Applies an optimizer step when the token control
         says the aggregate is complete; evaluates at the eval cadence."""
         with self.lock:
+            t = self.granted.pop(w, None)
+            if t is not None:
+                dt = grad.compute_s if grad.compute_s > 0 else self.clock() - t
+                self.step_time[w][0] += 1
+                self.step_time[w][1] += dt
+                if self.detector is not None:
+                    self.detector.observe(w, dt)
             v = self.control.push(w, token, batch, grad.samples)
             if v.weight > 0:
                 self.agg.add(grad, v.weight)
@@ -141,6 +174,9 @@ class ParameterServer:
     def worker_lost(self, w: int, reason: str) -> None:
         """A worker process died: drop its token and batch; finish if no worker is left."""
         with self.lock:
+            self.granted.pop(w, None)
+            if self.detector is not None:
+                self.detector.lost(w)
             if self.control.worker_lost(w, reason):
                 self._apply()
             if not self.control.live and not self.control.done:
@@ -163,6 +199,8 @@ class ParameterServer:
             self.t_end = self.clock()
             self._evaluate(c.samples_applied)
             return
+        if self.spec.mode == "auto":
+            self._switch_point()
         if c.samples_applied >= self.next_eval:
             self._evaluate(c.samples_applied)
             while self.next_eval <= c.samples_applied:
@@ -171,6 +209,36 @@ class ParameterServer:
             while self.next_ckpt <= c.samples_applied:
                 self.next_ckpt += self.ckpt_every
             self._checkpoint()
+
+    # -- switching (mode auto) -------------------------------------------------------------------
+    def _switch_point(self) -> None:
+        """After an optimizer step: close detector windows that ended; apply a due verdict or a due
+        schedule entry (the schedule, when given, replaces the detector's verdicts)."""
+        c, sw, G = self.control, self.spec.switching, self.spec.global_batch
+        while c.samples_applied >= self.next_window:
+            self.next_window += sw.window * G
+            now = self.clock()
+            v = self.detector.close_window({w: now - t for w, t in self.granted.items()}, step=c.samples_applied / G)
+            if v is not None and not sw.schedule and v.to != c.mode:
+                self.switch(v.to, v.reason)
+        for step, to in due(sw.schedule, self.sched_done, c.samples_applied, G):
+            self.sched_done += 1
+            if to != c.mode:
+                self.switch(to, f"schedule: switch_at step {step}")
+
+    def switch(self, to: str, reason: str) -> dict:
+        """Switch the run's rule to ``to`` now (call right after an optimizer step, under the lock:
+        nothing is pending). Changes nothing but the rule; returns the recorded event. Raises
+        ProtocolError outside mode auto or with gradients pending."""
+        c = self.control
+        ev = {"global_step": c.samples_applied / self.spec.global_batch, "optimizer_step": c.step,
+              "samples": c.samples_applied, "train_s": self.train_seconds(), "wall_time": time.time(),
+              "from": c.mode, "to": to, "reason": reason}
+        c.switch(to)
+        self.events.append(ev)
+        if self.on_switch:
+            self.on_switch(ev)
+        return ev
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
@@ -185,13 +253,16 @@ class ParameterServer:
         server = {"version": self.version, "curve": self.curve, "loss_curve": self.loss_curve,
                   "next_eval": self.next_eval, "next_ckpt": self.next_ckpt, "count": self.ckpt_count + 1,
                   "train_s": self.train_seconds(), "eval_s": self.before["eval_s"] + self.eval_s,
-                  "ckpt_s": self.before["ckpt_s"] + self.ckpt_s, "resumes": self.resumes}
+                  "ckpt_s": self.before["ckpt_s"] + self.ckpt_s, "resumes": self.resumes,
+                  "events": self.events, "sched_done": self.sched_done, "next_window": self.next_window,
+                  "detector": self.detector.state_dict() if self.detector is not None else None}
         save_state(folder, "ps", {"net": m.net.state_dict(), "opt": m.opt.state_dict(), "control": c.state(),
                                   "server": server, "rng": torch.get_rng_state()}, m.ec)
+        writers = ["ps", *self.model.save_shards(folder)]
         self.ckpt_count += 1
         rec = self.checkpoints.commit(folder, {"count": self.ckpt_count, "samples": c.samples_applied,
                                                "global_step": c.samples_applied / self.spec.global_batch,
-                                               "optimizer_steps": c.step, "writers": ["ps"]})
+                                               "optimizer_steps": c.step, "writers": writers})
         if self.t0 is not None:
             self.ckpt_s += self.clock() - t
         if self.on_checkpoint:
@@ -204,6 +275,7 @@ class ParameterServer:
 
         m = self.model.model
         st = load_state(self.checkpoints.folder(rec), "ps", m.ec)
+        self.model.load_shards(self.checkpoints.folder(rec))
         m.net.load_state_dict(st["net"])
         m.opt.load_state_dict(st["opt"])
         self.control.restore(st["control"])
@@ -211,6 +283,10 @@ class ParameterServer:
         self.version, self.curve, self.loss_curve = s["version"], s["curve"], s["loss_curve"]
         self.next_eval, self.next_ckpt, self.ckpt_count = s["next_eval"], s["next_ckpt"], s["count"]
         self.before = {"train_s": s["train_s"], "eval_s": s["eval_s"], "ckpt_s": s["ckpt_s"]}
+        self.events, self.sched_done = list(s.get("events", [])), s.get("sched_done", 0)
+        self.next_window = s.get("next_window", self.next_window)
+        if self.detector is not None and s.get("detector"):
+            self.detector.load_state_dict(s["detector"])
         self._dense = self.model.dense()
         torch.set_rng_state(st["rng"])
         self.resumed_from = {"checkpoint": rec["count"], "samples": rec["samples"], "global_step": rec["global_step"],
@@ -250,8 +326,9 @@ class ParameterServer:
                      "dropped_batches": [b for v, _, b in c.lost_work if v == w and b is not None]}
                     for w, why in sorted(c.lost.items())]
             res = {
-                "mode": spec.mode, "workers": spec.cluster.workers, "world_size": spec.cluster.workers + 1,
-                "launcher": "ops.gba.ps (1 PS + W workers, torch.distributed.rpc / TensorPipe)",
+                "mode": spec.mode, "workers": spec.cluster.workers, "world_size": spec.cluster.workers + spec.cluster.num_ps,
+                "num_ps": spec.cluster.num_ps,
+                "launcher": f"ops.gba.ps ({spec.cluster.num_ps} PS + W workers, torch.distributed.rpc / TensorPipe)",
                 "distributed_type": "PS_RPC", "trace": spec.trace.kind, "spec": _spec_dict(spec),
                 "hyper_parameters": hyper_parameters(spec),
                 "global_steps_target": self.steps_target,
@@ -262,6 +339,7 @@ class ParameterServer:
                               "discarded_at_end": c.discarded_at_end},
                 "staleness_histogram": histogram(c.taus), "staleness_unit": "global steps" if spec.mode in ("gba", "hopbw") else "optimizer steps",
                 "batches_by_worker": dict(zip(names, c.batches_by_worker)),
+                "step_time_s": {n: (t / k if k else None) for n, (k, t) in zip(names, self.step_time)},
                 "lost_workers": lost, "failure": self.failure,
                 "curve": self.curve, "loss_curve": self.loss_curve, "final": self.curve[-1] if self.curve else None,
                 "eval_seconds": self.before["eval_s"] + self.eval_s,
@@ -269,6 +347,10 @@ class ParameterServer:
                                 "written": self.ckpt_count, "seconds": self.before["ckpt_s"] + self.ckpt_s,
                                 "resumes": self.resumes},
             }
+            if spec.mode == "auto":
+                res["switching"] = {"policy": _spec_dict(spec)["switching"], "events": self.events,
+                                    "final_phase": c.mode, "dropped_at_switch": c.dropped_at_switch,
+                                    "windows": self.detector.windows}
             return report.finish(res, c.samples_applied, self.train_seconds(), spec.cluster.target_auc)
 
 

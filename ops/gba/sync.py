@@ -11,7 +11,9 @@ Launch: ``accelerate launch --multi_gpu --num_processes W -m ops.gba.launch_sync
 with ``ACCELERATE_USE_CPU=true`` (``resources.compute.ComputeResource`` builds it). Each rank checks
 that it got the world size and distributed type it was asked for (``check_launch``): ``accelerate
 launch --cpu --num_processes 2`` silently runs one process (docs/platform-notes.md, "accelerate on CPU"). The straggler trace slows
-rank r exactly as it slows PS worker r; every other rank then waits at the all-reduce.
+rank r as it slows PS worker r — by real extra forward/backward passes of the DeepFM head over its
+local batches (``ops.gba.trace``; the lookups are collectives and are not repeated); every other
+rank then waits at the all-reduce.
 
 Checkpoints (``ops.gba.checkpoint``) every ``cluster.checkpoint_every`` global steps: the sparse
 rows are sharded over the ranks, so every rank writes its shard of the tables, its copy of the
@@ -42,7 +44,7 @@ from .checkpoint import Checkpoints, load_state, save_state
 from .config import RunSpec, hyper_parameters, load_spec, validate
 from .data import CTRData, SampleStream, take
 from .errors import LaunchError
-from .model import loss_sum, metrics
+from .model import dense_pass, loss_sum, metrics, repeat
 
 
 def check_launch(world_size: int, distributed_type: str, workers: int) -> None:
@@ -103,12 +105,19 @@ class SyncModel(CTRModel):
         self.group = group
         self.params = list(self.net.parameters())
 
-    def backward(self, batch: dict, labels: torch.Tensor) -> float:
-        """Forward + backward of this rank's share [B]; returns its BCE sum."""
+    def backward(self, batch: dict, labels: torch.Tensor, extra: list[int] | None = None, local_batch: int = 0) -> float:
+        """Forward + backward of this rank's share [B] (``len(extra)`` local batches of ``local_batch``
+        samples); returns its BCE sum. ``extra[j]`` > 0: the straggler computes local batch j's
+        DeepFM forward/backward that many more times and discards them (``ops.gba.trace``; the
+        embedding lookups are collectives, so they are not repeated)."""
         self.ec.expect({t: c for t, (_, c) in self.ec.unique_ids(batch).items()})
-        bce, reg = loss_sum(self, batch, labels)
+        out: dict = {}
+        bce, reg = loss_sum(self, batch, labels, out)
         self.opt.zero_grad()
         (bce + reg).backward()
+        for j, n in enumerate(extra or []):
+            sl = slice(j * local_batch, (j + 1) * local_batch)
+            repeat(n, lambda: dense_pass(self, out["e"][sl], labels[sl]))
         return bce.item()
 
     def reduce_and_apply(self, bce_sum: float, samples: int, global_batch: int) -> float:
@@ -234,12 +243,8 @@ class SyncTrainer:
         clock = lambda: self.before["train_s"] + time.perf_counter() - t0 - eval_s - ckpt_s  # noqa: E731
         for s in range(start, steps):
             idx = self.stream.batches(s * M + r * share, share)
-            t, comm = time.perf_counter(), self.model.ec.x.seconds
-            bce = self.model.backward(take(self.data.train, idx), self.data.y_train[idx])
-            per_batch = (time.perf_counter() - t - (self.model.ec.x.seconds - comm)) / share     # local compute only
-            delay = sum(spec.trace.delay_s(r, s * share + j, W, per_batch) for j in range(share))
-            if delay > 0:
-                time.sleep(delay)
+            extra = [spec.trace.passes(r, s * share + j, W) - 1 for j in range(share)]
+            bce = self.model.backward(take(self.data.train, idx), self.data.y_train[idx], extra, spec.local_batch)
             loss = self.model.reduce_and_apply(bce, len(idx), G)
             self.loss_curve.append([(s + 1) * G, loss])
             if self.on_progress:

@@ -2,16 +2,19 @@
 cluster; docs/gba.md, "Straggler trace").
 
 A trace gives each (worker, k) — worker index in [0, W), k its k-th local batch — a slowdown
-multiplier m >= 1: the worker's local batch takes m times its measured compute time, by sleeping
-the difference. Sleep-based slowdowns model a worker that is slow for reasons outside the job
-(a busy host), and keep the 2-core machine from being the bottleneck. ``base_delay_s`` adds a
-simulated compute time to every local batch of every worker (0 = the real compute only), so a
-benchmark can emulate a heavier model without burning CPU.
+multiplier m >= 1. The slowdown is real work, not a sleep: the worker computes the forward and
+backward pass of that local batch ``passes(worker, k) `` times and keeps only the first gradient
+(``ops.gba.model.repeat``; the RNG is restored after the extra passes, so the kept gradient and
+the dropout stream are those of an unslowed worker). ``passes`` is floor(m), plus one more pass
+with probability frac(m) drawn from (seed, worker, k), so the expected work is m x one pass. A
+worker is thus m times slower for as long as the machine has a core for it (on an oversubscribed
+machine, CPU contention adds to it; docs/gba.md, "Known limits").
 
-Kinds: ``none`` (m = 1); ``persistent`` (worker ``slow_worker`` has m = ``slowdown`` on every local
-batch, the others 1); ``random`` (every worker, every local batch: m = 1 + X with X exponential of
-mean ``mean_extra``, or Pareto (Lomax) with shape ``pareto_shape`` scaled to mean ``mean_extra``).
-The draw for (worker, k) depends only on (seed, worker, k), so every mode replays the same trace.
+Kinds: ``none`` (m = 1); ``persistent`` (worker ``slow_worker`` has m = ``slowdown`` on its local
+batches ``onset`` <= k < ``recovery`` (-1: to the end), the others 1); ``random`` (every worker,
+every local batch: m = 1 + X with X exponential of mean ``mean_extra``, or Pareto (Lomax) with
+shape ``pareto_shape`` scaled to mean ``mean_extra``). The draw for (worker, k) depends only on
+(seed, worker, k), so every mode replays the same trace.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from .errors import GBAConfigError
 
 KINDS = ("none", "persistent", "random")
 DISTRIBUTIONS = ("exponential", "pareto")
+MAX_PASSES = 64
+"""Cap on the passes of one local batch (a Pareto draw can be huge)."""
 
 
 @dataclass(frozen=True)
@@ -33,39 +38,54 @@ class StragglerTrace:
     distribution: str = "exponential"
     mean_extra: float = 1.0
     pareto_shape: float = 2.5
-    base_delay_s: float = 0.0
+    onset: int = 0
+    """Persistent straggler: slow from its local batch ``onset`` ..."""
+    recovery: int = -1
+    """... up to (not including) its local batch ``recovery``; -1 = to the end of the run."""
     seed: int = 0
 
     def check(self, workers: int) -> None:
         """Raises GBAConfigError naming the field (unknown kind or distribution, slowdown < 1,
-        negative delays, Pareto shape <= 1, straggler index outside the workers)."""
+        negative mean extra, Pareto shape <= 1, straggler index outside the workers, onset < 0,
+        recovery not after the onset)."""
         if self.kind not in KINDS:
             raise GBAConfigError(f"trace.kind must be one of {KINDS}, got {self.kind!r}")
         if self.distribution not in DISTRIBUTIONS:
             raise GBAConfigError(f"trace.distribution must be one of {DISTRIBUTIONS}, got {self.distribution!r}")
         if self.slowdown < 1.0:
             raise GBAConfigError(f"trace.slowdown must be >= 1 (a multiplier of compute time), got {self.slowdown}")
-        if self.mean_extra < 0 or self.base_delay_s < 0:
-            raise GBAConfigError(f"trace.mean_extra and trace.base_delay_s must be >= 0, got {self.mean_extra}, {self.base_delay_s}")
+        if self.mean_extra < 0:
+            raise GBAConfigError(f"trace.mean_extra must be >= 0, got {self.mean_extra}")
         if self.pareto_shape <= 1.0:
             raise GBAConfigError(f"trace.pareto_shape must be > 1 (finite mean), got {self.pareto_shape}")
         if self.kind == "persistent" and not -workers <= self.slow_worker < workers:
             raise GBAConfigError(f"trace.slow_worker must index one of the {workers} workers, got {self.slow_worker}")
+        if self.onset < 0 or (self.recovery != -1 and self.recovery <= self.onset):
+            raise GBAConfigError(f"trace.onset must be >= 0 and trace.recovery -1 or > onset, got {self.onset}, {self.recovery}")
 
     def multiplier(self, worker: int, k: int, workers: int) -> float:
         """Slowdown multiplier (>= 1) of ``worker``'s ``k``-th local batch in a run of ``workers``."""
         if self.kind == "none":
             return 1.0
         if self.kind == "persistent":
-            return self.slowdown if worker == self.slow_worker % workers else 1.0
-        import numpy as np
-
-        rng = np.random.default_rng([self.seed, worker, k])
+            on = k >= self.onset and (self.recovery == -1 or k < self.recovery)
+            return self.slowdown if on and worker == self.slow_worker % workers else 1.0
+        rng = self._rng(worker, k)
         if self.distribution == "exponential":
             return 1.0 + float(rng.exponential(self.mean_extra))
         return 1.0 + self.mean_extra * (self.pareto_shape - 1.0) * float(rng.pareto(self.pareto_shape))
 
-    def delay_s(self, worker: int, k: int, workers: int, compute_s: float) -> float:
-        """Seconds to sleep after a local batch that took ``compute_s`` to compute, so that it takes
-        ``multiplier x (compute_s + base_delay_s)`` in all."""
-        return self.base_delay_s + (self.multiplier(worker, k, workers) - 1.0) * (compute_s + self.base_delay_s)
+    def _rng(self, worker: int, k: int, stream: int = 0):
+        import numpy as np
+
+        return np.random.default_rng([self.seed, worker, k, stream])
+
+    def passes(self, worker: int, k: int, workers: int) -> int:
+        """Forward/backward passes (>= 1, <= MAX_PASSES) that ``worker`` computes for its ``k``-th
+        local batch: floor(m), plus one with probability frac(m) (seeded by (seed, worker, k))."""
+        m = self.multiplier(worker, k, workers)
+        n = int(m)
+        frac = m - n
+        if frac > 0 and float(self._rng(worker, k, 1).random()) < frac:
+            n += 1
+        return max(1, min(MAX_PASSES, n))

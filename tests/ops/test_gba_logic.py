@@ -162,8 +162,12 @@ def test_aggregator_averages_dense_over_the_samples_and_rows_over_the_samples_th
 def test_straggler_trace_is_seeded_and_the_same_for_every_mode():
     p = StragglerTrace(kind="persistent", slowdown=4.0)
     assert [p.multiplier(w, 7, 3) for w in range(3)] == [1.0, 1.0, 4.0]          # -1 = the last worker
-    assert p.delay_s(2, 0, 3, 0.01) == pytest.approx(0.03)
-    assert StragglerTrace(kind="persistent", base_delay_s=0.02).delay_s(0, 0, 2, 0.01) == pytest.approx(0.02)
+    assert [p.passes(w, 7, 3) for w in range(3)] == [1, 1, 4]                     # real extra forward/backward passes
+    frac = StragglerTrace(kind="persistent", slowdown=2.5, seed=1)
+    n = [frac.passes(1, k, 2) for k in range(4000)]
+    assert set(n) == {2, 3} and abs(np.mean(n) - 2.5) < 0.05                     # expected work = m passes
+    window = StragglerTrace(kind="persistent", slowdown=4.0, onset=10, recovery=20)
+    assert [window.multiplier(1, k, 2) for k in (9, 10, 19, 20)] == [1.0, 4.0, 4.0, 1.0]
     for dist in ("exponential", "pareto"):
         r = StragglerTrace(kind="random", distribution=dist, mean_extra=1.0, seed=3)
         draws = np.array([r.multiplier(w, k, 2) for w in range(2) for k in range(2000)])

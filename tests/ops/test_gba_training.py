@@ -109,7 +109,7 @@ def test_ps_worker_dies_sigkill_mid_run_the_ps_and_the_other_worker_finish(ctr_e
     """Case ps-worker-dies (../shared/cases/training.json): 1 PS + 2 workers, SIGKILL worker1 half-way."""
     events_path, cache = ctr_events_file
     spec = RunSpec(mode="gba", train=TrainConfig(batch_size=G, epochs=0.5), local_batch=B, events_path=events_path,
-                   data_cache=cache, trace=StragglerTrace(base_delay_s=0.02),           # ~25 ms per local batch
+                   data_cache=cache, trace=StragglerTrace(kind="random", mean_extra=2.0),   # ~3 real passes per batch
                    cluster=Cluster(workers=2, eval_every=4, rpc_timeout_s=20, stop_timeout_s=10, run_timeout_s=90))
     (tmp_path / "spec.json").write_text(spec.to_json())
     out = tmp_path / "run"
