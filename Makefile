@@ -7,7 +7,7 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-ui dev clean bench
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup.sh
 	bash scripts/setup.sh
 
 setup: $(STAMP)
@@ -22,7 +22,7 @@ test: setup
 
 ## The UI as a person uses it: dagster dev + headless Chromium (installs Debian's chromium if missing).
 test-ui: setup
-	$(VENV)/bin/pip install -q -e ".[dev,ui]"
+	$(VENV)/bin/pip install -q -e ".[dev,ui]" -c constraints.txt
 	$(VENV)/bin/python -m pytest -q -m ui tests/ui
 
 ## Serve the Dagster UI on http://127.0.0.1:3000 over the same instance and lake.

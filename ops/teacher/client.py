@@ -1,35 +1,39 @@
-"""OpenAI-compatible chat-completions client: concurrency, per-request timeout, bounded retries with
-backoff, immediate failure on non-retryable 4xx, a request budget, and a persistent cache.
+"""OpenAI-compatible chat-completions client on the openai SDK: concurrency, per-request timeout,
+the SDK's bounded retries (backoff, ``Retry-After``), immediate failure on non-retryable 4xx, a
+request budget, and a persistent cache.
 
 One code path for every teacher: the embedded server (:mod:`ops.teacher.serve`), vLLM, SGLang or a
 provider — only ``base_url``/``model``/``api_key`` change (Logics-STEM §2, stage 4: the teacher is a
 resource).
 
-Seeds: a request's ``seed`` goes out as the OpenAI ``seed`` field (the one the openai SDK's
-``chat.completions.create(seed=...)`` sends) and is part of the cache key. The spec makes it best
-effort, so each result records the response's ``system_fingerprint`` and whether the endpoint said
-it honoured the seed (``"seed_honoured": true``, which the embedded server sends), or the client
-was told so (``seed_honoured=True``: an endpoint known to seed each request, e.g. vLLM).
+Seeds: a request's ``seed`` goes out as the OpenAI ``seed`` field (``chat.completions.create(seed=...)``)
+and is part of the cache key. The spec makes it best effort, so each result records the response's
+``system_fingerprint`` and whether the endpoint said it honoured the seed (``"seed_honoured": true``,
+which the embedded server sends), or the client was told so (``seed_honoured=True``: an endpoint
+known to seed each request, e.g. vLLM).
 
-Retry policy (per request): connection errors, timeouts, HTTP 408/429 and 5xx are retried up to
-``max_retries`` times with exponential backoff ``backoff_s * 2**attempt`` (plus up to 25% jitter;
-a ``Retry-After`` header wins when present); any other 4xx fails at once. Every HTTP attempt
-counts against ``request_budget``; when the budget is spent, remaining requests fail with
-``budget exhausted`` (recorded as failed, never as a wrong answer).
+Retry policy (per request; the SDK's own, ``openai.OpenAI(max_retries=...)``): connection errors,
+timeouts, HTTP 408/409/429 and 5xx are retried up to ``max_retries`` times with exponential backoff
+from 0.5 s (doubling, at most 8 s, minus up to 25% jitter); a ``Retry-After``/``retry-after-ms``
+header of up to 120 s wins (a longer one is not retried), and the endpoint's ``x-should-retry``
+header is obeyed; any other 4xx fails at once. Every HTTP attempt, retries included, counts
+against ``request_budget`` (counted by a request hook on the SDK's HTTP client); when the budget is
+spent, remaining requests fail with ``budget exhausted`` without being sent (recorded as failed,
+never as a wrong answer).
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
+
+import openai
 
 from .cache import ResponseCache, request_key
-
-RETRYABLE = {408, 429}
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ class ClientStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
-class BudgetExhausted(RuntimeError):
-    pass
+class BudgetExhausted(openai.OpenAIError):
+    """The client's ``request_budget`` is spent. An ``OpenAIError``, so the SDK propagates it from
+    the request hook at once instead of retrying it as a connection error."""
 
 
 class TeacherClient:
@@ -102,10 +107,9 @@ class TeacherClient:
     Args:
         base_url: e.g. ``http://127.0.0.1:8000/v1``.
         model: model name sent with each request; also part of the cache key.
-        api_key: bearer token (empty for local servers).
-        timeout_s: per-request wall-clock timeout (connect + read), > 0.
-        max_retries: retries after the first attempt (>= 0).
-        backoff_s: first backoff; doubles each retry.
+        api_key: bearer token (empty for local servers: the SDK requires one, so ``EMPTY`` is sent).
+        timeout_s: per-request timeout (connect, read, write each), > 0.
+        max_retries: retries after the first attempt (>= 0), scheduled by the SDK.
         concurrency: requests in flight (>= 1).
         request_budget: maximum HTTP attempts over the client's life (>= 0).
         cache: a :class:`ResponseCache`; finished responses are stored as they arrive.
@@ -118,32 +122,31 @@ class TeacherClient:
     """
 
     def __init__(self, base_url: str, model: str, api_key: str = "", timeout_s: float = 60.0, max_retries: int = 3,
-                 backoff_s: float = 0.5, concurrency: int = 4, request_budget: int = 10_000,
-                 cache: ResponseCache | None = None, cache_model: str | None = None, seed_honoured: bool = False):
+                 concurrency: int = 4, request_budget: int = 10_000, cache: ResponseCache | None = None,
+                 cache_model: str | None = None, seed_honoured: bool = False):
         for name, value, ok in (("timeout_s", timeout_s, timeout_s > 0), ("max_retries", max_retries, max_retries >= 0),
-                                ("concurrency", concurrency, concurrency >= 1), ("request_budget", request_budget, request_budget >= 0),
-                                ("backoff_s", backoff_s, backoff_s >= 0)):
+                                ("concurrency", concurrency, concurrency >= 1), ("request_budget", request_budget, request_budget >= 0)):
             if not ok:
                 raise ValueError(f"teacher.{name} out of range: {value}")
-        import httpx
-
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self.backoff_s = backoff_s
         self.concurrency = concurrency
         self.request_budget = request_budget
         self.cache = cache
         self.cache_model = cache_model or model
         self.seed_honoured = seed_honoured
         self.stats = ClientStats()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s),
-                                  limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+        self._attempts = threading.local()  # HTTP attempts of the request this thread is making
+        # The SDK runs a request's retries in the calling thread and calls the HTTP client's request
+        # hooks before every attempt: there the budget is spent and the attempt counted.
+        http = openai.DefaultHttpxClient(event_hooks={"request": [self._on_attempt]})
+        self._client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
+                                     max_retries=max_retries, http_client=http)
 
     def close(self) -> None:
-        self._http.close()
+        self._client.close()
 
     def __enter__(self):
         return self
@@ -151,49 +154,44 @@ class TeacherClient:
     def __exit__(self, *exc):
         self.close()
 
-    def _spend(self) -> None:
+    def _on_attempt(self, request: Any) -> None:
+        """Request hook: spend one unit of the budget (or raise BudgetExhausted: nothing is sent)."""
         with self.stats.lock:
             if self.stats.http_requests >= self.request_budget:
                 raise BudgetExhausted(f"request budget of {self.request_budget} exhausted")
             self.stats.http_requests += 1
+            if self._attempts.n:
+                self.stats.retries += 1
+        self._attempts.n += 1
 
     def _post(self, req: ChatRequest) -> ChatResult:
-        import httpx
-
-        attempt = 0
+        self._attempts.n = 0
         t0 = time.monotonic()
-        while True:
-            try:
-                self._spend()
-            except BudgetExhausted as e:
-                return ChatResult(req, "failed", error=str(e), attempts=attempt)
-            attempt += 1
-            retry_after = None
-            try:
-                resp = self._http.post("/chat/completions", json=req.body(self.model))
-                if resp.status_code == 200:
-                    data = resp.json()
-                    choice = data["choices"][0]
-                    text = choice["message"].get("content") or ""
-                    usage = data.get("usage") or {}
-                    honoured = req.seed is not None and (data.get("seed_honoured") is True or self.seed_honoured)
-                    return ChatResult(req, "ok", text=text, completion_tokens=usage.get("completion_tokens"),
-                                      latency_s=time.monotonic() - t0, attempts=attempt,
-                                      system_fingerprint=data.get("system_fingerprint") or None, seed_honoured=honoured)
-                error = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                retryable = resp.status_code in RETRYABLE or resp.status_code >= 500
-                ra = resp.headers.get("retry-after")
-                retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
-            except (httpx.TimeoutException, httpx.TransportError) as e:
-                error, retryable = f"{type(e).__name__}: {e}"[:300], True
-            except (KeyError, IndexError, ValueError) as e:
-                error, retryable = f"malformed response: {e!r}"[:300], False
-            if not retryable or attempt > self.max_retries:
-                return ChatResult(req, "failed", error=error, latency_s=time.monotonic() - t0, attempts=attempt)
-            with self.stats.lock:
-                self.stats.retries += 1
-            delay = retry_after if retry_after is not None else self.backoff_s * (2 ** (attempt - 1))
-            time.sleep(min(delay * (1 + 0.25 * random.random()), 60.0))
+        body = req.body(self.model)
+        kwargs: dict[str, Any] = {"model": body.pop("model"), "messages": body.pop("messages")}
+        if "seed" in body:
+            kwargs["seed"] = body.pop("seed")
+        try:
+            # sampling parameters go out as-is (extra_body): the SDK's typed arguments would drop
+            # server-specific ones such as top_k
+            completion = self._client.chat.completions.create(**kwargs, extra_body=body)
+            text = completion.choices[0].message.content or ""
+            usage = completion.usage
+            extra = completion.model_extra or {}
+            honoured = req.seed is not None and (extra.get("seed_honoured") is True or self.seed_honoured)
+            return ChatResult(req, "ok", text=text, completion_tokens=usage.completion_tokens if usage else None,
+                              latency_s=time.monotonic() - t0, attempts=self._attempts.n,
+                              system_fingerprint=completion.system_fingerprint or None, seed_honoured=honoured)
+        except BudgetExhausted as e:
+            error = str(e)
+        except openai.APIStatusError as e:  # a non-retryable status, or a retryable one past max_retries
+            error = f"HTTP {e.status_code}: {e.response.text[:200]}"
+        except openai.APIConnectionError as e:  # APITimeoutError included
+            cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
+            error = f"{type(e).__name__}: {e}{cause}"[:300]
+        except (openai.APIResponseValidationError, AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+            error = f"malformed response: {e!r}"[:300]
+        return ChatResult(req, "failed", error=error, latency_s=time.monotonic() - t0, attempts=self._attempts.n)
 
     def complete(self, requests: Iterable[ChatRequest], on_result: Callable[[ChatResult], None] | None = None) -> list[ChatResult]:
         """Run every request (cache first), ``concurrency`` at a time; results in request order.

@@ -84,7 +84,7 @@ def test_failed_requests_are_failed_not_wrong(tmp_path):
     lake = _seed_lake(tmp_path)
     with StubOpenAI(default=503) as stub:
         res = dg.materialize([distilled_problems], run_config=_run_config(), resources={
-            "lake": lake, "teacher": TeacherResource(base_url=stub.base_url, model="stub", max_retries=1, backoff_s=0.01)})
+            "lake": lake, "teacher": TeacherResource(base_url=stub.base_url, model="stub", max_retries=1)})
     assert res.success
     samples = lake.read("teacher_responses")
     assert set(samples["status"].to_list()) == {"failed"}

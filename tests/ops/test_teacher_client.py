@@ -1,4 +1,5 @@
-"""The teacher client against real HTTP servers on 127.0.0.1: retries, timeouts, 4xx, budget, cache."""
+"""The teacher client (on the openai SDK) against real HTTP servers on 127.0.0.1: retries, timeouts,
+4xx, Retry-After, budget, cache."""
 
 import time
 
@@ -15,7 +16,7 @@ def reqs(n, params=None):
 
 def test_503_twice_then_success_is_retried():
     with StubOpenAI(script=[503, 503]) as stub:
-        with TeacherClient(stub.base_url, "m", backoff_s=0.01, max_retries=3, concurrency=1) as c:
+        with TeacherClient(stub.base_url, "m", max_retries=3, concurrency=1) as c:
             [res] = c.complete(reqs(1))
     assert res.status == "ok" and res.attempts == 3 and "boxed{4}" in res.text
     assert stub.requests == 3 and c.stats.retries == 2
@@ -24,22 +25,23 @@ def test_503_twice_then_success_is_retried():
 def test_hang_past_timeout_fails_after_bounded_retries():
     with StubOpenAI(default="hang", hang_s=3.0) as stub:
         t = time.monotonic()
-        with TeacherClient(stub.base_url, "m", timeout_s=0.3, max_retries=1, backoff_s=0.01, concurrency=1) as c:
+        with TeacherClient(stub.base_url, "m", timeout_s=0.3, max_retries=1, concurrency=1) as c:
             [res] = c.complete(reqs(1))
-        assert time.monotonic() - t < 2.5
+        assert time.monotonic() - t < 2.9  # 2 x 0.3 s + one SDK backoff (<= 0.5 s), not 2 x the 3 s hang
     assert res.status == "failed" and "Timeout" in res.error and res.attempts == 2
 
 
 def test_other_4xx_fails_at_once_and_429_honours_retry_after():
     with StubOpenAI(script=[400]) as stub:
-        with TeacherClient(stub.base_url, "m", backoff_s=0.01, concurrency=1) as c:
+        with TeacherClient(stub.base_url, "m", concurrency=1) as c:
             [res] = c.complete(reqs(1))
     assert res.status == "failed" and res.error.startswith("HTTP 400") and res.attempts == 1 and stub.requests == 1
-    with StubOpenAI(script=[429], retry_after=0.2) as stub:
-        with TeacherClient(stub.base_url, "m", backoff_s=5.0, concurrency=1) as c:
+    with StubOpenAI(script=[429], retry_after=1.5) as stub:
+        with TeacherClient(stub.base_url, "m", concurrency=1) as c:
             t = time.monotonic()
             [res] = c.complete(reqs(1))
-    assert res.status == "ok" and 0.2 <= time.monotonic() - t < 2.0  # Retry-After (0.2 s), not backoff (5 s)
+    # Retry-After (1.5 s) wins over the first backoff (<= 0.5 s)
+    assert res.status == "ok" and res.attempts == 2 and 1.5 <= time.monotonic() - t < 10.0
 
 
 def test_request_budget_marks_the_rest_failed():
