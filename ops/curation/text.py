@@ -79,3 +79,83 @@ def stable_id(*parts: str) -> str:
     """A 16-hex-digit content id from the given parts (sha1), stable across runs and machines."""
     h = hashlib.sha1("\x1f".join(parts).encode("utf-8")).hexdigest()
     return h[:16]
+
+
+# --- normalisation for benchmark matching (decontamination only; dedup keeps the light form) ---------------------
+#
+# A benchmark copy can differ from the benchmark item only in how it was stored or typeset: JSON escaping doubles
+# every backslash ("\\frac"), Markdown escapes punctuation ("\*", "\_"), LaTeX has several spellings of one thing
+# (\dfrac/\tfrac/\frac, \left( / (, \leq / \le, \, / \! spacing), and Unicode has several code points for one
+# character. `match_normalize` maps all of these to one form, so that the exact, n-gram and MinHash layers compare
+# what a reader sees (case ``decontam-escaped-latex``). It is a matching key, never shown or stored.
+
+_BACKSLASH_RUN = re.compile(r"\\{2,}")
+# JSON control escapes \n \r \t after un-doubling: a LaTeX command continues in lower case (\nu, \theta, \right)
+_JSON_CTRL = re.compile(r"\\[nrt](?![a-z])")
+_JSON_UNICODE = re.compile(r"\\u([0-9a-fA-F]{4})")
+_MATH_DELIM = re.compile(r"\\[()\[\]]")
+_DOLLARS = re.compile(r"\${2,}")
+_LATEX_SPACE = re.compile(r"\\(?:[,;:!>]|\s|q?quad(?![A-Za-z]))|~")
+_LATEX_SIZING = re.compile(r"\\(?:left|right|middle|[bB]igg?[lr]?|displaystyle|textstyle|scriptstyle)(?![A-Za-z])")
+_LATEX_FONT = re.compile(r"\\(?:text|textrm|textnormal|textbf|textit|mbox|mathrm|mathbf|mathit|mathsf|bold|boldsymbol|"
+                         r"emph|operatorname)\s*\{([^{}]*)\}")
+_LATEX_VARIANTS = [(re.compile(p + r"(?![A-Za-z])"), r) for p, r in [
+    (r"\\[dtc]frac", r"\\frac"), (r"\\[dt]binom", r"\\binom"), (r"\\leq(?:slant)?", r"\\le"), (r"\\geq(?:slant)?", r"\\ge"),
+    (r"\\neq", r"\\ne"), (r"\\(?:ldots|cdots|dotsm|dotsb|dotsc|dotso)", r"\\dots"), (r"\\lbrace", "{"), (r"\\rbrace", "}"),
+    (r"\\to", r"\\rightarrow"), (r"\\gets", r"\\leftarrow"),
+]]
+_ESCAPED_PUNCT = re.compile(r"\\([^\w\s\\]|_)")  # \$ \% \{ \_ \* \# ... -> the character itself
+_MD_EMPHASIS = re.compile(r"\*\*|__")
+_UNICODE_MATH = str.maketrans({
+    "\u2212": "-", "\u2013": "-", "\u2014": "-", "\u00d7": " \\times ", "\u00f7": " \\div ", "\u03c0": " \\pi ",
+    "\u2264": " \\le ", "\u2265": " \\ge ", "\u2260": " \\ne ", "\u221a": " \\sqrt ", "\u221e": " \\infty ",
+    "\u00b0": "^\\circ ", "\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'", "\u00a0": " ",
+})
+_DIGITS = re.compile(r"\d+")
+
+
+def match_normalize(text: str) -> str:
+    """The matching form of a problem text, for comparing it with benchmark items.
+
+    Steps, in order: undo JSON escaping (runs of backslashes -> one; ``\\n``/``\\t``/``\\r`` not followed by a
+    lower-case letter -> a space; ``\\uXXXX`` -> the character), Unicode NFKC plus the maths code points NFKC
+    keeps (minus sign, ×, ≤, π, ° ...), math delimiters ``\\( \\) \\[ \\] $$`` -> ``$``, LaTeX spacing (``\\,``
+    ``\\!`` ``\\;`` ``\\quad`` ``~``) -> a space, sizing (``\\left`` ``\\right`` ``\\big``) and style commands
+    removed, font and text wrappers (``\\text{cm}``, ``\\mathbf{v}``) -> their content, command variants
+    (``\\dfrac``/``\\tfrac``/``\\cfrac`` -> ``\\frac``, ``\\leq`` -> ``\\le``, ``\\cdots`` -> ``\\dots`` ...),
+    escaped punctuation (Markdown ``\\*``, LaTeX ``\\$``, ``\\{``) -> the character, Markdown emphasis
+    markers removed, ``{,}`` -> ``,``; then :func:`normalize` (lower case, collapsed whitespace).
+
+    Digits are kept: two problems that differ in a number differ here too (the sibling layer of
+    decontamination masks them on purpose, see :func:`mask_numbers`).
+
+    Args:
+        text: any unicode string (a benchmark item or a training problem).
+    Returns:
+        the matching form (possibly empty). Idempotent: ``match_normalize(match_normalize(t)) == match_normalize(t)``.
+    """
+    t = _BACKSLASH_RUN.sub(r"\\", text)
+    t = _JSON_CTRL.sub(" ", t)
+    t = _JSON_UNICODE.sub(lambda m: chr(int(m.group(1), 16)), t)
+    t = unicodedata.normalize("NFKC", t).translate(_UNICODE_MATH)
+    t = _MATH_DELIM.sub("$", t)
+    t = _LATEX_SPACE.sub(" ", t)
+    t = _LATEX_SIZING.sub("", t)
+    for _ in range(2):  # \text{\textbf{x}}
+        t = _LATEX_FONT.sub(r" \1 ", t)
+    for pat, rep in _LATEX_VARIANTS:
+        t = pat.sub(rep, t)
+    t = _ESCAPED_PUNCT.sub(r"\1", t)
+    t = _DOLLARS.sub("$", _MD_EMPHASIS.sub("", t).replace("{,}", ","))
+    return normalize(t)
+
+
+def match_tokens(text: str) -> list[str]:
+    """Tokens (as :func:`tokens`) of :func:`match_normalize`'s form of ``text``."""
+    return _TOKEN.findall(match_normalize(text))
+
+
+def mask_numbers(toks: list[str]) -> list[str]:
+    """Every digit run in every token replaced by ``0`` (``"141"`` -> ``"0"``, ``"2x"`` -> ``"0x"``): the
+    token form under which a template sibling (same question, other numbers) equals its benchmark item."""
+    return [_DIGITS.sub("0", t) for t in toks]

@@ -18,6 +18,7 @@ main thread of a worker process, with an outer wall-clock timeout from Pebble.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -47,6 +48,42 @@ def last_boxed(text: str | None) -> str | None:
             if depth == 0:
                 return text[i + 1 : j].strip()
     return None
+
+
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
+
+
+def final_answer_text(response: str | None) -> str:
+    """The response without its reasoning: the text outside ``<think>...</think>`` blocks (tags
+    case-insensitive), which is where the final answer must be. One rule for curation
+    (:func:`verify_one`) and the RL reward (``ops.rl.reward``); case ``reward-think-block``
+    (shared/cases/training.json): an answer inside a think block never counts as the final answer.
+
+    * a closed block ``<think>...</think>`` is removed, wherever it is (several may occur);
+    * an unclosed ``<think>`` runs to the end of the response: the reasoning never ended, so nothing
+      after it is a final answer (a ``\\boxed{}`` in it is ``unparseable``, not ``verified``);
+    * a ``</think>`` with no open block closes a block that began at the start of the response
+      (chat templates such as DeepSeek-R1's put the opening ``<think>`` in the prompt);
+    * a response without tags is its own final answer.
+
+    Returns:
+        the final-answer text ("" for None or when everything is reasoning).
+    """
+    response = response or ""
+    out, pos, inside = [], 0, False
+    for m in _THINK_TAG.finditer(response):
+        closing = m.group(1) == "/"
+        if closing:
+            if not inside:
+                out = []                                   # everything so far was reasoning
+            inside = False
+        elif not inside:
+            out.append(response[pos:m.start()])
+            inside = True
+        pos = m.end()
+    if not inside:
+        out.append(response[pos:])
+    return "".join(out)
 
 
 # plain-text constants in undelimited gold answers ("pi/2") -> LaTeX commands ("\\pi/2")
@@ -191,7 +228,14 @@ class VerifyItem:
 
 def verify_one(item: VerifyItem) -> dict:
     """Verify one item in this process. Returns ``{"key", "status", "gold_source"}`` where status is
-    ``verified``, ``wrong``, ``unparseable_prediction``, ``unparseable_gold`` or ``gold_ok``."""
+    ``verified``, ``wrong``, ``unparseable_prediction``, ``unparseable_gold`` or ``gold_ok``.
+
+    Only the prediction's final answer counts: its text outside ``<think>`` blocks
+    (:func:`final_answer_text`, the rule the RL reward shares); a prediction whose answer is only
+    inside a think block is ``unparseable_prediction``.
+    """
+    if item.prediction is not None:
+        item = dataclasses.replace(item, prediction=final_answer_text(item.prediction))
     if item.answer_type == "multiple_choice":
         gold = (item.answer or "").strip().upper()
         if len(gold) != 1 or gold not in "ABCDEFGHIJ":
@@ -236,21 +280,31 @@ def _verify_text(item: VerifyItem) -> dict:
     return {"key": item.key, "status": "verified" if pred == gold else "wrong", "gold_source": "answer"}
 
 
-def _verify_chunk(items: list[VerifyItem]) -> list[dict]:
-    return [verify_one(it) for it in items]
+def _worker_init() -> None:
+    """Pebble worker initializer: import math-verify and parse once, so that a worker started to replace one
+    killed at its timeout does not charge the import (about a second) to the next item's timeout."""
+    from math_verify import parse
+
+    parse("$1$")
 
 
-def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int = 2, chunk: int = 64,
+def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int = 2, chunk: int | None = None,
                 log=None) -> list[dict]:
     """Verify items in a Pebble process pool; order of results follows ``items``.
 
-    A chunk that exceeds ``timeout_s * len(chunk)`` seconds is killed and its items are retried one
-    by one with ``timeout_s`` each; an item that still times out gets status ``timeout`` and a
-    worker crash gives ``error`` — neither is ever counted as verified or wrong.
+    Every item is its own pool task with its own wall-clock limit ``timeout_s``, counted from the
+    moment a worker starts it, so an item never costs more than ``timeout_s`` plus a fixed overhead
+    (killing and replacing the worker), whether it is alone or among others (case
+    ``verify-huge-power-timeout``: before, items went in chunks limited to ``timeout_s * len(chunk)`` and
+    a timed-out chunk was retried item by item, which charged one slow item up to (chunk + 1) times its
+    timeout). An item past its limit gets status ``timeout`` and a worker crash gives ``error`` —
+    neither is ever counted as verified or wrong. Workers import math-verify when they start
+    (:func:`_worker_init`), not inside an item's time.
 
     Args:
         timeout_s: wall-clock seconds allowed per item (> 0).
         workers: worker processes (>= 1).
+        chunk: ignored (kept for callers of the former chunked API).
         log: optional ``log(str)`` for progress lines (items done / total, rate, ETA).
     Raises:
         ValueError: timeout_s <= 0 or workers < 1.
@@ -259,32 +313,24 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
         raise ValueError(f"verify.timeout_s must be > 0, got {timeout_s}")
     if workers < 1:
         raise ValueError(f"verify.workers must be >= 1, got {workers}")
+    if not items:
+        return []
     from concurrent.futures import TimeoutError as FutureTimeout
 
     from pebble import ProcessPool
 
-    results: dict[str, dict] = {}
-    chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
-    retry: list[VerifyItem] = []
     from ops.progress import Progress
 
+    results: dict[str, dict] = {}
     tracker = Progress(len(items), "verify", log or (lambda _line: None), every_s=10.0)
-    with ProcessPool(max_workers=workers) as pool:
-        futures = [(c, pool.schedule(_verify_chunk, args=(c,), timeout=timeout_s * len(c))) for c in chunks]
-        for c, fut in futures:
-            try:
-                for r in fut.result():
-                    results[r["key"]] = r
-                tracker.update(len(c))
-            except (FutureTimeout, Exception):  # noqa: BLE001 - retry the chunk item by item
-                retry.extend(c)
-        singles = [(it, pool.schedule(verify_one, args=(it,), timeout=timeout_s)) for it in retry]
-        for it, fut in singles:
-            tracker.update()
+    with ProcessPool(max_workers=workers, initializer=_worker_init) as pool:
+        futures = [(it, pool.schedule(verify_one, args=(it,), timeout=timeout_s)) for it in items]
+        for it, fut in futures:
             try:
                 results[it.key] = fut.result()
             except FutureTimeout:
                 results[it.key] = {"key": it.key, "status": "timeout", "gold_source": None}
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a crashed worker is an error, never a verdict
                 results[it.key] = {"key": it.key, "status": "error", "gold_source": None, "error": repr(e)[:300]}
+            tracker.update()
     return [results[it.key] for it in items]
