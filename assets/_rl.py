@@ -122,7 +122,14 @@ def launch_driver(context: dg.AssetExecutionContext, compute, lake: LakeResource
     from .launch import launch
 
     return launch(context, compute, base=lake.base, asset=asset, module=module, spec=spec.to_json(), fingerprint=fp,
-                  timeout_s=timeout_s, saved=saved_steps(state_cls, fp), env={"RAY_DEDUP_LOGS": "0"})
+                  timeout_s=timeout_s, saved=saved_steps(state_cls, fp), env={"RAY_DEDUP_LOGS": "0"}, ray_job=True)
+
+
+def ray_address(compute) -> Optional[str]:
+    """The ``ray_address`` of an RL driver's spec: ``auto`` (the cluster the Ray Job runs on) when
+    the compute resource submits Ray Jobs (``ray_jobs_address``), else ``compute.ray_address``
+    (None = a local Ray instance started by the driver)."""
+    return "auto" if compute.ray_jobs_address else compute.ray_address
 
 
 def run_metadata(res: dict, model_dir: Optional[str], resumed: str) -> dict[str, dg.MetadataValue]:
@@ -174,3 +181,9 @@ def learning_metadata(res: dict, baseline: str) -> dict[str, dg.MetadataValue]:
     if lengths:
         out["response_lengths"] = md_table(pl.DataFrame([{"method": m, **length_stats(v)} for m, v in lengths.items()]))
     return out
+
+
+def role_gpus(compute) -> dict:
+    """``engine_gpus`` / ``trainer_gpus`` of the RL actors from the compute resource
+    (``rl_engine_gpus`` / ``rl_trainer_gpus``: production swaps the resource, not the run config)."""
+    return {"engine_gpus": float(compute.rl_engine_gpus), "trainer_gpus": float(compute.rl_trainer_gpus)}

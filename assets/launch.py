@@ -93,7 +93,8 @@ def worker_command(compute, module: str, args: list[str], processes: Optional[in
 def launch(context: dg.AssetExecutionContext, compute, *, base: str | Path, asset: str, module: str,
            spec: str | Mapping[str, Any], fingerprint: str, timeout_s: float, key: str = "",
            saved: Optional[Callable[[Path], str]] = None, processes: Optional[int] = None,
-           env: Optional[Mapping[str, str]] = None, extra_args: tuple[str, ...] = ()) -> Iterator[Launched]:
+           env: Optional[Mapping[str, str]] = None, extra_args: tuple[str, ...] = (),
+           ray_job: bool = False) -> Iterator[Launched]:
     """Launch (or resume, or reuse) the driver ``module`` for this asset and yield its outcome.
 
     Args:
@@ -111,6 +112,9 @@ def launch(context: dg.AssetExecutionContext, compute, *, base: str | Path, asse
         processes: None = one process; n = n ranks through the compute resource's launcher.
         env: extra environment variables for the launch.
         extra_args: extra command-line arguments for the driver.
+        ray_job: the driver is a Ray driver; with ``compute.ray_jobs_address`` set it is submitted
+            as a Ray Job (``ComputeResource.run_ray_job``; Pipes messages through a file in the run
+            folder) instead of a local process.
     Yields:
         Launched. The run folder is removed when the block exits without an exception.
     Raises:
@@ -139,8 +143,14 @@ def launch(context: dg.AssetExecutionContext, compute, *, base: str | Path, asse
         else:
             write_json_atomic(dict(spec), spec_path, indent=1)
         args = ["--spec", str(spec_path), "--out", str(run_dir), "--fingerprint", fingerprint, *extra_args]
-        inv = compute.run(context, "", command=worker_command(compute, module, args, processes), timeout_s=timeout_s,
-                          env=dict(env or {}), extras={"retry_number": context.retry_number, "fingerprint": fingerprint})
+        extras = {"retry_number": context.retry_number, "fingerprint": fingerprint}
+        if ray_job and getattr(compute, "ray_jobs_address", None):
+            messages = run_dir / f"pipes-messages-{context.retry_number}.jsonl"
+            inv = compute.run_ray_job(context, module, args, messages_path=str(messages), extras=extras,
+                                      env=dict(env or {}), timeout_s=timeout_s)
+        else:
+            inv = compute.run(context, "", command=worker_command(compute, module, args, processes), timeout_s=timeout_s,
+                              env=dict(env or {}), extras=extras)
         if not res_path.exists():
             raise dg.Failure(f"{name}: the driver {module} finished without a result file at {res_path}")
         out = Launched(json.loads(res_path.read_text()), inv.get_custom_messages(), run_dir, False,

@@ -43,7 +43,7 @@ from resources.lake import LakeResource
 from ._config import mirrors
 from ._meta import image, md_table, table_result
 from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
-                  run_metadata)
+                  ray_address, role_gpus, run_metadata)
 
 _D = RunConfig()
 
@@ -105,13 +105,16 @@ class RollArcRunConfig(PolicyRunConfig):
 
 
 def spec_from(config: RollArcRunConfig, problems: Optional[Path], ray_address: Optional[str],
-              rl_policy: str | Path = "") -> RunSpec:
+              rl_policy: str | Path = "", gpus: Optional[dict] = None) -> RunSpec:
     """The driver's RunSpec, validated (the asset's one check; ``RunConfig.spec``): the scratchpad
     task on the ``rl_policy`` folder (no injected env latency unless ``env_latency`` is set: the
     checker's latency is its real work), or the curated ``problems`` with SmolLM2 / the tiny policy.
-    Raises ValueError naming the field."""
+    ``gpus``: ``engine_gpus`` / ``trainer_gpus`` of the roles from the compute resource
+    (``_rl.role_gpus``). Raises ValueError naming the field."""
     tokenizer_dir, model_dir = config.policy_dirs("rollarc_run", rl_policy)
     spec = RunConfig(**config.driver_fields()).spec(str(problems or ""), tokenizer_dir, model_dir, ray_address)
+    if gpus:
+        spec = replace(spec, roles={**spec.roles, **gpus}).validate()
     task = config.task_fields("rollarc_run")
     if not task:
         return spec
@@ -138,9 +141,10 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
     (smollm2, tiny), ValueError naming a config field out of range, dg.Failure when the driver leaves
     no result."""
     if config.task == "scratchpad":
-        spec = spec_from(config, None, compute.ray_address, rl_policy_dir(lake, config, "rollarc_run"))
+        spec = spec_from(config, None, ray_address(compute), rl_policy_dir(lake, config, "rollarc_run"),
+                         role_gpus(compute))
     else:
-        spec = spec_from(config, problems_table(lake), compute.ray_address)
+        spec = spec_from(config, problems_table(lake), ray_address(compute), gpus=role_gpus(compute))
         tool_math_rows(spec)                              # an unusable table fails here, before a launch and a run folder
     with launch_driver(context, compute, lake, "rollarc_run", "ops.rl.rollarc.driver", spec, fingerprint(spec), RunState,
                        config.run_timeout_s) as run:

@@ -40,7 +40,7 @@ from resources.lake import LakeResource
 from ._config import mirrors
 from ._meta import image, md_table, table_result
 from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
-                  run_metadata)
+                  ray_address, role_gpus, run_metadata)
 
 _D = RunSpec(problems_path="", tokenizer_dir="")
 
@@ -82,14 +82,16 @@ class RollPackerRunConfig(PolicyRunConfig):
 
 
 def spec_from(config: RollPackerRunConfig, problems: Optional[Path], ray_address: Optional[str],
-              rl_policy: str | Path = "") -> RunSpec:
+              rl_policy: str | Path = "", gpus: Optional[dict] = None) -> RunSpec:
     """The driver's RunSpec, validated (the asset's one check): the scratchpad task on the
-    ``rl_policy`` folder, or the curated ``problems`` with SmolLM2 / the tiny policy. Raises
+    ``rl_policy`` folder, or the curated ``problems`` with SmolLM2 / the tiny policy; ``gpus``:
+    ``engine_gpus`` / ``trainer_gpus`` from the compute resource (``role_gpus``). Raises
     ValueError naming the field."""
+    gpus = gpus or {}
     tokenizer_dir, model_dir = config.policy_dirs("rollpacker_run", rl_policy)
     fields = {"problems_path": str(problems or ""), **config.task_fields("rollpacker_run")}
     return RunSpec(tokenizer_dir=tokenizer_dir, model_dir=model_dir, ray_address=ray_address, **fields,
-                   **config.driver_fields()).validate()
+                   **config.driver_fields(), **gpus).validate()
 
 
 @dg.asset(**ASSET)
@@ -106,9 +108,10 @@ def rollpacker_run(context: dg.AssetExecutionContext, config: RollPackerRunConfi
     scratchpad policy also the held-out accuracy curve per method against training seconds
     (evaluation excluded), the response-length distribution and the time per method."""
     if config.task == "scratchpad":
-        spec = spec_from(config, None, compute.ray_address, rl_policy_dir(lake, config, "rollpacker_run"))
+        spec = spec_from(config, None, ray_address(compute), rl_policy_dir(lake, config, "rollpacker_run"),
+                         role_gpus(compute))
     else:
-        spec = spec_from(config, problems_table(lake), compute.ray_address)
+        spec = spec_from(config, problems_table(lake), ray_address(compute), gpus=role_gpus(compute))
     with launch_driver(context, compute, lake, "rollpacker_run", "ops.rl.rollpacker.driver", spec, fingerprint(spec), RunState,
                        config.run_timeout_s) as run:
         return _materialize(context, lake, spec, run)

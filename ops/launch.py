@@ -233,13 +233,17 @@ def spec_fingerprint(spec: dict, data_path: str) -> str:
 
 
 def init_ray(address, num_cpus: int, threads: int, resources: "dict | None" = None) -> None:
-    """Start Ray for a training driver: connect to ``address`` (a cluster) or start a local instance
-    with ``num_cpus`` and custom ``resources``; actors get this repository on PYTHONPATH and
-    ``threads`` OpenMP threads. No dashboard, no log forwarding (the driver reports through Pipes)."""
+    """Start Ray for a training driver: ``auto`` inside a Ray Job (connect to the job's cluster; the
+    job's runtime_env already carries the code and environment), connect to ``address`` (a
+    cluster), or start a local instance with ``num_cpus`` and custom ``resources``; actors get this
+    repository on PYTHONPATH and ``threads`` OpenMP threads. No dashboard, no log forwarding (the driver reports through Pipes)."""
     from pathlib import Path
 
     import ray
 
+    if address == "auto":            # a Ray Job's driver: the job's runtime_env (working_dir, env) applies to every actor
+        ray.init(address="auto", log_to_driver=False)
+        return
     root = str(Path(__file__).resolve().parents[1])
     env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
                         "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}}

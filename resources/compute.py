@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 import dagster as dg
@@ -38,7 +39,17 @@ class ComputeResource(dg.ConfigurableResource):
         mixed_precision: ``no`` | ``fp16`` | ``bf16`` (ignored on CPU).
         threads_per_process: ``OMP_NUM_THREADS`` for each rank (CPU oversubscription guard).
         launch_timeout_s: wall-clock limit of one launch; the process group is killed after it.
-        ray_address: Ray cluster for the RL assets (``None`` = a local instance).
+        ray_address: Ray cluster for the RL assets (``None`` = a local instance) when the driver
+            runs in the Dagster step's process (it then connects as a Ray driver; use a GCS address
+            ``host:6379`` from a cluster node).
+        ray_jobs_address: the Ray Jobs API of a cluster (its dashboard, ``http://head:8265``). When set,
+            the RL drivers are submitted as Ray Jobs (``run_ray_job``): the repository travels as
+            the job's ``runtime_env`` working_dir, the driver runs on the cluster and connects to it,
+            and ``ray_address`` is ignored. The lake must be a filesystem the cluster shares.
+        ray_job_poll_s: seconds between job status polls.
+        rl_engine_gpus / rl_trainer_gpus: GPUs each RL engine / trainer actor requests from Ray
+            (``num_gpus``; 0 = CPU, the embedded default; the GPU profile sets 1). The models then
+            run on the CUDA device Ray assigns (``ops.rl.runs.PolicySpec``).
     """
 
     launcher: Literal["accelerate", "torchrun"] = "accelerate"
@@ -49,6 +60,10 @@ class ComputeResource(dg.ConfigurableResource):
     threads_per_process: int = 1
     launch_timeout_s: float = 1800.0
     ray_address: Optional[str] = None
+    ray_jobs_address: Optional[str] = None
+    ray_job_poll_s: float = 1.0
+    rl_engine_gpus: float = 0.0
+    rl_trainer_gpus: float = 0.0
 
     def launch_command(self, script: str, args: Sequence[str] = (), num_processes: Optional[int] = None,
                        port: Optional[int] = None, module: bool = False) -> list[str]:
@@ -117,6 +132,76 @@ class ComputeResource(dg.ConfigurableResource):
         return dg.PipesClientCompletedInvocation(session)
 
 
+    def run_ray_job(self, context: dg.AssetExecutionContext, module: str, args: Sequence[str], *,
+                    messages_path: str, extras: Optional[Mapping[str, Any]] = None,
+                    env: Optional[Mapping[str, str]] = None, timeout_s: Optional[float] = None,
+                    working_dir: Optional[str] = None) -> dg.PipesClientCompletedInvocation:
+        """Submit ``python -m module args`` as a Ray Job at ``ray_jobs_address`` inside a Pipes
+        session, and wait for it.
+
+        The Pipes context travels in the job's environment (``PipesEnvContextInjector``), and
+        messages come back through ``messages_path`` (``PipesFileMessageReader``: a file in the run
+        folder, on the shared lake). The job's ``runtime_env`` carries ``working_dir`` (default: this
+        repository, with what .gitignore excludes left out) and the launch environment, so every
+        actor the driver starts imports the same code. The job id is
+        ``crucible-<run id>-<retry>-<random>``. A head whose job agent is not up yet ("try again
+        later") is retried for up to 120 s.
+
+        Raises:
+            ValueError: ``ray_jobs_address`` is not set.
+            dg.Failure: the submission failed, the job failed or was stopped (the tail of its logs is in the message),
+                or ran past ``timeout_s`` (it is stopped first).
+        """
+        import shlex
+        import time
+        import uuid
+
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        if not self.ray_jobs_address:
+            raise ValueError("compute.ray_jobs_address is not set: no Ray Jobs API to submit to")
+        limit = self.launch_timeout_s if timeout_s is None else timeout_s
+        root = working_dir or str(Path(__file__).resolve().parents[1])
+        entrypoint = shlex.join(["python", "-m", module, *args])
+        client = JobSubmissionClient(self.ray_jobs_address)
+        job_id = f"crucible-{context.run.run_id[:8]}-r{context.retry_number}-{uuid.uuid4().hex[:6]}"
+        terminal = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+        with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(),
+                                   message_reader=dg.PipesFileMessageReader(messages_path), extras=extras) as session:
+            env_vars = {**self.launch_env(), **(env or {}), **session.get_bootstrap_env_vars()}
+            submit_by = time.monotonic() + 120.0
+            while True:     # a head that just started answers 500 "No available agent ... try again later"
+                try:
+                    client.submit_job(entrypoint=entrypoint, submission_id=job_id,
+                                      runtime_env={"working_dir": root, "env_vars": env_vars},
+                                      metadata={"dagster_run_id": context.run.run_id,
+                                                "asset": context.asset_key.to_user_string()})
+                    break
+                except RuntimeError as e:
+                    if "try again later" not in str(e) or time.monotonic() > submit_by:
+                        raise dg.Failure(f"Ray job submission to {self.ray_jobs_address} failed: {e}") from e
+                    context.log.info(f"Ray Jobs API not ready ({e}); retrying")
+                    time.sleep(2.0)
+            context.log.info(f"launch: Ray job {job_id} at {self.ray_jobs_address}: {entrypoint}")
+            deadline = time.monotonic() + limit
+            try:
+                while (status := client.get_job_status(job_id)) not in terminal:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError
+                    time.sleep(self.ray_job_poll_s)
+            except TimeoutError:
+                _stop_job(client, job_id)
+                raise dg.Failure(f"Ray job {job_id} ran past its {limit:.0f} s timeout and was stopped: {entrypoint}")
+            except BaseException:
+                _stop_job(client, job_id)
+                raise
+            if status != JobStatus.SUCCEEDED:
+                tail = "\n".join(client.get_job_logs(job_id).splitlines()[-30:])
+                raise dg.Failure(f"Ray job {job_id} ended {status.value}: {entrypoint}\n{tail}",
+                                 metadata={"ray_job_id": job_id, "ray_job_status": status.value})
+        return dg.PipesClientCompletedInvocation(session)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -125,4 +210,21 @@ def _kill_group(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
+        pass
+
+
+def _stop_job(client, job_id: str, wait_s: float = 30.0) -> None:
+    """Stop a Ray job and wait (bounded) until it is terminal."""
+    import time
+
+    from ray.job_submission import JobStatus
+
+    try:
+        client.stop_job(job_id)
+        deadline = time.monotonic() + wait_s
+        while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
+    except Exception:  # noqa: BLE001 - best effort: the job may already be gone
         pass

@@ -13,9 +13,10 @@ Modules (torch-free unless marked):
     weights   versioned weight sync: a version is published only after a complete sync and only
               forward; a failed commit is rolled back (torch)
     grpo      group-normalised advantages and the clipped GRPO loss with optional KL (torch)
-    reward    math reward via ``ops.curation.verify``; RewardServer (stdlib HTTP on 127.0.0.1,
-              adaptive per-problem timeout) and RewardClient (bounded retries, backoff,
-              per-request timeouts); failed scores are None/NaN + flag, never 0.0
+    reward    math reward via ``ops.curation.verify``; RewardScorer (verifier processes, adaptive
+              per-problem timeout; in a Ray actor, reached by actor calls) and RewardClient
+              (bounded retries, backoff, per-request timeouts, over Ray or an external HTTP
+              endpoint); failed scores are None/NaN + flag, never 0.0
     policy    tiny random-init policies for tests; loading the SmolLM2 directory; chat prompts
     ray_actors  engine / trainer / reward service as Ray actors, with driver-side proxies that keep
               the in-process interfaces (RollArc reuses them with its own scheduler)

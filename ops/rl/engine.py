@@ -29,6 +29,14 @@ from ops.lm.sampling import SamplingConfig, warp_logits
 from .types import Completion, OnFinish, Prompt, RolloutBatch
 
 
+
+def model_device(model):
+    """The device of a torch module's first parameter (cpu for a module without parameters)."""
+    import torch
+
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
 class Engine(Protocol):
     """What schedulers need from a rollout engine. ``version`` is the published policy version the
     engine holds (None while a weight sync is incomplete: it must not generate then)."""
@@ -124,6 +132,8 @@ class HFEngine:
             for r, (p, _) in enumerate(rows):                    # left padding
                 ids[r, width - len(p.token_ids):] = torch.tensor(p.token_ids)
                 att[r, width - len(p.token_ids):] = 1
+            dev = model_device(self.model)                       # a GPU engine actor's model is on cuda
+            ids, att = ids.to(dev), att.to(dev)
             t0 = time.monotonic()
             rec = _Recorder(self.sampling)
             mon = _Monitor(rows, rec, self, version, max_new_tokens, list(stop or []), t0, t0 + timeout_s, on_finish)
@@ -192,7 +202,8 @@ class _Monitor:
 
         self.steps += 1
         last = input_ids[:, -1]
-        lp = self.rec.logp.gather(1, last[:, None])[:, 0] if self.rec.logp is not None else torch.zeros(len(last))
+        lp = (self.rec.logp.gather(1, last[:, None])[:, 0] if self.rec.logp is not None
+              else torch.zeros(len(last), device=last.device))
         finished = []
         for r in range(len(self.rows)):
             if self.done[r] is not None:
@@ -213,8 +224,8 @@ class _Monitor:
         if not self.aborted and time.monotonic() >= self.deadline:
             self.aborted, self.reason = True, "timeout"
         if self.aborted:
-            return torch.ones(len(self.rows), dtype=torch.bool)
-        return torch.tensor([d is not None for d in self.done], dtype=torch.bool)
+            return torch.ones(len(self.rows), dtype=torch.bool, device=input_ids.device)
+        return torch.tensor([d is not None for d in self.done], dtype=torch.bool, device=input_ids.device)
 
     def close(self, reason: str) -> None:
         """Mark every response still open (``timeout`` past the deadline, else ``abort``); timed-out
@@ -286,7 +297,7 @@ def guarded_generate(engine, prompts: Sequence[Prompt], n: int, max_new_tokens: 
 
 
 class VLLMEngine:
-    """vLLM backend (GPU; ``pip install vllm``, not installed on the embedded default).
+    """vLLM backend (GPU; the ``vllm`` extra, not installed on the embedded default).
 
     Same interface; tail batching's abort maps to ``LLMEngine.abort_request``. Imported only when
     constructed. Sampling as ``HFEngine`` (temperature, top-k, top-p; vLLM's sampler applies them in
@@ -304,7 +315,8 @@ class VLLMEngine:
         try:
             from vllm import LLMEngine, EngineArgs  # noqa: F401
         except ImportError as e:
-            raise ImportError("the vLLM engine needs `pip install vllm` on a GPU machine; use engine='hf' on CPU") from e
+            raise ImportError("the vLLM engine needs the vllm extra: pip install 'crucible[vllm]' (GPU machines); "
+                              "use engine='hf' on CPU") from e
         engine_kw.setdefault("logprobs_mode", "processed_logprobs")
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=model_dir, **engine_kw))
         self.version = version

@@ -137,6 +137,10 @@ def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Seq
     for b, s in enumerate(seqs):                                  # right padding: positions start at 0
         ids[b, : len(s)] = torch.tensor(s)
         att[b, : len(s)] = 1
+    from ops.rl.engine import model_device
+
+    dev = model_device(model)
+    ids, att = ids.to(dev), att.to(dev)
     # only the positions that predict response tokens need logits: keep the last L - start (the
     # [B, L, V] logits dominate memory at a 49k vocabulary)
     start = max(0, min(len(p) for p in prompt_ids) - 1)
@@ -144,8 +148,8 @@ def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Seq
     logits = model(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits[:, :-1]  # [B, keep - 1, V]
     tgt = ids[:, start + 1:]                                                              # [B, keep - 1]
     tok_lp = sampling_logprobs(logits, sampling).gather(2, tgt[..., None])[..., 0]         # [B, keep - 1]
-    out = torch.zeros((B, T), dtype=tok_lp.dtype)
-    mask = torch.zeros((B, T), dtype=torch.bool)
+    out = torch.zeros((B, T), dtype=tok_lp.dtype, device=dev)
+    mask = torch.zeros((B, T), dtype=torch.bool, device=dev)
     rows, cols, src = [], [], []
     for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
         for t in range(len(r)):
@@ -153,7 +157,7 @@ def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Seq
             cols.append(t)
             src.append(len(p) - 1 + t - start)
     if rows:
-        rows_t, cols_t, src_t = torch.tensor(rows), torch.tensor(cols), torch.tensor(src)
+        rows_t, cols_t, src_t = (torch.tensor(x, device=dev) for x in (rows, cols, src))
         out = out.index_put((rows_t, cols_t), tok_lp[rows_t, src_t])
         mask[rows_t, cols_t] = True
     return out, mask
@@ -180,8 +184,8 @@ def grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = G
                          f"{tuple(mask.shape)} must have one shape [B, T]")
     if cfg.kl_coef > 0 and ref_logp is None:
         raise ValueError("grpo.kl_coef > 0 needs ref_logp (log-probs of the reference policy)")
-    valid = torch.as_tensor(valid, dtype=torch.bool)
-    adv = torch.as_tensor(advantages, dtype=logp.dtype)
+    valid = torch.as_tensor(valid, dtype=torch.bool, device=logp.device)
+    adv = torch.as_tensor(advantages, dtype=logp.dtype, device=logp.device)
     adv = torch.where(valid & torch.isfinite(adv), adv, torch.zeros_like(adv))
     m = mask & valid[:, None]
     zeros = torch.zeros_like(logp)

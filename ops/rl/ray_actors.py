@@ -7,8 +7,8 @@ service and the trainer as actors, and driver-side proxies with the in-process i
   batch — tail batching across processes. ``update_weights`` is the versioned sync
   (``ops.rl.weights``): the version is published only after every tensor is copied, and only
   forward (an older or equal version is refused and counted: ``sync_stats``).
-* ``RewardActor``: runs ``ops.rl.reward.RewardServer`` (HTTP on 127.0.0.1 of its node) and returns
-  its URL; the driver calls it with ``RewardClient``.
+* ``RewardActor``: runs ``ops.rl.reward.RewardScorer`` (its own verifier processes); the driver
+  calls it through Ray (``RewardClient`` over ``RayRewardTransport``), from any node.
 * ``TrainerActor``: the policy, its optimizer and a StreamTrainer.
 
 The engine and the trainer read their sampling distribution from the same spec keys
@@ -26,22 +26,39 @@ Every ``ray.get`` has a timeout. ``ray`` is imported inside functions (``make_ac
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional
 
+from .reward import LocalRewardTransport, RayRewardTransport
 from .types import RolloutBatch
 
 
-def _build_policy(spec: dict):
+def role_device(spec: dict, role: str):
+    """The torch device of a role (``role`` is ``engine`` or ``trainer``): ``cuda`` when the spec's
+    ``<role>_gpus`` > 0 (Ray then sets CUDA_VISIBLE_DEVICES for the actor), else ``cpu``. Raises
+    RuntimeError naming the field when GPUs were requested but no CUDA device is visible."""
+    import torch
+
+    if float(spec.get(f"{role}_gpus", 0) or 0) <= 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{role}_gpus = {spec[f'{role}_gpus']} but no CUDA device is visible to this {role} actor "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); set {role}_gpus 0 on CPU")
+    return torch.device("cuda")
+
+
+def _build_policy(spec: dict, role: str = "engine"):
     from .policy import load_policy, load_tokenizer, tiny_policy
 
+    device = role_device(spec, role)
     tok = load_tokenizer(spec["tokenizer_dir"])
     if spec.get("model_dir"):
         model = load_policy(spec["model_dir"])
     else:
         model = tiny_policy(len(tok), seed=spec.get("seed", 0), hidden=spec.get("tiny_hidden", 64),
                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return model, tok
+    return model.to(device), tok
 
 
 class _EngineImpl:
@@ -137,7 +154,7 @@ class _TrainerImpl:
         from ops.lm.sampling import SamplingConfig
 
         spec = self.spec
-        model, tok = _build_policy(spec)
+        model, tok = _build_policy(spec, "trainer")
         opt = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", 1e-6), weight_decay=0.0)
         self.trainer = StreamTrainer(model, opt, GRPOConfig(**spec.get("grpo", {})), micro_batch=spec.get("micro_batch", 2),
                                      max_grad_norm=spec.get("max_grad_norm", 1.0), pad_id=tok.pad_token_id,
@@ -207,16 +224,22 @@ class _TrainerImpl:
 
 
 class _RewardImpl:
+    """The reward actor's body: a ``RewardScorer`` (verifier processes of its own), called through
+    Ray (``RayRewardTransport``), so a driver on any node reaches it."""
+
     def __init__(self, workers: int = 1, item_timeout_s: float = 10.0):
-        from .reward import RewardServer
+        from .reward import RewardScorer
 
-        self.server = RewardServer(workers=workers, item_timeout_s=item_timeout_s).start()
+        self.scorer = RewardScorer(workers=workers, item_timeout_s=item_timeout_s).start()
 
-    def url(self) -> str:
-        return self.server.url
+    def health(self) -> dict:
+        return self.scorer.health()
+
+    def score_dicts(self, items: list[dict]) -> list[dict]:
+        return self.scorer.score_dicts(items)
 
     def stop(self) -> None:
-        self.server.stop()
+        self.scorer.stop()
 
 
 class RayEngine:
@@ -294,7 +317,8 @@ class Actors:
     ``reset()`` returns engine and trainer to the initial policy (version 0) without new processes,
     so several methods run on the same actors from the same start.
 
-    Attributes (after construction): engine (RayEngine), trainer (RayTrainer), reward_url.
+    Attributes (after construction): engine (RayEngine), trainer (RayTrainer), reward (the
+    reward actor's ``RayRewardTransport``, for ``RewardClient``).
     """
 
     def __init__(self, engine_spec: dict, trainer_spec: dict, reward_workers: int = 1,
@@ -302,13 +326,13 @@ class Actors:
         import ray
 
         self.rpc_timeout_s = rpc_timeout_s
-        Eng = ray.remote(num_cpus=1, max_concurrency=2)(_EngineImpl)
-        Tr = ray.remote(num_cpus=1)(_TrainerImpl)
-        Rw = ray.remote(num_cpus=0)(_RewardImpl)
+        Eng = ray.remote(num_cpus=1, num_gpus=engine_spec.get("engine_gpus", 0), max_concurrency=2)(_EngineImpl)
+        Tr = ray.remote(num_cpus=1, num_gpus=trainer_spec.get("trainer_gpus", 0))(_TrainerImpl)
+        Rw = ray.remote(num_cpus=0, max_concurrency=8)(_RewardImpl)    # concurrent score calls (reward scheduler)
         self.handles = [Eng.remote(engine_spec), Tr.remote(trainer_spec), Rw.remote(reward_workers, reward_item_timeout_s)]
         eng, tr, rw = self.handles
-        self.reward_url = ray.get(rw.url.remote(), timeout=rpc_timeout_s)
-        ray.get([eng.version.remote(), tr.reset.remote()], timeout=rpc_timeout_s)
+        ray.get([rw.health.remote(), eng.version.remote(), tr.reset.remote()], timeout=rpc_timeout_s)
+        self.reward = RayRewardTransport(rw)
         self.engine = RayEngine(eng)
         self.trainer = RayTrainer(tr, rpc_timeout_s)
 
@@ -370,14 +394,14 @@ class LocalActors:
     the trainer share this process's torch RNG, so runs are reproducible only against other
     ``LocalActors`` runs.
 
-    Attributes: engine (the HFEngine), trainer (the StreamTrainer), reward_url.
+    Attributes: engine (the HFEngine), trainer (the StreamTrainer), reward (a ``LocalRewardTransport``).
     """
 
     def __init__(self, engine_spec: dict, trainer_spec: dict, reward_workers: int = 1,
                  reward_item_timeout_s: float = 10.0, rpc_timeout_s: float = 600.0):
         self._eng, self._tr = _EngineImpl(engine_spec), _TrainerImpl(trainer_spec)
         self._rw = _RewardImpl(reward_workers, reward_item_timeout_s)
-        self.reward_url = self._rw.url()
+        self.reward = LocalRewardTransport(self._rw.scorer)
 
     @property
     def engine(self):

@@ -1,4 +1,4 @@
-"""Rule-based math reward, served over HTTP, and its fault-tolerant client.
+"""Rule-based math reward, its service body and its fault-tolerant client.
 
 Reward (RollPacker §2 and DeepSeekMath-style rule rewards): the last ``\\boxed{}`` of the
 response's *final answer* — its text outside ``<think>...</think>`` reasoning blocks
@@ -16,59 +16,29 @@ as the final answer (case ``reward-think-block``). Status and score:
 math-verify uses SIGALRM, so it runs in the main thread of worker processes (a Pebble pool with a
 per-item wall-clock timeout), never in the server's request threads.
 
-Service: ``RewardServer`` is a stdlib ``ThreadingHTTPServer`` on 127.0.0.1 — ``GET /health`` and
-``POST /score`` with JSON ``{"items": [{"key", "response", "answer", "solution", "answer_type"}]}``
--> ``{"scores": [{"key", "score", "status"}]}``. ``RewardClient`` calls it (httpx) with a
-per-request timeout and bounded retries with exponential backoff on connection errors, timeouts,
-408/429 and 5xx (case ``reward-service-faults``); a request that still fails yields ``failed``
-scores. ``check_failed_fraction`` fails the step only above a configured threshold.
+Service: ``RewardScorer`` is the verifier pool; in a RollPacker run it lives in a Ray actor and the
+driver calls it through Ray (``RayRewardTransport``: a cross-node actor call, no HTTP server).
+An external reward endpoint is reached over HTTP (``HttpRewardTransport``: ``GET /health``,
+``POST /score``). ``RewardClient`` wraps either with a per-request timeout and bounded retries with
+exponential backoff on retryable faults (unreachable, timeout, 408/429/5xx, a dead actor; case
+``reward-service-faults``); a request that still fails yields ``failed`` scores.
+``check_failed_fraction`` fails the step only above a configured threshold.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import re
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional, Sequence
 
-from ops.httpjson import send_json
+# one think-block rule for curation and RL (case reward-think-block), defined beside the verifier;
+# re-exported here as ops.rl.reward.final_answer_text
+from ops.curation.verify import final_answer_text  # noqa: F401
 
 SCORES = {"verified": 1.0, "wrong": 0.0, "unparseable": 0.0}
-
-_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
-
-
-def final_answer_text(response: str) -> str:
-    """The response without its reasoning: the text outside ``<think>...</think>`` blocks (tags
-    case-insensitive), which is where the final answer must be.
-
-    Rules (case ``reward-think-block``, shared/cases/training.json):
-    * a closed block ``<think>...</think>`` is removed, wherever it is (several may occur);
-    * an unclosed ``<think>`` runs to the end of the response: the reasoning never ended, so nothing
-      after it is a final answer (a ``\\boxed{}`` in it scores ``unparseable``, not ``verified``);
-    * a ``</think>`` with no open block closes a block that began at the start of the response
-      (chat templates such as DeepSeek-R1's put the opening ``<think>`` in the prompt);
-    * a response without tags is its own final answer.
-    """
-    out, pos, inside = [], 0, False
-    for m in _THINK_TAG.finditer(response):
-        closing = m.group(1) == "/"
-        if closing:
-            if not inside:
-                out = []                                   # everything so far was reasoning
-            inside = False
-        elif not inside:
-            out.append(response[pos:m.start()])
-            inside = True
-        pos = m.end()
-    if not inside:
-        out.append(response[pos:])
-    return "".join(out)
 
 
 class RewardServiceError(RuntimeError):
@@ -155,38 +125,45 @@ def _score_chunk(items: list[RewardItem]) -> list[RewardResult]:
     return [score_one(it) for it in items]
 
 
-class RewardServer:
-    """The reward service on 127.0.0.1 (a context manager; ``url`` once started).
+class RewardScorer:
+    """The reward service's body: a pool of verifier processes with a per-item wall-clock limit
+    (a context manager). It runs where it is placed: inside the Ray reward actor of a RollPacker
+    run (``ops.rl.ray_actors``, called through Ray), or in the calling process (RollArc's
+    monolithic baseline, tests). There is no HTTP server: on a cluster the driver reaches it
+    through a Ray actor call, which works across nodes.
 
     Args:
-        port: 0 picks a free port.
         workers: verifier processes (>= 1).
         item_timeout_s: wall-clock limit per scored item (the item is ``failed`` past it); with
             ``adaptive`` it is t_max, and a problem whose correct answers verified in ``a`` seconds
             gets min(max(t_min, lam * a), t_max) (the problem is the key up to its last ``/``).
         adaptive: use AdaptiveTimeout (RollPacker §4.2).
+
+    Raises ValueError naming ``reward.workers`` / ``reward.item_timeout_s`` when out of range.
     """
 
-    def __init__(self, port: int = 0, workers: int = 1, item_timeout_s: float = 10.0, adaptive: bool = True):
+    def __init__(self, workers: int = 1, item_timeout_s: float = 10.0, adaptive: bool = True):
         if workers < 1:
             raise ValueError(f"reward.workers must be >= 1, got {workers}")
         if not item_timeout_s > 0:
             raise ValueError(f"reward.item_timeout_s must be > 0, got {item_timeout_s}")
-        self.port, self.workers, self.item_timeout_s = port, workers, item_timeout_s
+        self.workers, self.item_timeout_s = workers, item_timeout_s
         self.adaptive = AdaptiveTimeout(t_min=min(2.0, item_timeout_s), t_max=item_timeout_s) if adaptive else None
         self.pool = None
-        self.httpd: Optional[ThreadingHTTPServer] = None
-        self.thread: Optional[threading.Thread] = None
         self.requests = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+    def health(self) -> dict:
+        """``{"status": "ok", "workers": n}`` once started. Raises RewardServiceError when not started."""
+        if self.pool is None:
+            raise RewardServiceError("reward scorer is not started")
+        return {"status": "ok", "workers": self.workers}
 
     def score(self, items: list[RewardItem]) -> list[RewardResult]:
-        """Score items in the worker pool; a timed-out or crashed item is ``failed``."""
+        """Score items in the worker pool (thread-safe); a timed-out or crashed item is ``failed``."""
         from concurrent.futures import TimeoutError as FutureTimeout
 
+        self.health()
+        self.requests += 1
         tests = [it.key.rsplit("/", 1)[0] for it in items]
         limits = [self.adaptive.timeout(t) if self.adaptive else self.item_timeout_s for t in tests]
         futs = [self.pool.schedule(_timed_score, args=(it,), timeout=lim) for it, lim in zip(items, limits)]
@@ -203,103 +180,176 @@ class RewardServer:
                 out.append(RewardResult(it.key, None, "failed", error=repr(e)[:200]))
         return out
 
-    def start(self) -> "RewardServer":
+    def score_dicts(self, items: list[dict]) -> list[dict]:
+        """``score`` on the wire form: ``items`` as ``item_dict`` gives them, results as
+        ``{"key", "score", "status", "error"}``. Raises ValueError naming the record and field
+        when an item lacks ``key`` (a bad request: not retried)."""
+        return [result_dict(r) for r in self.score([item_from_dict(d, i) for i, d in enumerate(items)])]
+
+    def start(self) -> "RewardScorer":
         from pebble import ProcessPool
 
         self.pool = ProcessPool(max_workers=self.workers)
         self.pool.schedule(score_one, args=(RewardItem("warmup", "\\boxed{1}", "1"),)).result(timeout=120)
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                if self.path.rstrip("/") == "/health":
-                    return self._send(200, {"status": "ok", "workers": server.workers})
-                self._send(404, {"error": f"no route {self.path}"})
-
-            def do_POST(self):
-                if self.path.rstrip("/") != "/score":
-                    return self._send(404, {"error": f"no route {self.path}"})
-                try:
-                    body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-                    items = [RewardItem(str(d["key"]), str(d.get("response") or ""), d.get("answer"), d.get("solution"),
-                                        d.get("answer_type") or "numeric") for d in body["items"]]
-                except (ValueError, KeyError, TypeError) as e:
-                    return self._send(400, {"error": f"bad /score body: {e!r}; expected {{'items': [{{'key', 'response', "
-                                                     f"'answer', ...}}]}}"})
-                server.requests += 1
-                res = server.score(items)
-                self._send(200, {"scores": [{"key": r.key, "score": r.score, "status": r.status, "error": r.error}
-                                            for r in res]})
-
-            def _send(self, code, obj):
-                send_json(self, code, obj)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="reward-http", daemon=True)
-        self.thread.start()
         return self
 
     def stop(self) -> None:
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
-            self.httpd = None
         if self.pool is not None:
             self.pool.stop()
             self.pool.join(timeout=10)
             self.pool = None
 
-    def __enter__(self) -> "RewardServer":
+    def __enter__(self) -> "RewardScorer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-class RewardClient:
-    """Client of a reward service.
+def item_dict(it: RewardItem) -> dict:
+    """The wire form of a reward item (JSON- and Ray-serialisable)."""
+    return {"key": it.key, "response": it.response, "answer": it.answer, "solution": it.solution,
+            "answer_type": it.answer_type}
 
-    Args:
-        base_url: ``http://host:port`` of the service.
-        timeout_s: per-request timeout (connect and read).
-        max_retries: retries after the first attempt (>= 0).
-        backoff_s: base of the exponential backoff ``backoff_s * 2**attempt`` (+ up to 25% jitter).
-    """
+
+def item_from_dict(d: dict, index: int = 0) -> RewardItem:
+    """A RewardItem from its wire form. Raises ValueError naming the record index when ``key`` is missing."""
+    if not isinstance(d, dict) or "key" not in d:
+        raise ValueError(f"reward item {index}: field 'key' is missing (expected {{'key', 'response', 'answer', ...}})")
+    return RewardItem(str(d["key"]), str(d.get("response") or ""), d.get("answer"), d.get("solution"),
+                      d.get("answer_type") or "numeric")
+
+
+def result_dict(r: RewardResult) -> dict:
+    """The wire form of a reward result."""
+    return {"key": r.key, "score": r.score, "status": r.status, "error": r.error}
+
+
+class RetryableRewardError(RewardServiceError):
+    """A transport fault worth retrying (unreachable, timed out, overloaded, a dead actor)."""
+
+
+class HttpRewardTransport:
+    """An external reward endpoint over HTTP (a reward model or verifier served elsewhere):
+    ``GET /health`` and ``POST /score`` with ``{"items": [item_dict...]}`` -> ``{"scores": [...]}``.
+    Connection errors, timeouts, 408/429 and 5xx are retryable; other statuses are not."""
 
     RETRYABLE = {408, 429}
 
-    def __init__(self, base_url: str, timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5):
+    def __init__(self, base_url: str):
+        self.base_url = base_url.rstrip("/")
+
+    def __str__(self) -> str:
+        return f"reward service at {self.base_url}"
+
+    def health(self, timeout_s: float) -> None:
+        import httpx
+
+        try:
+            r = httpx.get(f"{self.base_url}/health", timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise RewardServiceError(f"{self} is unreachable: {e!r}") from e
+        if r.status_code != 200:
+            raise RewardServiceError(f"{self} is unhealthy: HTTP {r.status_code}")
+
+    def score(self, items: list[dict], timeout_s: float) -> list[dict]:
+        import httpx
+
+        try:
+            r = httpx.post(f"{self.base_url}/score", json={"items": items}, timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise RetryableRewardError(f"{type(e).__name__}: {e}") from e
+        if r.status_code == 200:
+            return r.json()["scores"]
+        err = f"HTTP {r.status_code}"
+        if r.status_code >= 500 or r.status_code in self.RETRYABLE:
+            raise RetryableRewardError(err)
+        raise RewardServiceError(err)
+
+
+class RayRewardTransport:
+    """The built-in reward service as a Ray actor (``ops.rl.ray_actors``' reward actor, a
+    ``RewardScorer``): a Ray actor call, so it works from a driver on any node of the cluster.
+    A timed-out call is cancelled and retryable, as is a dead or restarting actor; an error raised
+    by the scorer itself (a bad request) is not."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def __str__(self) -> str:
+        return "reward actor"
+
+    def health(self, timeout_s: float) -> None:
+        import ray
+
+        try:
+            ray.get(self.actor.health.remote(), timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 - GetTimeoutError, RayActorError, RayTaskError
+            raise RewardServiceError(f"{self} is unhealthy: {type(e).__name__}: {e}") from e
+
+    def score(self, items: list[dict], timeout_s: float) -> list[dict]:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        ref = self.actor.score_dicts.remote(items)
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except GetTimeoutError as e:
+            ray.cancel(ref)
+            raise RetryableRewardError(f"reward actor call timed out after {timeout_s}s") from e
+        except RayActorError as e:
+            raise RetryableRewardError(f"reward actor unavailable: {type(e).__name__}") from e
+        except RayTaskError as e:
+            raise RewardServiceError(f"reward actor raised: {str(e).splitlines()[-1][:200]}") from e
+
+
+class LocalRewardTransport:
+    """A ``RewardScorer`` in this process, called directly (tests, debugging; ``LocalActors``)."""
+
+    def __init__(self, scorer: RewardScorer):
+        self.scorer = scorer
+
+    def __str__(self) -> str:
+        return "in-process reward scorer"
+
+    def health(self, timeout_s: float) -> None:
+        self.scorer.health()
+
+    def score(self, items: list[dict], timeout_s: float) -> list[dict]:
+        return self.scorer.score_dicts(items)
+
+
+class RewardClient:
+    """Fault-tolerant client of a reward service (case ``reward-service-faults``).
+
+    Args:
+        target: a transport (``RayRewardTransport``, ``LocalRewardTransport``, ``HttpRewardTransport``)
+            or an ``http://host:port`` URL of an external endpoint (wrapped in ``HttpRewardTransport``).
+        timeout_s: per-request timeout (s).
+        max_retries: retries after the first attempt (>= 0), on retryable faults only.
+        backoff_s: base of the exponential backoff ``backoff_s * 2**attempt`` (+ up to 25% jitter).
+
+    Raises ValueError naming ``reward.timeout_s`` / ``reward.max_retries`` when out of range.
+    """
+
+    def __init__(self, target, timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5):
         if not timeout_s > 0:
             raise ValueError(f"reward.timeout_s must be > 0, got {timeout_s}")
         if max_retries < 0:
             raise ValueError(f"reward.max_retries must be >= 0, got {max_retries}")
-        self.base_url = base_url.rstrip("/")
+        self.transport = HttpRewardTransport(target) if isinstance(target, str) else target
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.stats = {"requests": 0, "retries": 0, "failed_requests": 0}
         self._lock = threading.Lock()
 
     def health(self, timeout_s: Optional[float] = None) -> None:
-        """``GET /health`` once. Raises RewardServiceError naming the URL when it is not 200."""
-        import httpx
-
-        try:
-            r = httpx.get(f"{self.base_url}/health", timeout=timeout_s or self.timeout_s)
-        except httpx.HTTPError as e:
-            raise RewardServiceError(f"reward service at {self.base_url} is unreachable: {e!r}") from e
-        if r.status_code != 200:
-            raise RewardServiceError(f"reward service at {self.base_url} is unhealthy: HTTP {r.status_code}")
+        """One health check. Raises RewardServiceError naming the service when it is unreachable or unhealthy."""
+        self.transport.health(timeout_s or self.timeout_s)
 
     def score(self, items: Sequence[RewardItem]) -> list[RewardResult]:
         """Score items in one request (with retries). Never raises for service faults: the items
         come back ``failed`` (score None) with the last error."""
-        import httpx
-
-        body = {"items": [{"key": it.key, "response": it.response, "answer": it.answer, "solution": it.solution,
-                           "answer_type": it.answer_type} for it in items]}
+        body = [item_dict(it) for it in items]
         err = "no attempt"
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -309,25 +359,24 @@ class RewardClient:
             with self._lock:
                 self.stats["requests"] += 1
             try:
-                r = httpx.post(f"{self.base_url}/score", json=body, timeout=self.timeout_s)
-            except httpx.HTTPError as e:
-                err = f"{type(e).__name__}: {e}"
+                scores = self.transport.score(body, self.timeout_s)
+            except RetryableRewardError as e:
+                err = str(e)
                 continue
-            if r.status_code == 200:
-                by_key = {d["key"]: d for d in r.json()["scores"]}
-                out = []
-                for it in items:
-                    d = by_key.get(it.key)
-                    if d is None:
-                        out.append(RewardResult(it.key, None, "failed", attempt + 1, "missing from the response"))
-                    else:
-                        s = d.get("score")
-                        out.append(RewardResult(it.key, None if s is None else float(s), d["status"], attempt + 1,
-                                                d.get("error")))
-                return out
-            err = f"HTTP {r.status_code}"
-            if not (r.status_code >= 500 or r.status_code in self.RETRYABLE):
+            except RewardServiceError as e:
+                err = str(e)
                 break
+            by_key = {d["key"]: d for d in scores}
+            out = []
+            for it in items:
+                d = by_key.get(it.key)
+                if d is None:
+                    out.append(RewardResult(it.key, None, "failed", attempt + 1, "missing from the response"))
+                else:
+                    sc = d.get("score")
+                    out.append(RewardResult(it.key, None if sc is None else float(sc), d["status"], attempt + 1,
+                                            d.get("error")))
+            return out
         with self._lock:
             self.stats["failed_requests"] += 1
         return [RewardResult(it.key, None, "failed", self.max_retries + 1, err) for it in items]

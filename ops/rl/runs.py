@@ -34,6 +34,9 @@ class PolicySpec:
         threads: torch threads of each engine actor (and of RollPacker's trainer).
         tiny_hidden: hidden width of the tiny random policy.
         reward_timeout_s: limit of one reward request (s); reward_retries: retries of a failed one.
+        engine_gpus / trainer_gpus: GPUs each engine / trainer actor requests from Ray (``num_gpus``;
+            fractions share a device). 0 (the CPU default) runs on CPU; > 0 puts the model on the
+            CUDA device Ray assigns, and an actor without one fails naming the field.
     """
 
     tokenizer_dir: str
@@ -47,24 +50,32 @@ class PolicySpec:
     tiny_hidden: int = 64
     reward_timeout_s: float = 30.0
     reward_retries: int = 2
+    engine_gpus: float = 0.0
+    trainer_gpus: float = 0.0
 
     def check_sampling(self, prefix: str) -> None:
         """Raises ValueError naming ``<prefix>.temperature`` / ``.top_k`` / ``.top_p`` when the sampling
-        distribution is invalid (the checks of ``ops.lm.sampling.SamplingConfig``), so a bad value
-        fails at the asset boundary instead of inside an engine actor."""
+        distribution is invalid (the checks of ``ops.lm.sampling.SamplingConfig``), or
+        ``<prefix>.engine_gpus`` / ``.trainer_gpus`` when negative, so a bad value fails at the asset
+        boundary instead of inside an actor."""
         from ops.lm.sampling import SamplingConfig
 
         try:
             SamplingConfig(self.temperature, self.top_k, self.top_p)
         except ValueError as e:
             raise ValueError(f"{prefix}.{str(e).removeprefix('sampling.')}") from None
+        for name in ("engine_gpus", "trainer_gpus"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{prefix}.{name} must be a number >= 0 (GPUs per actor), got {v!r}")
 
     def policy(self) -> dict:
         """The spec dict of the engine and trainer actors (``ops.rl.ray_actors._EngineImpl`` /
         ``_TrainerImpl``)."""
         return {"tokenizer_dir": self.tokenizer_dir, "model_dir": self.model_dir, "seed": self.seed,
                 "threads": self.threads, "tiny_hidden": self.tiny_hidden, "temperature": self.temperature,
-                "top_k": self.top_k, "top_p": self.top_p, "lr": self.lr}
+                "top_k": self.top_k, "top_p": self.top_p, "lr": self.lr, "engine_gpus": self.engine_gpus,
+                "trainer_gpus": self.trainer_gpus}
 
 
 def read_problems(path: str | Path):

@@ -1,7 +1,10 @@
-"""The math reward and its HTTP service: statuses (unparseable apart from wrong), and case
-reward-service-faults against real HTTP servers on 127.0.0.1 (503 twice then ok; a hang; down)."""
+"""The math reward, its scorer and client: statuses (unparseable apart from wrong), and case
+reward-service-faults both against real HTTP endpoints on 127.0.0.1 (an external reward service:
+503 twice then ok; a hang; down) and against the built-in reward as a real Ray actor (a hang, a
+dead actor, a bad request)."""
 
 import json
+import logging
 import math
 import socket
 import threading
@@ -10,8 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ops.rl.reward import (AdaptiveTimeout, RewardClient, RewardItem, RewardServer, RewardServiceError, check_failed_fraction,
-                           reward_counts, score_one)
+from ops.rl.reward import (AdaptiveTimeout, LocalRewardTransport, RayRewardTransport, RewardClient, RewardItem,
+                            RetryableRewardError, RewardScorer, RewardServiceError, check_failed_fraction,
+                            reward_counts, score_one)
 
 
 class FaultyRewardService:
@@ -113,14 +117,69 @@ def test_a_client_error_is_not_retried():
         svc.close()
 
 
-def test_the_reward_server_scores_over_http():
-    with RewardServer(workers=1, item_timeout_s=20) as srv:
-        c = RewardClient(srv.url, timeout_s=30, max_retries=1)
-        c.health()
-        res = c.score([RewardItem("a", "\\boxed{6}", "6"), RewardItem("b", "\\boxed{7}", "6"),
-                       RewardItem("c", "six", "6"), RewardItem("d", "\\boxed{1}", None)])
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+class _SlowScorer:
+    """A reward actor body that answers after ``hang_s`` (a hung service behind a Ray actor)."""
+
+    def __init__(self, hang_s):
+        self.hang_s = hang_s
+
+    def health(self):
+        return {"status": "ok"}
+
+    def score_dicts(self, items):
+        time.sleep(self.hang_s)
+        return [{"key": d["key"], "score": 1.0, "status": "verified"} for d in items]
+
+
+def test_the_reward_actor_scores_through_ray_with_the_fault_contract(ray_local):
+    from ops.rl.ray_actors import _RewardImpl
+
+    actor = ray_local.remote(num_cpus=0, max_concurrency=4)(_RewardImpl).remote(1, 20.0)
+    c = RewardClient(RayRewardTransport(actor), timeout_s=30, max_retries=1)
+    c.health()
+    res = c.score([RewardItem("a", "\\boxed{6}", "6"), RewardItem("b", "\\boxed{7}", "6"),
+                   RewardItem("c", "six", "6"), RewardItem("d", "\\boxed{1}", None)])
     assert [r.status for r in res] == ["verified", "wrong", "unparseable", "bad_gold"]
     assert [r.score for r in res] == [1.0, 0.0, 0.0, None] and res[3].failed
+    # a bad request is the caller's fault: not retried, failed with the scorer's error naming the field
+    with pytest.raises(RewardServiceError, match="field 'key' is missing") as bad:
+        RayRewardTransport(actor).score([{"response": "x"}], 30)
+    assert not isinstance(bad.value, RetryableRewardError)
+    # a hung actor: each call times out (and is cancelled), then failed (NaN + flag), never 0.0
+    slow = ray_local.remote(num_cpus=0, max_concurrency=4)(_SlowScorer).remote(5.0)
+    t = time.monotonic()
+    [rh] = RewardClient(RayRewardTransport(slow), timeout_s=0.5, max_retries=1, backoff_s=0.05).score([ITEM])
+    assert time.monotonic() - t < 4.0
+    assert rh.failed and rh.score is None and math.isnan(rh.value) and rh.attempts == 2 and "timed out" in rh.error
+    # a dead actor: the health check before training fails; scores fail after bounded retries
+    ray_local.kill(actor)
+    dead = RewardClient(RayRewardTransport(actor), timeout_s=5.0, max_retries=2, backoff_s=0.01)
+    with pytest.raises(RewardServiceError, match="unhealthy"):
+        dead.health()
+    [rd] = dead.score([ITEM])
+    assert rd.failed and rd.score is None and rd.attempts == 3 and "unavailable" in rd.error
+    assert dead.stats == {"requests": 3, "retries": 2, "failed_requests": 1}
+
+
+def test_the_in_process_scorer_has_no_server_and_refuses_before_start():
+    scorer = RewardScorer(workers=1, item_timeout_s=20)
+    with pytest.raises(RewardServiceError, match="not started"):
+        LocalRewardTransport(scorer).health(1.0)
+    with scorer:
+        [r] = RewardClient(LocalRewardTransport(scorer), timeout_s=30).score([RewardItem("a", "\\boxed{6}", "6")])
+    assert (r.status, r.score) == ("verified", 1.0)
+    with pytest.raises(ValueError, match="reward.workers"):
+        RewardScorer(workers=0)
 
 
 def test_adaptive_timeout_follows_the_slowest_correct_answer():

@@ -1,5 +1,5 @@
-"""One RL step end to end in process: the transformers engine (tiny policy), the reward service
-over HTTP, GRPO with the stream trainer, versioned weight sync — baseline and RollPacker."""
+"""One RL step end to end in process: the transformers engine (tiny policy), the reward scorer
+(its verifier processes, called in process), GRPO with the stream trainer, versioned weight sync — baseline and RollPacker."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import torch
 
 from ops.rl.engine import HFEngine
 from ops.rl.policy import chat_prompt, tiny_policy
-from ops.rl.reward import RewardClient, RewardResult, RewardServer, RewardServiceError
+from ops.rl.reward import LocalRewardTransport, RewardClient, RewardResult, RewardScorer, RewardServiceError
 from ops.rl.rollpacker.loop import RLStep, StepConfig
 from ops.rl.rollpacker.scheduler import RoundPlanner, TailBatching
 from ops.rl.rollpacker.stream import StreamTrainer
@@ -19,9 +19,9 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Inst
 
 
 @pytest.fixture(scope="module")
-def reward_url():
-    with RewardServer(workers=1, item_timeout_s=20) as srv:
-        yield srv.url
+def reward():
+    with RewardScorer(workers=1, item_timeout_s=20) as scorer:
+        yield LocalRewardTransport(scorer)
 
 
 def setup(tok, overlap, stream, score=None, url=None, max_failed=0.25):
@@ -43,8 +43,8 @@ def epoch(tok, n):
 
 
 @pytest.mark.parametrize("tail_batching, overlap, stream", [(False, False, False), (True, True, True)])
-def test_steps_train_p0_by_r0_on_policy_and_publish_the_next_version(tok, reward_url, tail_batching, overlap, stream):
-    engine, step = setup(tok, overlap, stream, url=reward_url)
+def test_steps_train_p0_by_r0_on_policy_and_publish_the_next_version(tok, reward, tail_batching, overlap, stream):
+    engine, step = setup(tok, overlap, stream, url=reward)
     planner = RoundPlanner(epoch(tok, 4), TailBatching(2, 3, eta=1.5, enabled=tail_batching))
     try:
         for k in range(2):

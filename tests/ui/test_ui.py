@@ -38,7 +38,10 @@ def _chromium() -> str:
         subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "chromium"], capture_output=True, timeout=600)
         if Path("/usr/bin/chromium").exists():
             return "/usr/bin/chromium"
-    pytest.skip("no Chromium: apt-get install chromium (Debian) to run the browser test")
+    msg = "no Chromium: apt-get install chromium (Debian) to run the browser test"
+    if os.environ.get("CRUCIBLE_UI_REQUIRED"):       # CI: a missing browser is a failure, never a skip
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 
 def _free_port() -> int:

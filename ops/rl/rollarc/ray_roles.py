@@ -7,7 +7,9 @@ Placement (RollArc, arXiv 2512.22560 §3, hardware-affinity mapping): every role
 its pool's Ray custom resource and 0 CPUs — engines on ``gpu_compute`` / ``gpu_bandwidth``, the
 trainer on ``gpu_compute``, environment workers on ``cpu_env``, reward replicas (Ray Serve, elastic)
 on ``reward``. A cluster's nodes advertise the pools their hardware fits (``ray start
---resources='{"gpu_bandwidth": 8}'``); the local default advertises all four on this node.
+--resources='{"gpu_bandwidth": 8}'``); the local default advertises all four on this node. With
+``engine_gpus`` / ``trainer_gpus`` > 0 (``ops.rl.runs.PolicySpec``) the engines and the trainer also
+request ``num_gpus``, so Ray gives each its CUDA device and the models run there.
 
 * Engine actor (asyncio actor): requests from many trajectories are batched as they arrive (up to
   ``max_batch``, waiting at most ``batch_wait_s`` for company) — the dynamic batching a serving
@@ -352,12 +354,13 @@ class RayRoles:
         pol = s.policy()
         Eng = ray.remote(EngineServer)
         for pool in ("gpu_compute", "gpu_bandwidth"):
-            self.engines[pool] = [Eng.options(num_cpus=0, resources={pool: 1}, name=None).remote(pol, pool, s.max_batch, s.batch_wait_s)
+            self.engines[pool] = [Eng.options(num_cpus=0, num_gpus=s.engine_gpus, resources={pool: 1},
+                                              name=None).remote(pol, pool, s.max_batch, s.batch_wait_s)
                                   for _ in range(s.engines.get(pool, 0))]
         Env = ray.remote(EnvWorker)
         self.env_workers = [Env.options(num_cpus=0, resources={"cpu_env": 1}, max_concurrency=s.env_concurrency,
                                         max_restarts=1).remote(asdict(s)) for _ in range(max(1, s.env_workers))]
-        self.trainer = ray.remote(_TrainerImpl).options(num_cpus=0, resources={"gpu_compute": 1}).remote(
+        self.trainer = ray.remote(_TrainerImpl).options(num_cpus=0, num_gpus=s.trainer_gpus, resources={"gpu_compute": 1}).remote(
             {**pol, "threads": s.trainer_threads})
         self.reward_pool = RewardPool(name="rollarc_reward", timeout_s=s.reward_timeout_s, max_retries=s.reward_retries,
                                  backoff_s=0.2).start(min_replicas=s.reward_min_replicas, max_replicas=s.reward_max_replicas,
@@ -488,7 +491,7 @@ def pool_resources(engines: dict, env_workers: int, reward_max_replicas: int) ->
 
 class LocalRoles:
     """The monolithic baseline's roles: engine, environments, verifier and trainer in this process
-    (environment steps on threads; math verification in ``ops.rl.reward.RewardServer``'s process
+    (environment steps on threads; math verification in ``ops.rl.reward.RewardScorer``'s process
     pool, since math-verify needs a main thread).
 
     ``serve=True`` (the driver's ``placement = "local"``: every method on the same budget) replaces
@@ -504,7 +507,7 @@ class LocalRoles:
 
         from ops.rl.engine import HFEngine
         from ops.rl.ray_actors import _build_policy, _TrainerImpl
-        from ops.rl.reward import RewardServer
+        from ops.rl.reward import RewardScorer
 
         from .router import DecodeLengthEstimator, RequestRouter
 
@@ -527,7 +530,7 @@ class LocalRoles:
         # this process's torch thread count is left as it is
         self._trainer = _TrainerImpl({**pol, "threads": torch.get_num_threads()})
         self.trainer = self._trainer.trainer
-        self.verifier = RewardServer(workers=1, item_timeout_s=spec.reward_timeout_s).start()
+        self.verifier = RewardScorer(workers=1, item_timeout_s=spec.reward_timeout_s).start()
         self.envs: dict = {}
         self.engine_clock, self.train_clock, self.env_clock = BusyClock(), BusyClock(), BusyClock()
 

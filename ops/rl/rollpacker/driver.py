@@ -296,7 +296,7 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: 
         pipes.log.info(f"{method} held-out after {len(rows)} steps: accuracy {r['accuracy']:.3f} on {r['n']} problems "
                        f"(T={spec.eval_temperature}, {time.monotonic() - t:.1f}s, not counted)")
 
-    client = RewardClient(actors.reward_url, timeout_s=spec.reward_timeout_s, max_retries=spec.reward_retries,
+    client = RewardClient(actors.reward, timeout_s=spec.reward_timeout_s, max_retries=spec.reward_retries,
                           backoff_s=0.2)
     client.health()                                           # before any training
     if not rows and not ev:

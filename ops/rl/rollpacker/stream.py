@@ -110,7 +110,7 @@ class StreamTrainer:
                         if len(s.old_logprobs) != len(s.response_ids):
                             raise ValueError(f"TrainSample.old_logprobs has {len(s.old_logprobs)} entries for "
                                              f"{len(s.response_ids)} response tokens")
-                        old[b, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=old.dtype)
+                        old[b, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=old.dtype, device=old.device)
             num, den, st = grpo_loss_terms(logp, old, mask, [s.advantage for s in mb], [s.valid for s in mb],
                                            self.cfg, ref)
             if num.requires_grad:

@@ -1,0 +1,201 @@
+"""The RL assets on a real multi-node Ray cluster, as a cluster is used (docs/operations.md, "Ray
+clusters"): a head and two worker nodes started as separate ``ray start`` processes with different
+resources, the drivers submitted as Ray Jobs (the repository as the job's ``runtime_env``
+working_dir, Pipes messages through a file in the run folder), and every role on a node that
+advertises the resources it asks for.
+
+Nodes (one CPU each, so roles must spread):
+- head: ``reward`` (RollArc's Serve reward replicas), the job's driver;
+- worker A: ``gpu_compute`` (RollArc's prefill engines and trainer);
+- worker B: ``gpu_bandwidth`` and ``cpu_env`` (decode engines, environment workers).
+
+The cluster uses its own temp dir, so it never becomes the machine's default cluster, and its
+processes are stopped by that dir at the end (``ray stop`` would stop every Ray on the machine).
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import lake_with_problems, materialize_logged
+
+RAY = Path(sys.executable).parent / "ray"
+MODEL_DIR = Path(__file__).resolve().parents[1] / ".models" / "SmolLM2-135M-Instruct"
+NODES = {"head": {"reward": 4}, "worker_a": {"gpu_compute": 4}, "worker_b": {"gpu_bandwidth": 4, "cpu_env": 4}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(tag: str) -> None:
+    """SIGTERM, then SIGKILL, every process whose command line names this cluster's temp dir or ports."""
+    def pids():
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if tag in cmd and int(d.name) != os.getpid():
+                    out.append(int(d.name))
+        return out
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids():
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while pids() and time.monotonic() < deadline:
+            time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import json
+
+    if not RAY.exists():
+        pytest.skip("the ray CLI is not installed")
+    tag = f"/tmp/crc-{uuid.uuid4().hex[:8]}"          # short: Ray's unix socket paths must stay < 108 bytes
+    gcs, dash = _free_port(), _free_port()
+    # the nodes run this environment's python (a job's entrypoint `python` is the node's, as on a real cluster)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # every node's dashboard agent (which runs submitted jobs) needs its own HTTP port on one host
+    common = lambda: ["--num-cpus=1", "--disable-usage-stats", f"--dashboard-agent-listen-port={_free_port()}"]
+    starts = [[str(RAY), "start", "--head", f"--port={gcs}", f"--dashboard-port={dash}", "--include-dashboard=true",
+               "--dashboard-host=127.0.0.1", f"--temp-dir={tag}", f"--resources={json.dumps(NODES['head'])}", *common()]]
+    for name in ("worker_a", "worker_b"):
+        # its own temp dir: nodes on one host must not unpack job packages into the same session folder
+        starts.append([str(RAY), "start", f"--address=127.0.0.1:{gcs}", f"--resources={json.dumps(NODES[name])}",
+                       f"--temp-dir={tag}-{name[-1]}", *common()])
+    try:
+        for cmd in starts:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+            assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        _wait_for_nodes_and_jobs_api(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", env)
+        yield {"gcs": f"127.0.0.1:{gcs}", "jobs": f"http://127.0.0.1:{dash}", "tag": tag, "env": env}
+    finally:
+        _stop(tag)
+        _stop(f":{gcs}")
+        for d in Path("/tmp").glob(Path(tag).name + "*"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _wait_for_nodes_and_jobs_api(gcs: str, jobs: str, env: dict, timeout_s: float = 180.0) -> None:
+    """Until the three nodes are alive and the Jobs API answers (bounded)."""
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_nodes
+
+    os.environ["RAY_AUTH_MODE"] = env["RAY_AUTH_MODE"]
+    deadline, err = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            alive = [n for n in list_nodes(address=gcs) if n.state == "ALIVE"]
+            JobSubmissionClient(jobs).list_jobs()
+            if len(alive) == 3:
+                return
+        except Exception as e:  # noqa: BLE001 - not up yet
+            err = e
+        time.sleep(1.0)
+    pytest.fail(f"the 3-node Ray cluster was not up within {timeout_s}s: {err!r}")
+
+
+def _placement(cluster) -> tuple[dict, list[dict]]:
+    """(node id -> resources, actors with class name, node id and required resources) from the
+    cluster's state API, dead actors included."""
+    from ray.util.state import list_actors, list_nodes
+
+    nodes = {n.node_id: n.resources_total for n in list_nodes(address=cluster["gcs"], detail=True)}
+    actors = [{"class_name": a.class_name, "node_id": a.node_id, "required": a.required_resources or {}}
+              for a in list_actors(address=cluster["gcs"], detail=True, limit=1000)]
+    return nodes, actors
+
+
+def _assert_roles_on_their_nodes(cluster, classes: set) -> dict:
+    nodes, actors = _placement(cluster)
+    assert len(nodes) == 3
+    seen = {}
+    for a in actors:
+        if a["class_name"] not in classes:
+            continue
+        assert a["node_id"] in nodes, a
+        have = nodes[a["node_id"]]
+        for k, v in a["required"].items():
+            assert have.get(k, 0) >= v, f"{a['class_name']} needs {k}={v} but landed on a node with {have}"
+        seen.setdefault(a["class_name"], set()).add(a["node_id"])
+    return seen
+
+
+@pytest.fixture
+def cluster_env(cluster, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    return cluster
+
+
+def test_rollarc_run_as_a_ray_job_puts_each_role_on_the_node_its_pool_names(cluster_env, tmp_path):
+    from assets import rollarc
+    from resources.compute import ComputeResource
+
+    if not (MODEL_DIR / "tokenizer.json").exists():
+        pytest.skip("SmolLM2 directory missing: run make setup")
+    cluster = cluster_env
+    lake = lake_with_problems(tmp_path)
+    config = {"policy": "tiny", "model_dir": str(MODEL_DIR), "methods": ["rollarc"], "steps": 2, "groups_per_step": 2,
+              "group_size": 2, "redundancy": 1, "async_ratio": 1, "max_turns": 2, "max_new_tokens": 8,
+              "env_latency": "low", "env_latency_mean_s": 0.05, "engines_compute": 1, "engines_bandwidth": 1,
+              "reward_max_replicas": 1, "checkpoint_every": 1, "run_timeout_s": 500.0}
+    compute = ComputeResource(ray_jobs_address=cluster["jobs"], ray_job_poll_s=0.5)
+    res, meta, log, _ = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": compute},
+                                           {"ops": {"rollarc_run": {"config": config}}})
+    assert res.success
+    assert "Ray job crucible-" in log and cluster["jobs"] in log          # submitted through the Jobs API
+    assert "rollarc: step 2/2" in log                                      # Pipes messages came back from the job
+    assert meta["ray_address"] == "auto"
+    table = pl.read_parquet(lake.path("rollarc_run"))
+    assert table["method"].to_list() == ["rollarc", "rollarc"]
+    seen = _assert_roles_on_their_nodes(cluster, {"EngineServer", "EnvWorker", "_TrainerImpl"})
+    nodes, _ = _placement(cluster)
+    by_res = {k: {n for n, r in nodes.items() if k in r} for k in ("gpu_compute", "gpu_bandwidth", "cpu_env")}
+    assert seen["_TrainerImpl"] <= by_res["gpu_compute"] and seen["EnvWorker"] <= by_res["cpu_env"]
+    assert seen["EngineServer"] == by_res["gpu_compute"] | by_res["gpu_bandwidth"]   # one engine per pool, two nodes
+    assert not list((tmp_path / "rollarc_run").glob(".run-*"))              # the run folder went after success
+
+
+def test_rollpacker_run_as_a_ray_job_spreads_its_actors_over_the_nodes(cluster_env, tmp_path):
+    from assets import rollpacker
+    from resources.compute import ComputeResource
+
+    if not (MODEL_DIR / "tokenizer.json").exists():
+        pytest.skip("SmolLM2 directory missing: run make setup")
+    cluster = cluster_env
+    lake = lake_with_problems(tmp_path)
+    config = {"policy": "tiny", "model_dir": str(MODEL_DIR), "methods": ["baseline"], "steps": 2,
+              "prompts_per_step": 2, "responses_per_prompt": 2, "max_new_tokens": 8, "run_timeout_s": 400.0}
+    compute = ComputeResource(ray_jobs_address=cluster["jobs"], ray_job_poll_s=0.5)
+    res, meta, log, _ = materialize_logged([rollpacker.rollpacker_run], {"lake": lake, "compute": compute},
+                                           {"ops": {"rollpacker_run": {"config": config}}})
+    assert res.success and "Ray job crucible-" in log
+    table = pl.read_parquet(lake.path("rollpacker_run"))
+    assert table["method"].to_list() == ["baseline", "baseline"] and table["policy_version"].to_list() == [0, 1]
+    # engine and trainer ask for one CPU each and every node has one: they land on two different nodes,
+    # and the reward actor (0 CPUs) answers the driver through Ray calls across nodes
+    seen = _assert_roles_on_their_nodes(cluster, {"_EngineImpl", "_TrainerImpl", "_RewardImpl"})
+    assert {"_EngineImpl", "_TrainerImpl", "_RewardImpl"} <= set(seen)
+    _, actors = _placement(cluster)
+    last = {a["class_name"]: a["node_id"] for a in actors if a["class_name"] in ("_EngineImpl", "_TrainerImpl")}
+    assert last["_EngineImpl"] != last["_TrainerImpl"]
