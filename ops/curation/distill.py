@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from ops.teacher.client import ChatRequest, ChatResult
+from ops.teacher.requests import ChatRequest, ChatResult
 from ops.teacher.prompts import solve_messages, validate_templates
 
 from .verify import VerifyItem, verify_many
