@@ -82,9 +82,9 @@ def raw_problems(
             )
     path, version = lake.write(df, "raw_problems", key, refresh=False)
     # views over the *declared* sources only: a source removed from the YAML leaves the catalog
-    current = [k for k in SOURCE_PARTITIONS.get_partition_keys() if lake.path("raw_problems", k).exists()]
+    current = [k for k in SOURCE_PARTITIONS.get_partition_keys() if lake.exists("raw_problems", k)]
     for asset in ("raw_problems", "raw_problems_quarantine"):
-        lake.refresh_view(asset, files=[str(lake.path(asset, k)) for k in current if lake.path(asset, k).exists()])
+        lake.refresh_view(asset, partitions=[k for k in current if lake.exists(asset, k)])
     reasons = qdf.group_by("reason").len(name="rows").sort("rows", descending=True) if quarantine else qdf
     return table_result(
         None, path, version, read, df.height,

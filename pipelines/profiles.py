@@ -5,10 +5,10 @@
 
 Production swaps resources and the executor, never asset code:
 
-- lake: an object-store root (``s3://bucket/prefix``) mounted at ``lake.mount`` in every pod
-  (Mountpoint for S3 / gcsfuse CSI driver): ``LakeResource`` writes POSIX paths (atomic renames,
-  memory-mapped token streams), so the resource's ``root`` is the mount (the URI stays in
-  ``Profile.config.lake.root``);
+- lake: an object-store root (``s3://bucket/prefix``, an S3-compatible ``endpoint_url``): tables
+  are committed as versioned objects plus a manifest, no rename (``ops.lake.ObjectStoreLake``); the
+  files that need POSIX (caches, run folders, checkpoints, the DuckDB catalog) go to ``lake.work_dir``,
+  a volume every pod mounts;
 - teacher: an OpenAI-compatible endpoint (vLLM, SGLang, a provider): ``base_url``, ``model``, and the
   name of the variable holding the key;
 - compute: a GPU accelerate config file, ranks per launch, mixed precision, the Ray cluster address;
@@ -54,10 +54,14 @@ class _Strict(BaseModel):
 
 
 class LakeConfig(_Strict):
-    """``lake``: the object store holding the lake and where every pod mounts it."""
+    """``lake``: the object store holding the lake (``LakeResource``: docs/operations.md, "Lake on
+    object storage") and the POSIX working folder every pod mounts."""
 
     root: str = "s3://crucible-lake/crucible"
-    mount: str = "/mnt/crucible-lake"
+    endpoint_url: str = ""
+    region: str = ""
+    work_dir: str = "/var/lib/crucible"
+    keep_versions: int = Field(2, ge=1)
 
 
 class TeacherConfig(_Strict):
@@ -76,7 +80,12 @@ class ComputeConfig(_Strict):
     num_processes: int = Field(8, ge=1)
     mixed_precision: Literal["no", "fp16", "bf16"] = "bf16"
     launcher: Literal["accelerate", "torchrun"] = "accelerate"
-    ray_address: str = "ray://crucible-ray-head:10001"
+    ray_jobs_address: str = "http://crucible-ray-head:8265"
+    """The Ray Jobs API: the RL drivers are submitted as Ray Jobs (docs/operations.md, "Ray clusters")."""
+    ray_address: str = ""
+    """A GCS address (host:6379) for a step that runs on a cluster node; ignored with ray_jobs_address."""
+    rl_engine_gpus: float = Field(1.0, ge=0)
+    rl_trainer_gpus: float = Field(1.0, ge=0)
 
     @field_validator("accelerate_config_file")
     @classmethod
@@ -101,7 +110,7 @@ class ProdConfig(_Strict):
     (deploy/prod.example.yaml lists every key with its default). Every key is optional.
 
     Validation (pydantic, ``extra="forbid"``): an unknown section or key, a wrong type, a value
-    outside its choices or range, an object-store ``lake.root`` without ``lake.mount``, or a missing
+    outside its choices or range, an object-store ``lake.root`` without ``lake.work_dir``, or a missing
     ``compute.accelerate_config_file`` is an error. Relative paths (``compute.accelerate_config_file``,
     ``sources_file``) are resolved against the directory given as ``context={"base": dir}`` (the YAML's).
     ``source`` (not a key) is the file the values came from, or ``<defaults>``.
@@ -126,9 +135,9 @@ class ProdConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "ProdConfig":
-        if "://" in self.lake.root and not self.lake.mount:
-            raise ValueError(f"lake.root {self.lake.root!r} is an object-store URI: set lake.mount, the path where "
-                             "every pod mounts it (LakeResource writes POSIX paths)")
+        if "://" in self.lake.root and not self.lake.work_dir:
+            raise ValueError(f"lake.root {self.lake.root!r} is an object-store URI: set lake.work_dir, the POSIX folder "
+                             "every pod mounts (caches, run folders, checkpoints, the DuckDB catalog)")
         acc = self.compute.accelerate_config_file
         if acc and not Path(acc).expanduser().exists():
             raise ValueError(f"compute.accelerate_config_file {acc} does not exist")
@@ -193,7 +202,7 @@ def load_prod_config(path: Optional[str] = None) -> ProdConfig:
     Raises:
         ProfileError: missing file, not YAML, or a document :class:`ProdConfig` rejects (the
             message names the file and every bad key: an unknown section or key, a wrong type, a bad
-            choice, an object-store root without a mount, a missing accelerate config file).
+            choice, an object-store root without a work_dir, a missing accelerate config file).
     """
     path = path if path is not None else os.environ.get(CONFIG_ENV, "")
     doc: dict[str, Any] = {}
@@ -219,7 +228,8 @@ def prod_resources(cfg: ProdConfig) -> dict[str, dg.ConfigurableResource]:
     from resources.teacher import TeacherResource
 
     return {
-        "lake": LakeResource(root=cfg.lake.mount if "://" in cfg.lake.root else cfg.lake.root),
+        "lake": LakeResource(root=cfg.lake.root, endpoint_url=cfg.lake.endpoint_url, region=cfg.lake.region,
+                             work_dir=cfg.lake.work_dir, keep_versions=cfg.lake.keep_versions),
         "sources": SourcesResource(config_file=cfg.sources_file),
         "teacher": TeacherResource(base_url=cfg.teacher.base_url, model=cfg.teacher.model,
                                    api_key_env=cfg.teacher.api_key_env, concurrency=cfg.teacher.concurrency),
@@ -227,7 +237,10 @@ def prod_resources(cfg: ProdConfig) -> dict[str, dg.ConfigurableResource]:
                                            accelerate_config_file=cfg.compute.accelerate_config_file or None,
                                            num_processes=cfg.compute.num_processes,
                                            mixed_precision=cfg.compute.mixed_precision,
-                                           ray_address=cfg.compute.ray_address or None, launch_timeout_s=172_800.0),
+                                           ray_address=cfg.compute.ray_address or None,
+                                           ray_jobs_address=cfg.compute.ray_jobs_address or None,
+                                           rl_engine_gpus=cfg.compute.rl_engine_gpus,
+                                           rl_trainer_gpus=cfg.compute.rl_trainer_gpus, launch_timeout_s=172_800.0),
     }
 
 

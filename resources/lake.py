@@ -1,6 +1,9 @@
-"""The lake resource: table paths under ``CRUCIBLE_HOME``, atomic writes, and the DuckDB catalog."""
+"""The lake resource: table paths under ``CRUCIBLE_HOME`` or an object store, atomic writes, and the
+DuckDB catalog (docs/operations.md, "The DuckDB catalog" and "Lake on object storage")."""
 
 
+import functools
+import json
 import os
 import time
 from pathlib import Path
@@ -10,71 +13,275 @@ import polars as pl
 
 from ops import lake
 
+_RAISE = object()
+
 
 def default_root() -> str:
     return os.environ.get("CRUCIBLE_HOME", str(Path.cwd() / ".crucible"))
 
 
+@functools.lru_cache(maxsize=16)
+def _object_store(root: str, endpoint_url: str, region: str, keep_versions: int, orphan_grace_s: float) -> "lake.ObjectStoreLake":
+    opts: dict = {}
+    scheme = root.split("://", 1)[0]
+    if scheme in ("s3", "s3a"):
+        opts["use_listings_cache"] = False       # partition listings must see other writers' commits
+        if endpoint_url:
+            opts["endpoint_url"] = endpoint_url
+        if region:
+            opts["client_kwargs"] = {"region_name": region}
+    elif endpoint_url or region:
+        raise ValueError(f"lake.endpoint_url / lake.region apply to s3:// roots only, not {root!r}")
+    try:
+        return lake.ObjectStoreLake(root, opts, keep_versions=keep_versions, orphan_grace_s=orphan_grace_s)
+    except ImportError as e:
+        raise ImportError(f"lake root {root!r} needs the fsspec backend for {scheme}:// "
+                          f"(s3: pip install -e '.[prod]', which brings s3fs): {e}") from e
+
+
 class LakeResource(dg.ConfigurableResource):
-    """Parquet tables under ``root`` (one folder per asset and partition) and a DuckDB catalog
-    (``<root>/catalog.duckdb``) with one view per asset.
+    """Parquet tables under ``root`` (one folder per asset and partition) and a DuckDB catalog with
+    one view per asset.
+
+    Two kinds of root:
+
+    - a local folder (default ``$CRUCIBLE_HOME`` or ``./.crucible``): tables at
+      ``<root>/<asset>[/<partition>]/<name>``, written to a temporary file and renamed
+      (``ops.lake.atomic_path``); the catalog is ``<root>/catalog.duckdb``; ``base`` and ``path`` are
+      in the lake.
+    - an object store (``s3://bucket/prefix``; any fsspec URL): tables, JSON files and datasets are
+      committed without rename (``ops.lake.ObjectStoreLake``: the new version's objects under a
+      version-unique key, then the manifest ``_latest/<name>.json``); readers resolve through the
+      manifest. ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
+      folders, checkpoints: files that need rename, SQLite or mmap), and the catalog is
+      ``<work_dir>/catalog.duckdb`` (never on the object store).
 
     Attributes:
-        root: lake root folder; defaults to ``$CRUCIBLE_HOME`` or ``./.crucible``.
+        root: lake root folder or object-store URL; defaults to ``$CRUCIBLE_HOME`` or ``./.crucible``.
         catalog_lock_timeout_s: how long to retry when another process holds the catalog's lock
             (then the view refresh is skipped with a warning; the data is already written).
+        endpoint_url: S3-compatible endpoint (MinIO, Ceph RGW, a loopback moto server); empty =
+            AWS. Credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID`` /
+            ``AWS_SECRET_ACCESS_KEY``, a profile, IRSA, an instance role), never from config.
+        region: S3 region; empty = the AWS chain's (``AWS_REGION`` / ``AWS_DEFAULT_REGION``).
+        work_dir: object-store roots only: the POSIX working folder; empty = ``$CRUCIBLE_HOME``
+            or ``./.crucible``.
+        catalog: the DuckDB catalog file; empty = ``<root>/catalog.duckdb`` (local root) or
+            ``<work_dir>/catalog.duckdb`` (object store).
+        keep_versions: object stores: committed versions kept per table (2 = current and previous).
+        orphan_grace_s: object stores: an uncommitted upload (a killed write) older than this is
+            deleted by the next commit of the same table.
     """
 
     root: str = ""
     catalog_lock_timeout_s: float = 5.0
+    endpoint_url: str = ""
+    region: str = ""
+    work_dir: str = ""
+    catalog: str = ""
+    keep_versions: int = 2
+    orphan_grace_s: float = 3600.0
+
+    # -- where things are ------------------------------------------------------------------------
+    @property
+    def remote(self) -> bool:
+        """True when ``root`` is an object-store URL."""
+        return lake.is_object_store(self.root)
+
+    @property
+    def store(self) -> "lake.ObjectStoreLake":
+        """The object store of an object-store root. Raises ValueError for a local root."""
+        if not self.remote:
+            raise ValueError(f"lake root {self.root or default_root()!r} is a local folder, not an object store")
+        return _object_store(self.root.rstrip("/"), self.endpoint_url, self.region, self.keep_versions, self.orphan_grace_s)
 
     @property
     def base(self) -> Path:
+        """The local lake root; for an object-store root, the POSIX working folder ``work_dir``."""
+        if self.remote:
+            return Path(self.work_dir or default_root()).expanduser().resolve()
         return Path(self.root or default_root()).expanduser().resolve()
 
+    @property
+    def catalog_path(self) -> Path:
+        """The DuckDB catalog file (local disk in both modes)."""
+        return Path(self.catalog).expanduser().resolve() if self.catalog else self.base / "catalog.duckdb"
+
     def path(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> Path:
-        """Path of a table: ``<root>/<asset>[/<partition>]/<name>``."""
+        """Path of a table: ``<root>/<asset>[/<partition>]/<name>`` (object store: under ``work_dir``,
+        for files that are not committed to the store)."""
         p = self.base / asset
         return (p / partition / name) if partition else (p / name)
 
+    @staticmethod
+    def _key(asset: str, partition: str | None = None, name: str = "data.parquet") -> str:
+        return f"{asset}/{partition}/{name}" if partition else f"{asset}/{name}"
+
+    def location(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> str:
+        """Where a table is, for messages and metadata: its path, or its logical URL on an object store."""
+        return self.store.location(self._key(asset, partition, name)) if self.remote else str(self.path(asset, partition, name))
+
+    # -- tables ----------------------------------------------------------------------------------
     def write(self, df: pl.DataFrame, asset: str, partition: str | None = None, name: str = "data.parquet",
-              refresh: bool = True) -> tuple[Path, str]:
-        """Atomically write a table; make sure the asset's catalog view exists. Returns (path, data_version)."""
-        target = self.path(asset, partition, name)
-        version = lake.write_parquet_atomic(df, target)
+              refresh: bool = True) -> tuple[Path | str, str]:
+        """Atomically write a table; make sure the asset's catalog view exists. Returns (path,
+        data_version); on an object store the path is the URL of the committed object."""
+        if self.remote:
+            target, version = self.store.write_parquet(df, self._key(asset, partition, name), staging=self._staging())
+        else:
+            target = self.path(asset, partition, name)
+            version = lake.write_parquet_atomic(df, target)
         if name == "data.parquet" and refresh:
             self.refresh_view(asset, partitioned=partition is not None)
         return target, version
 
     def read(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> pl.DataFrame:
         """Read a table. Raises FileNotFoundError naming the asset when it was never materialized."""
+        what = f"{asset}[{partition}]" if partition else asset
+        if self.remote:
+            key = self._key(asset, partition, name)
+            if not self.store.exists(key):
+                raise FileNotFoundError(f"{what} has no committed table at {self.store.location(key)}: materialize {what} first")
+            return self.store.read_parquet(key)
         p = self.path(asset, partition, name)
         if not p.exists():
-            what = f"{asset}[{partition}]" if partition else asset
             raise FileNotFoundError(f"{what} has no table at {p}: materialize {what} first")
         return pl.read_parquet(p)
 
+    def exists(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> bool:
+        """True when the table (or file) has been written (object store: committed)."""
+        if self.remote:
+            return self.store.exists(self._key(asset, partition, name))
+        return self.path(asset, partition, name).exists()
+
     def partitions(self, asset: str) -> list[str]:
-        """Partition keys that have a table on disk."""
+        """Partition keys that have a table (object store: a committed one)."""
+        if self.remote:
+            return sorted(k for k in self.store.children(asset) if self.store.exists(self._key(asset, k)))
         d = self.base / asset
         if not d.exists():
             return []
         return sorted(p.name for p in d.iterdir() if (p / "data.parquet").exists())
 
+    def table_info(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> dict:
+        """``{"data_version", "rows"}`` of a written table (the version ``write`` returned). Raises
+        FileNotFoundError naming the table when it was never written."""
+        if self.remote:
+            doc = self.store.manifest(self._key(asset, partition, name))
+            if doc is None:
+                raise FileNotFoundError(f"{self.location(asset, partition, name)} has no committed table")
+            rows = doc.get("rows")
+            if rows is None:
+                rows = self.read(asset, partition, name).height
+            return {"data_version": doc["version"], "rows": rows}
+        p = self.path(asset, partition, name)
+        return {"data_version": lake.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
+
+    # -- other committed files ---------------------------------------------------------------------
+    def write_json(self, obj, key: str, indent: int = 2) -> None:
+        """Write ``obj`` as JSON at ``<root>/<key>`` (e.g. ``decontaminated_problems/config.json``),
+        atomically (local: ``ops.lake.write_json_atomic``; object store: committed)."""
+        if self.remote:
+            self.store.write_json(obj, key, indent=indent, staging=self._staging())
+        else:
+            lake.write_json_atomic(obj, self.base / key, indent=indent)
+
+    def read_json(self, key: str, default=_RAISE):
+        """The JSON at ``<root>/<key>``; ``default`` when absent (without one: FileNotFoundError
+        naming the key). Raises ValueError naming the key when the file is not JSON."""
+        try:
+            raw = self.store.read_bytes(key) if self.remote else (self.base / key).read_bytes()
+        except FileNotFoundError:
+            if default is _RAISE:
+                raise FileNotFoundError(f"{self.store.location(key) if self.remote else self.base / key} does not exist") from None
+            return default
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"{key} in the lake ({self.root or self.base}) is not JSON: {e}") from None
+
+    def write_hf_dataset(self, df: pl.DataFrame, asset: str, card: str) -> tuple[Path | str, str]:
+        """Publish ``df`` as the Hugging Face dataset folder ``<root>/<asset>`` (``data/train-00000-
+        of-00001.parquet`` and the card ``README.md``; ``ops.lake.write_hf_dataset``) and point the
+        catalog view ``<asset>`` at it. Returns (location, data version of the Parquet file)."""
+        if not self.remote:
+            final = self.base / asset
+            version = lake.write_hf_dataset(df, final, card)
+            self.refresh_view(asset, pattern=str(final / "data" / "*.parquet"))
+            return final, version
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix=".lake-stage.", dir=self._staging()) as d:
+            version = lake.write_hf_dataset(df, Path(d) / asset, card)
+            self.store.write_dir(Path(d) / asset, asset, version, {"rows": df.height})
+        self.refresh_view(asset, files=self._dataset_objects(asset))
+        return self.store.location(asset), version
+
+    def read_dataset(self, asset: str) -> pl.DataFrame:
+        """The rows of the dataset folder ``<root>/<asset>`` (its ``data/*.parquet``). Raises
+        FileNotFoundError naming it when it was never published."""
+        if not self.remote:
+            return pl.read_parquet(self.base / asset / "data" / "*.parquet")
+        import io
+
+        doc = self.store.manifest(asset)
+        if doc is None:
+            raise FileNotFoundError(f"{self.store.location(asset)} has no committed dataset: materialize {asset} first")
+        parts = [rel for rel in sorted(doc["files"]) if rel.startswith("data/") and rel.endswith(".parquet")]
+        return pl.concat([pl.read_parquet(io.BytesIO(self.store.read_bytes(asset, rel, manifest=doc))) for rel in parts],
+                         how="vertical_relaxed")
+
+    def _dataset_objects(self, asset: str) -> list[str]:
+        return [u for u in self.store.resolve(asset) if "/data/" in u and u.endswith(".parquet")]
+
+    def _staging(self) -> str | None:
+        """Local folder for files staged before upload (the system temp folder when ``work_dir``
+        does not exist)."""
+        return str(self.base) if self.base.is_dir() else None
+
+    # -- the DuckDB catalog ------------------------------------------------------------------------
+    def connect_catalog(self, read_only: bool = True):
+        """A DuckDB connection to the catalog; for an object-store root with the lake's fsspec
+        filesystem registered, so the views over ``s3://`` objects can be queried without DuckDB's
+        httpfs extension (docs/operations.md, "Lake on object storage"). Close it when done."""
+        import duckdb
+
+        con = duckdb.connect(str(self.catalog_path), read_only=read_only)
+        if self.remote:
+            con.register_filesystem(self.store.fs)
+        return con
+
     def refresh_view(self, asset: str, partitioned: bool = False, pattern: str | None = None,
-                     files: list[str] | None = None) -> bool:
+                     files: list[str] | None = None, partitions: list[str] | None = None) -> bool:
         """Make sure the DuckDB view ``<asset>`` reads the asset's Parquet file(s).
 
-        Views read through globs, so new data needs no refresh; the catalog is only written when a
-        view is missing or its definition changed (tagged by a hash in the view's comment). DuckDB
-        allows one writer and no writer beside readers: if someone holds the catalog open, the
-        refresh is retried for ``catalog_lock_timeout_s`` and then skipped with a warning —
-        a catalog view never fails a materialization. Returns True when the view is current.
+        Local root: views read through globs (``pattern``, default the asset's ``data.parquet`` or
+        ``*/data.parquet``) or a list (``files``, or the tables of ``partitions``), so new data
+        needs no refresh. Object store: the view lists the committed objects (resolved through the
+        manifests), so each commit refreshes it; ``pattern`` is not supported there.
+
+        The catalog is only written when a view is missing or its definition changed (tagged by a
+        hash in the view's comment). DuckDB allows one writer and no writer beside readers: if
+        someone holds the catalog open, the refresh is retried for ``catalog_lock_timeout_s`` and
+        then skipped with a warning — a catalog view never fails a materialization. Returns True
+        when the view is current.
         """
         import hashlib
 
         import duckdb
 
+        if partitions is not None:
+            files = [self.location(asset, k) for k in partitions] if not self.remote else \
+                [self.store.resolve(self._key(asset, k))[0] for k in partitions]
+        elif self.remote and files is None:
+            if pattern is not None:
+                raise ValueError(f"refresh_view({asset!r}): a glob pattern needs a local lake root; pass partitions or files")
+            if partitioned:
+                files = [self.store.resolve(self._key(asset, k))[0] for k in self.partitions(asset)]
+            elif self.store.exists(self._key(asset)):
+                files = self.store.resolve(self._key(asset))
+            else:
+                files = []
         if files is not None:
             src = "[" + ", ".join(f"'{f}'" for f in files) + "]" if files else None
         else:
@@ -83,7 +290,7 @@ class LakeResource(dg.ConfigurableResource):
             return True
         sql = f'CREATE OR REPLACE VIEW "{asset}" AS SELECT * FROM read_parquet({src}, union_by_name = true)'
         tag = hashlib.sha1(sql.encode()).hexdigest()[:16]
-        path = self.base / "catalog.duckdb"
+        path = self.catalog_path
         deadline = time.monotonic() + self.catalog_lock_timeout_s
         while True:
             try:
@@ -92,7 +299,10 @@ class LakeResource(dg.ConfigurableResource):
                         row = con.execute("select comment from duckdb_views() where view_name = ?", [asset]).fetchone()
                     if row and row[0] == tag:
                         return True
+                path.parent.mkdir(parents=True, exist_ok=True)
                 with duckdb.connect(str(path)) as con:
+                    if self.remote:
+                        con.register_filesystem(self.store.fs)
                     con.execute(sql)
                     con.execute(f"COMMENT ON VIEW \"{asset}\" IS '{tag}'")
                 return True

@@ -24,7 +24,8 @@ print(json.dumps({
     "profile": PROFILE.name,
     "lake_root": r["lake"].root, "teacher": [r["teacher"].base_url, r["teacher"].model, r["teacher"].api_key_env],
     "cpu": r["compute"].cpu, "accelerate": r["compute"].accelerate_config_file, "n": r["compute"].num_processes,
-    "ray": r["compute"].ray_address, "executor": job.executor_def.name,
+    "ray": r["compute"].ray_address, "ray_jobs": r["compute"].ray_jobs_address,
+    "rl_gpus": [r["compute"].rl_engine_gpus, r["compute"].rl_trainer_gpus], "executor": job.executor_def.name,
     "gpu_job_tags": {k: v for k, v in job.tags.items() if k.startswith("dagster-k8s")},
 }, default=str))
 """
@@ -44,9 +45,10 @@ def test_definitions_load_under_the_prod_profile_with_the_k8s_executor(tmp_path)
     pytest.importorskip("dagster_k8s")
     got = _load(EXAMPLE, tmp_path)
     assert got["profile"] == "prod"
-    assert got["lake_root"] == "/mnt/crucible-lake"
+    assert got["lake_root"] == "s3://crucible-lake/crucible"
     assert got["teacher"] == ["http://crucible-teacher:8000/v1", "Qwen/Qwen2.5-Math-7B-Instruct", "TEACHER_API_KEY"]
-    assert got["cpu"] is False and got["n"] == 8 and got["ray"] == "ray://crucible-ray-head:10001"
+    assert got["cpu"] is False and got["n"] == 8 and got["ray"] is None
+    assert got["ray_jobs"] == "http://crucible-ray-head:8265" and got["rl_gpus"] == [1.0, 1.0]   # Ray Jobs, GPU actors
     assert got["accelerate"] == str(ROOT / "deploy" / "accelerate" / "gpu_8.yaml")
     assert got["executor"] == "crucible_k8s_executor"
     assert got["gpu_job_tags"] == {}            # k8s executor: the step pods hold the GPUs, not the run pod
@@ -69,7 +71,7 @@ def test_bad_prod_config_names_the_file_and_the_key(tmp_path):
     for text, needle in [("lake: {roott: s3://x}\n", "lake.roott"),
                          ("compute: {num_processes: eight}\n", "compute.num_processes must be int"),
                          ("executor: slurm\n", "executor = 'slurm'"),
-                         ("lake: {root: 's3://b/p', mount: ''}\n", "set lake.mount"),
+                         ("lake: {root: 's3://b/p', work_dir: ''}\n", "set lake.work_dir"),
                          ("compute: {accelerate_config_file: nope.yaml}\n", "compute.accelerate_config_file"),
                          ("gpus: 8\n", "unknown section 'gpus'")]:
         bad.write_text(text)
