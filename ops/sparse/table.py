@@ -10,6 +10,7 @@ value does not depend on insertion order, process, or shard.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -147,36 +148,53 @@ class DynamicTable:
 
     # -- storage ---------------------------------------------------------------------------------
     def _alloc(self) -> int:
-        if self.free:
-            return self.free.pop()
-        if self.n_rows == self.capacity:
+        return int(self._alloc_many(1)[0])
+
+    def _alloc_many(self, n: int) -> torch.Tensor:
+        """Rows [n] for n new ids: freed slots first (last freed first), then new rows at the high-water
+        mark, growing by whole blocks. The same rows, in the same order, as n calls of ``_alloc``."""
+        k = min(n, len(self.free))
+        reused = self.free[len(self.free) - k:][::-1]
+        del self.free[len(self.free) - k:]
+        fresh = torch.arange(self.n_rows, self.n_rows + n - k, dtype=torch.int64)
+        self.n_rows += n - k
+        while self.capacity < self.n_rows:
             self.blocks.append(torch.zeros(self.block_rows, self.width))
-        self.n_rows += 1
-        return self.n_rows - 1
+        return torch.cat([torch.tensor(reused, dtype=torch.int64), fresh])
+
+    def _by_block(self, rows: torch.Tensor):
+        """(block, positions in ``rows``, offsets in the block) for each block the rows [n] touch: one
+        sort instead of one mask over all rows per block."""
+        blk, off = rows // self.block_rows, rows % self.block_rows
+        if len(self.blocks) == 1:
+            yield 0, slice(None), off
+            return
+        order = torch.argsort(blk)
+        bs, counts = torch.unique_consecutive(blk[order], return_counts=True)
+        for b, pos in zip(bs.tolist(), torch.split(order, counts.tolist())):
+            yield b, pos, off[pos]
 
     def _gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Full rows [n, width] (embedding + state) for row indices [n]."""
         out = torch.empty(len(rows), self.width)
-        blk, off = rows // self.block_rows, rows % self.block_rows
-        for b in torch.unique(blk).tolist():
-            m = blk == b
-            out[m] = self.blocks[b][off[m]]
+        for b, pos, off in self._by_block(rows):
+            out[pos] = self.blocks[b][off]
         return out
 
     def _scatter(self, rows: torch.Tensor, values: torch.Tensor) -> None:
-        blk, off = rows // self.block_rows, rows % self.block_rows
-        for b in torch.unique(blk).tolist():
-            m = blk == b
-            self.blocks[b][off[m]] = values[m]
+        for b, pos, off in self._by_block(rows):
+            self.blocks[b][off] = values[pos]
 
     def insert(self, ids: torch.Tensor, weights: torch.Tensor | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
         """Give rows to (new, unique) ``ids`` [n]; initialise them (or set weights/state). Returns rows [n]."""
-        rows = torch.tensor([self._alloc() for _ in range(len(ids))], dtype=torch.int64)
-        for i, r in zip(ids.tolist(), rows.tolist()):
-            self.row_of[i] = r
-            self.id_of[r] = i
-            self.last_seen[r] = self.step
-            self.sightings.pop(i, None)
+        rows = self._alloc_many(len(ids))
+        il, rl = ids.tolist(), rows.tolist()
+        self.row_of.update(zip(il, rl))
+        self.id_of.update(zip(rl, il))
+        self.last_seen.update(dict.fromkeys(rl, self.step))
+        if self.sightings:
+            for i in il:
+                self.sightings.pop(i, None)
         if len(ids):
             w = init_rows(ids, self.dim, self.seed, self.init_scale) if weights is None else weights
             s = self.optimizer.init_state(len(ids), self.dim) if state is None else state
@@ -187,21 +205,25 @@ class DynamicTable:
     def rows_for(self, uids: torch.Tensor, train: bool) -> torch.Tensor:
         """Rows [n] of unique ids [n] (-1: no row). In training, counts sightings, admits per the
         policy and marks the rows seen at the current step."""
-        rows = torch.tensor([self.row_of.get(i, -1) for i in uids.tolist()], dtype=torch.int64)
+        ul = uids.tolist()
+        rows = torch.from_numpy(np.fromiter(map(self.row_of.get, ul, repeat(-1)), dtype=np.int64, count=len(ul)))
         if train:
-            new = []
-            for k in torch.nonzero(rows < 0).flatten().tolist():
-                i = int(uids[k])
-                c = self.sightings.get(i, 0) + 1
-                if self.admission.admit(c):
-                    new.append(k)
-                else:
-                    self.sightings[i] = c
+            missing = torch.nonzero(rows < 0).flatten()
+            if type(self.admission) is AdmitAll:          # every unseen id is admitted: no sighting counts
+                new = missing.tolist()
+            else:
+                new = []
+                for k in missing.tolist():
+                    i = ul[k]
+                    c = self.sightings.get(i, 0) + 1
+                    if self.admission.admit(c):
+                        new.append(k)
+                    else:
+                        self.sightings[i] = c
             if new:
                 idx = torch.tensor(new, dtype=torch.int64)
                 rows[idx] = self.insert(uids[idx])
-            for r in rows[rows >= 0].tolist():
-                self.last_seen[r] = self.step
+            self.last_seen.update(dict.fromkeys(rows[rows >= 0].tolist(), self.step))
         return rows
 
     def read(self, rows: torch.Tensor) -> torch.Tensor:
