@@ -284,10 +284,10 @@ def test_a_killed_launch_is_retried_with_backoff_and_a_failing_one_is_not():
 
 
 def test_setup_writes_run_retries_and_no_embedded_limits_dagster_accepts(tmp_path):
-    text = (ROOT / "scripts" / "setup.sh").read_text()
-    blocks = re.findall(r"<<'YAML'\n(.*?)\nYAML\n", text, flags=re.S)
-    assert len(blocks) == 1
-    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n" + "\n".join(blocks) + "\n")
+    from pipelines.cli import ensure_run_retries     # what `crucible setup` (called by scripts/setup.sh) writes
+
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    assert ensure_run_retries(tmp_path) and not ensure_run_retries(tmp_path)     # appended once
     instance = dg.DagsterInstance.from_config(str(tmp_path))
     try:
         settings = instance.get_concurrency_config()

@@ -64,7 +64,7 @@ def test_user_events_file_is_validated_with_clear_errors(tmp_path):
         assert msg in str(e.value) and str(p) in str(e.value)
 
 
-def test_missing_wheel_says_run_make_setup(tmp_path, monkeypatch):
+def test_missing_wheel_says_run_crucible_setup(tmp_path, monkeypatch):
     monkeypatch.setenv("CRUCIBLE_WHEELS", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="run `make setup`"):
+    with pytest.raises(FileNotFoundError, match="run `crucible setup`"):
         movielens_events()
