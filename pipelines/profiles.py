@@ -90,7 +90,15 @@ class ComputeConfig(_Strict):
     @field_validator("accelerate_config_file")
     @classmethod
     def _relative_to_the_file(cls, value: str, info: ValidationInfo) -> str:
-        return _resolve(value, info)
+        """Relative to the YAML's folder; a relative path that is not there but is in the project's
+        ``deploy/`` folder (the example's ``accelerate/gpu_8.yaml``, copied to /etc/crucible) is
+        taken from ``deploy/``."""
+        resolved = _resolve(value, info)
+        if value and not Path(value).expanduser().is_absolute() and not Path(resolved).exists():
+            bundled = REPO / "deploy" / value
+            if bundled.exists():
+                return str(bundled.resolve())
+        return resolved
 
 
 class K8sConfig(_Strict):
@@ -140,7 +148,8 @@ class ProdConfig(_Strict):
                              "every pod mounts (caches, run folders, checkpoints, the DuckDB catalog)")
         acc = self.compute.accelerate_config_file
         if acc and not Path(acc).expanduser().exists():
-            raise ValueError(f"compute.accelerate_config_file {acc} does not exist")
+            raise ValueError(f"compute.accelerate_config_file {acc} does not exist (a relative path is resolved "
+                             f"against the YAML's folder, then against {REPO / 'deploy'})")
         return self
 
 

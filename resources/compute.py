@@ -144,7 +144,7 @@ class ComputeResource(dg.ConfigurableResource):
         folder, on the shared lake). The job's ``runtime_env`` carries ``working_dir`` (default: this
         repository, with what .gitignore excludes left out) and the launch environment, so every
         actor the driver starts imports the same code. The job id is
-        ``crucible-<run id>-<retry>-<random>``. A head whose job agent is not up yet ("try again
+        ``crucible-<first 8 chars of the run id>-r<retry>-<random>``. A head whose job agent is not up yet ("try again
         later") is retried for up to 120 s.
 
         Raises:
