@@ -22,6 +22,7 @@ from ops.gba.server import ParameterServer
 from ops.gba.switching import StragglerDetector, Switching
 from ops.gba.trace import StragglerTrace
 from ops.sparse.config import TrainConfig
+from tests.ops.gba_inprocess import InProcessWorkers
 
 G, B = 512, 256
 
@@ -85,36 +86,15 @@ def test_a_switch_into_lock_step_hands_the_pre_switch_batches_out_again():
 def _drive(server: ParameterServer, data, spec: RunSpec, workers: int = 2, seed: int = 0) -> None:
     """W workers in-process; each event advances one worker (seeded) by a pull or by compute + push."""
     rng = np.random.default_rng(seed)
-    models = [WorkerModel(data.fields, spec.train, w) for w in range(workers)]
-    stream = SampleStream(data.n_train, spec.local_batch, spec.train.seed)
-    state = {w: {"batch": None, "work": None, "version": -1} for w in range(workers)}
+    ws = InProcessWorkers(server, data, spec, workers)
     for w in range(workers):
         r = server.hello(w)
-        state[w]["batch"] = r[1] if r[0] == "go" else None
+        ws.state[w]["batch"] = r[1] if r[0] == "go" else None
     for w in range(workers):
-        if state[w]["batch"] is None:
-            state[w]["batch"] = server.hello(w)[1]
-    live = set(range(workers))
-    while live:
-        w = int(rng.choice(sorted(live)))
-        s = state[w]
-        idx = stream.indices(s["batch"])
-        b, y = take(data.train, idx), data.y_train[idx]
-        ids = models[w].ids(b)
-        if s["work"] is None:
-            r = server.pull(w, s["batch"], {t: u for t, (u, _) in ids.items()}, s["version"])
-            if r[0] == "stop":
-                live.discard(w)
-            elif r[0] == "work":
-                s["work"] = r
-            continue
-        _, token, rows, dense, s["version"] = s["work"]
-        r = server.push(w, token, s["batch"], models[w].gradient(b, y, ids, rows, dense))
-        s["work"] = None
-        if r[0] == "stop":
-            live.discard(w)
-        else:
-            s["batch"] = r[1]
+        if ws.state[w]["batch"] is None:
+            ws.state[w]["batch"] = server.hello(w)[1]
+    while ws.live:
+        ws.step(int(rng.choice(sorted(ws.live))))
 
 
 def _snapshot(server: ParameterServer) -> dict:

@@ -18,6 +18,7 @@ import torch
 from ops.gba.config import Cluster, RunSpec
 from ops.gba.data import SampleStream, load, take
 from ops.gba.model import WorkerModel
+from tests.ops.gba_inprocess import InProcessWorkers
 from ops.gba.server import ParameterServer
 from ops.gba.trace import StragglerTrace
 from ops.sparse.config import TrainConfig
@@ -31,39 +32,18 @@ def _drive(server: ParameterServer, data, spec: RunSpec, seed: int = 0) -> None:
     gradient's pull and push sometimes straddle the other's push (staleness 1), never more."""
     rng = np.random.default_rng(seed)
     events = [0, 0]
-    models = [WorkerModel(data.fields, spec.train, w) for w in range(2)]
-    stream = SampleStream(data.n_train, spec.local_batch, spec.train.seed)
-    state = {w: {"batch": None, "work": None, "version": -1} for w in range(2)}
+    ws = InProcessWorkers(server, data, spec, 2)
     assert server.hello(0)[0] == "wait"                              # the start barrier
     for w in (1, 0):
-        state[w]["batch"] = server.hello(w)[1]
-    live = {0, 1}
-    while live:
-        if len(live) == 2:
+        ws.state[w]["batch"] = server.hello(w)[1]
+    while ws.live:
+        if len(ws.live) == 2:
             behind = int(np.argmin(events)) if events[0] != events[1] else int(rng.integers(2))
             w = behind if rng.random() < 0.75 else 1 - behind
         else:
-            w = next(iter(live))
+            w = next(iter(ws.live))
         events[w] += 1
-        s = state[w]
-        idx = stream.indices(s["batch"])
-        b, y = take(data.train, idx), data.y_train[idx]
-        ids = models[w].ids(b)
-        if s["work"] is None:
-            r = server.pull(w, s["batch"], {t: u for t, (u, _) in ids.items()}, s["version"])
-            if r[0] == "stop":
-                live.discard(w)
-                continue
-            s["work"] = r
-            continue
-        _, token, rows, dense, s["version"] = s["work"]
-        grad = models[w].gradient(b, y, ids, rows, dense)
-        r = server.push(w, token, s["batch"], grad)
-        s["work"] = None
-        if r[0] == "stop":
-            live.discard(w)
-        else:
-            s["batch"] = r[1]
+        ws.step(w)
 
 
 def test_gba_without_stragglers_follows_sync_per_sample_and_applies_exactly_G_samples(ctr_events_file, tmp_path):
