@@ -121,10 +121,6 @@ def score_one(item: RewardItem) -> RewardResult:
     return RewardResult(item.key, SCORES.get(status), status)
 
 
-def _score_chunk(items: list[RewardItem]) -> list[RewardResult]:
-    return [score_one(it) for it in items]
-
-
 class RewardScorer:
     """The reward service's body: a pool of verifier processes with a per-item wall-clock limit
     (a context manager). It runs where it is placed: inside the Ray reward actor of a RollPacker

@@ -16,8 +16,8 @@ import torch
 
 from ops.gba.config import Cluster, GBAConfigError, RunConfig, RunSpec, validate
 from ops.gba.control import Control, Wait
-from ops.gba.data import SampleStream, load, take
-from ops.gba.model import TableShard, WorkerModel
+from ops.gba.data import load
+from ops.gba.model import TableShard
 from ops.gba.server import ParameterServer
 from ops.gba.switching import StragglerDetector, Switching
 from ops.gba.trace import StragglerTrace

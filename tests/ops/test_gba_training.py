@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from ops.gba.config import Cluster, RunSpec
-from ops.gba.data import SampleStream, load, take
-from ops.gba.model import WorkerModel
+from ops.gba.data import load
 from tests.ops.gba_inprocess import InProcessWorkers
 from ops.gba.server import ParameterServer
 from ops.gba.trace import StragglerTrace
