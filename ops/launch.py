@@ -111,7 +111,18 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
         retry = (getattr(pipes, "extras", None) or {}).get("retry_number")
         if retry is not None:
             pipes.log.info(f"attempt {int(retry) + 1} (Dagster retry number {retry})")
-        result = run((spec, args) if extra_args is not None else spec, out, args.fingerprint, pipes)
+        from ops.tracking import TrackedPipes, open_tracker
+
+        tracker = open_tracker(out, spec, pipes)           # None unless CRUCIBLE_TRACKING_URI is set (rank 0)
+        try:
+            result = run((spec, args) if extra_args is not None else spec, out, args.fingerprint,
+                         TrackedPipes(pipes, tracker) if tracker is not None else pipes)
+        except BaseException:
+            if tracker is not None:
+                tracker.close(failed=True)
+            raise
+        if tracker is not None:
+            tracker.close()
         if result is not None and rank() == 0:
             from ops.lake import write_json_atomic
 

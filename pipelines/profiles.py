@@ -86,6 +86,10 @@ class ComputeConfig(_Strict):
     """A GCS address (host:6379) for a step that runs on a cluster node; ignored with ray_jobs_address."""
     rl_engine_gpus: float = Field(1.0, ge=0)
     rl_trainer_gpus: float = Field(1.0, ge=0)
+    tracking_uri: str = ""
+    """An MLflow tracking server (``http://mlflow:5000``): every launch's training curves go there
+    (docs/operations.md, "Experiment tracking"); "" = no tracking."""
+    tracking_experiment: str = "crucible"
 
     @field_validator("accelerate_config_file")
     @classmethod
@@ -249,7 +253,9 @@ def prod_resources(cfg: ProdConfig) -> dict[str, dg.ConfigurableResource]:
                                            ray_address=cfg.compute.ray_address or None,
                                            ray_jobs_address=cfg.compute.ray_jobs_address or None,
                                            rl_engine_gpus=cfg.compute.rl_engine_gpus,
-                                           rl_trainer_gpus=cfg.compute.rl_trainer_gpus, launch_timeout_s=172_800.0),
+                                           rl_trainer_gpus=cfg.compute.rl_trainer_gpus, launch_timeout_s=172_800.0,
+                                           tracking_uri=cfg.compute.tracking_uri or None,
+                                           tracking_experiment=cfg.compute.tracking_experiment),
     }
 
 

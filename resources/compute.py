@@ -50,6 +50,10 @@ class ComputeResource(dg.ConfigurableResource):
         rl_engine_gpus / rl_trainer_gpus: GPUs each RL engine / trainer actor requests from Ray
             (``num_gpus``; 0 = CPU, the embedded default; the GPU profile sets 1). The models then
             run on the CUDA device Ray assigns (``ops.rl.runs.PolicySpec``).
+        tracking_uri: an MLflow tracking URI (``http://mlflow:5000``); None = no experiment tracking
+            (the default). When set, every launched driver logs its training curves there, one MLflow
+            run per launch (``ops.tracking``; docs/operations.md, "Experiment tracking").
+        tracking_experiment: the MLflow experiment those runs go to.
     """
 
     launcher: Literal["accelerate", "torchrun"] = "accelerate"
@@ -64,6 +68,8 @@ class ComputeResource(dg.ConfigurableResource):
     ray_job_poll_s: float = 1.0
     rl_engine_gpus: float = 0.0
     rl_trainer_gpus: float = 0.0
+    tracking_uri: Optional[str] = None
+    tracking_experiment: str = "crucible"
 
     def launch_command(self, script: str, args: Sequence[str] = (), num_processes: Optional[int] = None,
                        port: Optional[int] = None, module: bool = False) -> list[str]:
@@ -98,6 +104,9 @@ class ComputeResource(dg.ConfigurableResource):
                "PYTHONUNBUFFERED": "1"}
         if self.cpu:
             env["ACCELERATE_USE_CPU"] = "true"
+        from ops.tracking import tracking_env
+
+        env.update(tracking_env(self.tracking_uri, self.tracking_experiment))
         return env
 
     def run(self, context: dg.AssetExecutionContext, script: str, args: Sequence[str] = (), *,
