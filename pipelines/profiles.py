@@ -40,6 +40,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 GPU_OPS = ("cpt_base_models", "cpt_probe_runs", "gba_run", "rl_policy", "rollpacker_run", "rollarc_run", "sft_checkpoint", "stage2_checkpoint")
 """Steps that launch accelerate/torchrun workers (the assets that belong in ``pool="gpu"``)."""
+RAY_JOB_OPS = ("rollpacker_run", "rollarc_run")
+"""Steps whose driver is submitted as a Ray Job when ``compute.ray_jobs_address`` is set: their pod
+then only submits and polls, and the GPUs are the Ray cluster's (``num_gpus`` of the actors)."""
+
+
+def gpu_step_ops(cfg: "ProdConfig") -> tuple[str, ...]:
+    """The steps whose k8s pods request GPUs: ``GPU_OPS`` less ``RAY_JOB_OPS`` in Ray Jobs mode."""
+    return tuple(op for op in GPU_OPS if not (cfg.compute.ray_jobs_address and op in RAY_JOB_OPS))
 
 
 class ProfileError(ValueError):
@@ -294,7 +302,7 @@ def active_gpu_run_tags() -> dict[str, str]:
 
 
 def prod_executor(cfg: ProdConfig) -> dg.ExecutorDefinition:
-    """The production executor. ``k8s``: one pod per step; the GPU steps (``GPU_OPS``) get
+    """The production executor. ``k8s``: one pod per step; the GPU steps (``gpu_step_ops``) get
     ``gpu_k8s_config`` through ``per_step_k8s_config``."""
     if cfg.executor == "in_process":
         return dg.in_process_executor
@@ -311,7 +319,7 @@ def k8s_executor_config(cfg: ProdConfig) -> dict[str, Any]:
     """Config of dagster-k8s' ``k8s_job_executor``: namespace, step concurrency, and the GPU steps'
     pod config (``per_step_k8s_config``, keyed by step = op name)."""
     return {"job_namespace": cfg.k8s.job_namespace, "max_concurrent": cfg.k8s.max_concurrent_steps,
-            "per_step_k8s_config": {op: gpu_k8s_config(cfg) for op in GPU_OPS}}
+            "per_step_k8s_config": {op: gpu_k8s_config(cfg) for op in gpu_step_ops(cfg)}}
 
 
 @dataclass(frozen=True)

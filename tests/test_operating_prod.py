@@ -128,7 +128,10 @@ def test_k8s_step_pod_of_a_gpu_step_requests_the_gpus_and_lands_on_a_gpu_node():
     config = k8s_executor_config(cfg)
     assert process_config(k8s_job_executor.config_schema.config_type, config).success   # dagster-k8s' own schema
     per_step = config["per_step_k8s_config"]
-    assert set(per_step) == set(GPU_OPS)
+    # the example submits the RL drivers as Ray Jobs: their pods only submit and poll, no GPUs
+    assert cfg.compute.ray_jobs_address and set(per_step) == set(GPU_OPS) - {"rollpacker_run", "rollarc_run"}
+    local_ray = type(cfg).model_validate({**cfg.model_dump(), "compute": {**cfg.compute.model_dump(), "ray_jobs_address": ""}})
+    assert set(k8s_executor_config(local_ray)["per_step_k8s_config"]) == set(GPU_OPS)
     spec = _gpu_job_spec(per_step["cpt_probe_runs"])
     pod = spec["spec"]["template"]["spec"]
     container = pod["containers"][0]
