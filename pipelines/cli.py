@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows = lineage_report(dg.DagsterInstance.get(), defs.resolve_asset_graph(), args.asset, args.storage_id)
         except ValueError as e:
+            if args.json:                                   # a script reading --json gets JSON either way
+                print(json.dumps({"error": str(e), "asset": args.asset}))
             print(f"crucible lineage: {e}", file=sys.stderr)
             return 2
         print(json.dumps(rows, indent=2, default=str) if args.json else format_report(rows))

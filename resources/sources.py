@@ -65,7 +65,15 @@ def parse_sources_file(path: str | os.PathLike | None) -> tuple[dict[str, UserSo
 
 
 def configured_sources_file() -> str:
-    return os.environ.get("CRUCIBLE_SOURCES", "")
+    """The user sources file: ``$CRUCIBLE_SOURCES``; else, under the prod profile, the prod config's
+    ``sources_file`` (so the partitions the code location creates at load time are the ones the
+    prod ``SourcesResource`` reads); else none. Raises ProfileError on a bad prod config."""
+    env = os.environ.get("CRUCIBLE_SOURCES", "")
+    if env or os.environ.get("CRUCIBLE_PROFILE", "").strip() != "prod":
+        return env
+    from pipelines.profiles import load_prod_config
+
+    return load_prod_config().sources_file
 
 
 def source_partition_keys(path: str | None = None) -> list[str]:

@@ -17,12 +17,28 @@ def test_lineage_of_an_unknown_or_unmaterialized_asset_is_one_clear_line(tmp_pat
     assert res.returncode == 2 and "unknown asset 'nope'" in res.stderr and "Traceback" not in res.stderr
     res = run("lineage", "sft_dataset", home=tmp_path)
     assert res.returncode == 2 and "sft_dataset has no materialization" in res.stderr
+    res = run("lineage", "nope", "--json", home=tmp_path)          # --json: the error is JSON on stdout too
+    import json
+
+    assert res.returncode == 2 and json.loads(res.stdout)["asset"] == "nope"
+    assert "unknown asset 'nope'" in json.loads(res.stdout)["error"]
 
 
 def test_sources_lists_builtin_then_user_partitions(tmp_path):
     res = run("sources", home=tmp_path)
     assert res.returncode == 0
     assert res.stdout.split()[:4] == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc"]
+    # the prod profile's sources_file makes partitions too (not only $CRUCIBLE_SOURCES)
+    (tmp_path / "mine.jsonl").write_text('{"q": "1+1?", "a": "2"}\n')
+    (tmp_path / "sources.yaml").write_text("sources:\n  - name: my_set\n    path: mine.jsonl\n"
+                                           "    problem: {problem: q, answer: a}\n")
+    (tmp_path / "prod.yaml").write_text("sources_file: sources.yaml\ncompute: {accelerate_config_file: accelerate/gpu_8.yaml}\n")
+    env = {k: v for k, v in os.environ.items() if k != "CRUCIBLE_SOURCES"}
+    res = subprocess.run([sys.executable, "-m", "pipelines.cli", "sources"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**env, "DAGSTER_HOME": str(tmp_path), "CRUCIBLE_PROFILE": "prod",
+                                           "CRUCIBLE_PROD_CONFIG": str(tmp_path / "prod.yaml")})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc", "my_set"]
 
 
 def test_setup_check_names_what_is_missing_and_changes_nothing(tmp_path):
