@@ -22,7 +22,7 @@ def test_the_law_config_loads_without_scipy_and_the_law_still_resolves():
 
 
 @pytest.mark.parametrize("cls, fields, match", [
-    (LawFitParams, {"forms": ["L3", "L9"]}, r"dcpt_law_fit.forms must be a non-empty list of \['L3', 'chinchilla', 'r_additive'\]"),
+    (LawFitParams, {"forms": ["L3", "L9"]}, r"dcpt_law_fit.forms must be a non-empty list of \['L3', 'bimix', 'chinchilla', 'data_mixing_law', 'r_additive'\]"),
     (LawFitParams, {"forms": []}, "dcpt_law_fit.forms must be a non-empty list"),
     (LawFitParams, {"huber_delta": 0.0}, "dcpt_law_fit.huber_delta must be > 0, got 0.0"),
     (LawFitParams, {"holdout_last_k": 0}, "dcpt_law_fit.holdout_last_k must be >= 1, got 0"),

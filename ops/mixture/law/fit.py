@@ -5,13 +5,15 @@ Source: Que et al., arXiv 2406.01375 (NeurIPS 2024), §3 (fitting the law; compa
 parameterisations) and §4 (fit quality). Forms, units and probe-point columns: ``forms``.
 
 Fitting follows Hoffmann et al. (Chinchilla, approach 3) as replicated by Besiroglu et al. (2024):
-Huber loss on log-loss residuals, L-BFGS-B from a grid of starts, best kept. Three choices of ours
-(docs/mixture.md lists the details as open): (i) the optimiser works in a reparameterisation -- log
-coefficients, and the N and D power terms centred on the data's geometric-mean N and D, so that the
-coefficient and its exponent are not the nearly collinear pair they are at N ~ 1e6; (ii) starting
-points come from a grid over the exponents (and eps) with the linear coefficients (E, A, B, C)
-solved by non-negative least squares for each grid point (variable projection), and only the
-``n_starts`` best grid points are refined; (iii) the objective carries an analytic gradient.
+Huber loss on log-loss residuals, log L written as a log-sum-exp of its terms (E = exp(e)),
+L-BFGS-B from a grid of starts, best kept. Three choices of ours (docs/mixture.md lists the
+details as open): (i) the optimiser works in a reparameterisation -- log coefficients, and the N
+and D power terms centred on the data's geometric-mean N and D, so that the coefficient and its
+exponent are not the nearly collinear pair they are at N ~ 1e6; (ii) starting points come from a
+grid over the exponents (and eps, t) with the linear coefficients (E, A, B, C) solved by
+non-negative least squares for each grid point (variable projection), and only the ``n_starts``
+best grid points are refined; (iii) the objective carries an analytic gradient. Every fit
+records which parameters ended on a bound (``LawFit.at_bound``).
 numpy/scipy only (threadpoolctl, if installed, pins BLAS to one thread during fits); no torch,
 no dagster.
 """
@@ -30,10 +32,10 @@ from scipy.optimize import minimize, nnls
 
 from .forms import (
     _E_MIN,
-    _EPS_RANGE,
     _EXPONENT_MAX,
     _GRID_RANGES,
     _LOG_COEF_MIN,
+    _T_GRID,
     FORMS,
     HUBER_DELTA,
     LOSS_COLUMN,
@@ -70,13 +72,34 @@ def _one_blas_thread(fn):
 
 
 # --------------------------------------------------------------------------------------------
-# The fitting problem in the optimiser's coordinates
+# The fitting problem in the optimiser's coordinates (log space, log-sum-exp)
 #
-# theta = [e_0..e_{G-1}, a, alpha, b, (eta), beta, (c, gamma, leps)] with
-#   E_g = exp(e_g)                       (one floor per group; G = 1 except cross-domain)
-#   A / N^alpha        = exp(a - alpha * xN),   xN = log N - mean(log N)
-#   B r^eta / D^beta   = exp(b - beta * xD + eta * log r)   (0 at r = 0), xD likewise
-#   C / (r + eps)^gamma = exp(c - gamma * log(r + eps)),   eps = exp(leps)
+# Every form is log L = m + LSE_k(tau_k): a log-sum-exp of terms that are linear in the
+# optimiser's coordinates (Besiroglu et al. 2024, "Chinchilla Scaling: A replication attempt",
+# fit the Chinchilla law this way), with xN = log N - mean(log N), xD likewise:
+#
+#   floor          tau_0 = e_g                       E_g = exp(e_g) (one floor per group; G = 1
+#                                                    except the cross-domain law)
+#   N term         tau_A = a - alpha xN  [+ t r]     A = exp(a + alpha mean(log N))
+#   D term         tau_B = b - beta xD [+ eta log r] [+ t r]   (-inf at r = 0 with eta)
+#   r term (dcpt)  tau_C = c + log((r+eps)^-gamma - (1+eps)^-gamma)   C = exp(c), eps = exp(leps)
+#                  (anchored at r = 1, where it is 0 and tau_C = -inf; computed with expm1)
+#   multiplier     m = -gamma log(r + eps) (BiMix only; else 0)
+#
+# [+ t r] is the Data Mixing Law's exp(t r) on the reducible terms. The gradient of log L is the
+# softmax weight of each term times that term's gradient (plus the multiplier's).
+
+_NATURAL = {"a": "A", "b": "B", "c": "C", "leps": "eps"}  # optimiser name -> natural name
+_R_TERM = "anchored_at_r1"  # LawFit.to_dict marker: the r term is C((r+eps)^-gamma - (1+eps)^-gamma)
+
+
+def _nonlinear(form: LawForm) -> list[str]:
+    """The form's nonlinear parameters (natural names), gridded for the starting points."""
+    if form.family == "data_mixing_law":
+        return ["alpha", "beta", "t"]
+    if form.family == "bimix":
+        return ["alpha", "beta", "gamma", "eps"]
+    return ["alpha"] + (["eta"] if form.has_eta else []) + ["beta"] + (["gamma", "eps"] if form.has_c else [])
 
 
 @dataclass
@@ -91,113 +114,252 @@ class _Problem:
     lN0: float
     lD0: float
     delta: float
+    bound_override: Mapping[str, tuple[float, float]] | None = None
     names: list[str] = field(init=False)
     bounds: list[tuple[float, float]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.rpos = self.r > 0
+        self.below_anchor = self.r < 1.0  # where the anchored r term is non-zero
+        self._r0 = np.flatnonzero(~self.rpos)  # the D term with eta is 0 here
+        self._r1 = np.flatnonzero(~self.below_anchor)  # the anchored r term is 0 here
         self.logr = np.log(np.where(self.rpos, self.r, 1.0))
         f = self.form
+        self.is_dcpt = f.family == "dcpt"
+        self.has_eta = self.is_dcpt and f.has_eta
+        self.has_c = self.is_dcpt and f.has_c
+        self.is_dml = f.family == "data_mixing_law"
+        self.is_bimix = f.family == "bimix"
         self.names = [f"e{g}" for g in range(self.n_groups)] + ["a", "alpha", "b"]
-        self.names += ["eta"] if f.has_eta else []
-        self.names += ["beta"] + (["c", "gamma", "leps"] if f.has_c else [])
-        top = float(self.logy.max())
-        box = {
-            "a": (_LOG_COEF_MIN, top + 1.0),
-            "b": (_LOG_COEF_MIN, top + 1.0),
-            "c": (_LOG_COEF_MIN, top + 1.0),
-            "alpha": f.bounds["alpha"],
-            "beta": f.bounds["beta"],
-            "eta": (0.0, _EXPONENT_MAX),
-            "gamma": (0.0, _EXPONENT_MAX),
-            "leps": (math.log(_EPS_RANGE[0]), math.log(_EPS_RANGE[1])),
-        }
-        self.bounds = [
-            (math.log(_E_MIN), top) if n.startswith("e") and n[1:].isdigit() else box[n]
-            for n in self.names
-        ]
+        self.names += ["eta"] if self.has_eta else []
+        self.names += ["beta"]
+        self.names += ["c", "gamma", "leps"] if self.has_c else []
+        self.names += ["t"] if self.is_dml else []
+        self.names += ["gamma", "leps"] if self.is_bimix else []
         self.idx = {n: i for i, n in enumerate(self.names)}
+        self.bounds = self._bounds()
+
+    def _bounds(self) -> list[tuple[float, float]]:
+        over = dict(self.bound_override or {})
+        unknown = sorted(set(over) - {"E", "alpha", "beta", "eta", "gamma", "eps", "t"})
+        if unknown:
+            raise ValueError(f"bounds can override E, alpha, beta, eta, gamma, eps, t; got {unknown}")
+        for k, (lo, hi) in over.items():
+            if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
+                raise ValueError(f"bounds[{k!r}] must be finite with lo <= hi, got {(lo, hi)}")
+            if k in ("E", "eps") and lo <= 0:
+                raise ValueError(f"bounds[{k!r}] must be > 0, got {(lo, hi)}")
+        nat = {**self.form.bounds, **{k: v for k, v in over.items() if k in self.form.bounds}}
+        top = float(self.logy.max())
+        E_lo, E_hi = over.get("E", (_E_MIN, math.inf))
+        out = []
+        for n in self.names:
+            if n.startswith("e") and n[1:].isdigit():
+                # The floor never exceeds the smallest loss of its group where it is added to
+                # positive terms; BiMix multiplies it by (r + eps)^-gamma >= 2^-gamma_max.
+                g = int(n[1:])
+                mine = self.logy[self.group == g]
+                cap = float(mine.max()) + _EXPONENT_MAX * math.log(2.0) if self.is_bimix else float(mine.min())
+                hi = min(cap, math.log(E_hi)) if math.isfinite(E_hi) else cap
+                out.append((min(math.log(E_lo), hi), hi))
+            elif n in ("a", "b"):
+                out.append((_LOG_COEF_MIN, top + 1.0))
+            elif n == "c":
+                # The anchored r term is about C gamma log((1+eps)/(r+eps)) at small gamma, so C
+                # may need 1/gamma_min more room than the other coefficients.
+                out.append((_LOG_COEF_MIN, top + 1.0 - math.log(max(nat["gamma"][0], 1e-12))))
+            elif n == "leps":
+                lo, hi = nat["eps"]
+                out.append((math.log(lo), math.log(hi)))
+            else:
+                out.append(tuple(float(x) for x in nat[n]))
+        return out
 
     @classmethod
     def build(cls, form: LawForm, data: _Data, target: str, delta: float,
-              group: np.ndarray | None = None, n_groups: int = 1) -> "_Problem":
+              group: np.ndarray | None = None, n_groups: int = 1,
+              bounds: Mapping[str, tuple[float, float]] | None = None) -> "_Problem":
         lN, lD = np.log(data.N), np.log(data.D)
         lN0, lD0 = float(lN.mean()), float(lD.mean())
         g = np.zeros(data.n, dtype=int) if group is None else group
         return cls(form, lN - lN0, lD - lD0, _law_ratio(data.r_d, target), np.log(data.loss),
-                   g, n_groups, lN0, lD0, delta)
+                   g, n_groups, lN0, lD0, delta, bounds)
 
-    def shared_terms(self, theta: np.ndarray, grad: bool = False):
-        """Sum of the N, D and r terms (no floor) and, if asked, their partials."""
-        t = dict(zip(self.names, theta))
-        tA = np.exp(t["a"] - t["alpha"] * self.xN)
-        expo = t["b"] - t["beta"] * self.xD
-        if self.form.has_eta:
-            tB = np.where(self.rpos, np.exp(expo + t["eta"] * self.logr), 0.0)
-        else:
-            tB = np.exp(expo)
-        total = tA + tB
-        parts = {"a": tA, "alpha": -self.xN * tA, "b": tB, "beta": -self.xD * tB}
-        if self.form.has_eta:
-            parts["eta"] = tB * self.logr
-        if self.form.has_c:
-            eps = math.exp(t["leps"])
+    # -- the model in log space ------------------------------------------------------------
+
+    def log_pred(self, theta: np.ndarray, grad: bool = False):
+        """log L per point and, if asked, its Jacobian (n_points x n_theta; a buffer reused by
+        the next call)."""
+        i = self.idx
+        G = self.n_groups
+        n = len(self.logy)
+        K = 4 if self.has_c else 3
+        if getattr(self, "_T", None) is None or self._T.shape != (K, n):
+            self._T = np.empty((K, n))
+            self._J = np.zeros((n, len(self.names)))
+            self._rows = np.arange(n)
+        T = self._T
+        T[0] = theta[0] if G == 1 else theta[:G][self.group]
+        np.multiply(self.xN, -theta[i["alpha"]], out=T[1])
+        T[1] += theta[i["a"]]
+        np.multiply(self.xD, -theta[i["beta"]], out=T[2])
+        T[2] += theta[i["b"]]
+        if self.is_dml:
+            tr = theta[i["t"]] * self.r
+            T[1] += tr
+            T[2] += tr
+        if self.has_eta:
+            T[2] += theta[i["eta"]] * self.logr
+            T[2, self._r0] = -np.inf
+        if self.has_c or self.is_bimix:
+            gamma = theta[i["gamma"]]
+            eps = math.exp(theta[i["leps"]])
             lre = np.log(self.r + eps)
-            tC = np.exp(t["c"] - t["gamma"] * lre)
-            total = total + tC
-            parts.update(c=tC, gamma=-lre * tC, leps=-t["gamma"] * tC * eps / (self.r + eps))
-        return (total, parts) if grad else total
+        if self.has_c:
+            # log of C((r+eps)^-gamma - (1+eps)^-gamma) = c - gamma log(1+eps) + log expm1(gamma dl),
+            # dl = log(1+eps) - log(r+eps) >= 0; -inf at r = 1 (the anchor, where the term is 0)
+            l1 = math.log1p(eps)
+            dl = l1 - lre
+            pos = self.below_anchor
+            em1 = np.expm1(gamma * np.where(pos, dl, 1.0))
+            T[3] = np.log(em1)
+            T[3] += theta[i["c"]] - gamma * l1
+            T[3, self._r1] = -np.inf
+        top = T.max(axis=0)
+        ex = np.exp(T - top)
+        s = ex.sum(axis=0)
+        lp = top + np.log(s)
+        if self.is_bimix:
+            lp -= gamma * lre
+        if not grad:
+            return lp
+        w = ex
+        w /= s
+        J = self._J
+        if G == 1:
+            J[:, 0] = w[0]
+        else:
+            J[:, :G] = 0.0
+            J[self._rows, self.group] = w[0]
+        J[:, i["a"]] = w[1]
+        np.multiply(self.xN, -w[1], out=J[:, i["alpha"]])
+        J[:, i["b"]] = w[2]
+        np.multiply(self.xD, -w[2], out=J[:, i["beta"]])
+        if self.is_dml:
+            J[:, i["t"]] = self.r * (w[1] + w[2])
+        if self.has_eta:
+            J[:, i["eta"]] = self.logr * w[2]  # w[2] = 0 and logr = 0 at r = 0
+        if self.has_c:
+            ratio = np.where(pos, (em1 + 1.0) / em1, 0.0)  # d log expm1(x) / dx
+            ddl = eps / (1.0 + eps) - eps / (self.r + eps)  # d dl / d leps
+            J[:, i["c"]] = w[3]
+            J[:, i["gamma"]] = w[3] * (np.where(pos, dl, 0.0) * ratio - l1)
+            J[:, i["leps"]] = w[3] * gamma * (ratio * ddl - eps / (1.0 + eps))
+        if self.is_bimix:
+            J[:, i["gamma"]] = -lre
+            J[:, i["leps"]] = -gamma * eps / (self.r + eps)
+        return lp, J
+
+    def value(self, theta: np.ndarray) -> float:
+        """The objective without its gradient (scoring grid points)."""
+        return float(np.mean(huber(self.log_pred(theta) - self.logy, self.delta))) / self.delta**2
 
     def objective(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         """Mean Huber of log residuals / delta^2 (so L-BFGS-B's tolerances see O(1) values)."""
-        total, parts = self.shared_terms(theta, grad=True)
-        floor = np.exp(theta[: self.n_groups])[self.group]
-        pred = floor + total
-        res = np.log(pred) - self.logy
+        lp, J = self.log_pred(theta, grad=True)
+        res = lp - self.logy
         n, d2 = len(res), self.delta**2
         value = float(np.mean(huber(res, self.delta))) / d2
-        w = np.clip(res, -self.delta, self.delta) / pred / (n * d2)  # dHuber/dpred per point
-        grad = np.empty_like(theta)
-        grad[: self.n_groups] = np.bincount(self.group, weights=w * floor, minlength=self.n_groups)
-        for name, dp in parts.items():
-            grad[self.idx[name]] = float(w @ dp)
+        grad = J.T @ (np.clip(res, -self.delta, self.delta) / (n * d2))
         return value, grad
 
     # -- starting points ------------------------------------------------------------------
 
-    def grid_starts(self, n_grid: int, n_starts: int) -> list[np.ndarray]:
-        """Best ``n_starts`` points of an exponent grid, linear coefficients by NNLS on loss."""
-        levels = {k: np.geomspace(*_GRID_RANGES[k], n_grid) for k in _GRID_RANGES}
-        nonlin = ["alpha"] + (["eta"] if self.form.has_eta else []) + ["beta"]
-        nonlin += ["gamma", "eps"] if self.form.has_c else []
+    def _columns(self, v: Mapping[str, float]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Loss-space columns at nonlinear values ``v``: (floor multiplier per point, [N term,
+        D term, (r term)]), so that L = E_g * mult + sum_k coef_k * column_k."""
+        n = len(self.logy)
+        mult = (self.r + v["eps"]) ** -v["gamma"] if self.is_bimix else np.ones(n)
+        colA = np.exp(-v["alpha"] * self.xN)
+        colB = np.exp(-v["beta"] * self.xD)
+        if self.is_dml:
+            colA, colB = colA * np.exp(v["t"] * self.r), colB * np.exp(v["t"] * self.r)
+        if self.has_eta:
+            colB = colB * np.where(self.rpos, np.exp(v["eta"] * self.logr), 0.0)
+        cols = [colA * mult, colB * mult]
+        if self.has_c:
+            cols.append((self.r + v["eps"]) ** -v["gamma"] - (1.0 + v["eps"]) ** -v["gamma"])
+        return mult, cols
+
+    def _grid(self, n_grid: int) -> list[tuple[float, np.ndarray, dict[str, float]]]:
+        """Every point of a grid over the nonlinear parameters, the linear coefficients (E, A, B,
+        C) of each by non-negative least squares on loss: [(objective, theta, values)], best
+        first."""
+        nonlin = _nonlinear(self.form)
+        bnd = dict(zip(self.names, self.bounds))
+        levels = {}
+        for k in nonlin:
+            if k == "t":
+                lv = np.linspace(*_T_GRID, n_grid) if n_grid > 1 else np.array([0.0])
+            else:
+                lv = np.geomspace(*_GRID_RANGES[k], n_grid)
+            lo, hi = (math.exp(x) for x in bnd["leps"]) if k == "eps" else bnd[k]
+            levels[k] = np.unique(np.clip(lv, lo, hi))
         y = np.exp(self.logy)
         onehot = np.zeros((len(y), self.n_groups))
         onehot[np.arange(len(y)), self.group] = 1.0
         scored = []
         for combo in itertools.product(*(levels[k] for k in nonlin)):
             v = dict(zip(nonlin, combo))
-            cols = [onehot, np.exp(-v["alpha"] * self.xN)[:, None]]
-            colB = np.exp(-v["beta"] * self.xD)
-            if self.form.has_eta:
-                colB = colB * np.where(self.rpos, np.exp(v["eta"] * self.logr), 0.0)
-            cols.append(colB[:, None])
-            if self.form.has_c:
-                cols.append(((self.r + v["eps"]) ** -v["gamma"])[:, None])
-            coef, _ = nnls(np.hstack(cols), y)
-            theta = self._theta_from(coef, v)
-            scored.append((self.objective(theta)[0], theta))
+            mult, cols = self._columns(v)
+            coef, _ = nnls(np.column_stack([onehot * mult[:, None], *cols]), y)
+            # Scored as NNLS found it; started with every term alive (``_revive``).
+            scored.append((self.value(self._theta_from(coef, v)), self._theta_from(self._revive(coef, cols, y), v), v))
         scored.sort(key=lambda s: s[0])
-        return [th for _, th in scored[:n_starts]]
+        return scored
+
+    def _revive(self, coef: np.ndarray, cols: Sequence[np.ndarray], y: np.ndarray,
+                share: float = 0.01) -> np.ndarray:
+        """Raise each non-floor coefficient that NNLS set to (near) zero so its term carries
+        ``share`` of the mean loss: in log coordinates a switched-off term has no gradient, so
+        L-BFGS-B could never turn it back on from such a start."""
+        coef = coef.copy()
+        G = self.n_groups
+        for k, col in enumerate(cols):
+            floor = share * float(np.mean(y)) / max(float(np.mean(col)), 1e-300)
+            coef[G + k] = max(coef[G + k], floor)
+        return coef
+
+    def grid_starts(self, n_grid: int, n_starts: int) -> list[np.ndarray]:
+        """Best ``n_starts`` points of the start grid (``_grid``)."""
+        return [th for _, th, _ in self._grid(n_grid)[:n_starts]]
+
+    def floor_starts(self, values: Sequence[Mapping[str, float]],
+                     fractions: Sequence[float] = (0.3, 0.6, 0.9)) -> list[np.ndarray]:
+        """Starts with every floor fixed inside its range, at ``fractions`` of its upper bound
+        (the group's smallest loss), the other linear coefficients by NNLS on what is left of the
+        loss, for each set of nonlinear ``values``."""
+        y = np.exp(self.logy)
+        caps = np.exp(np.array([hi for (_, hi) in self.bounds[: self.n_groups]]))
+        out = []
+        for v in values:
+            mult, cols = self._columns(v)
+            for f in fractions:
+                floors = f * caps
+                rest = np.maximum(y - floors[self.group] * mult, 1e-12 * y)
+                coef, _ = nnls(np.column_stack(cols), rest)
+                out.append(self._theta_from(self._revive(np.concatenate([floors, coef]), cols, y), v))
+        return out
 
     def _theta_from(self, coef: np.ndarray, v: Mapping[str, float]) -> np.ndarray:
         G = self.n_groups
         logc = np.log(np.maximum(coef, 1e-300))
         vals = {f"e{g}": logc[g] for g in range(G)}
-        vals.update(a=logc[G], alpha=v["alpha"], b=logc[G + 1], beta=v["beta"])
-        if self.form.has_eta:
-            vals["eta"] = v["eta"]
-        if self.form.has_c:
-            vals.update(c=logc[G + 2], gamma=v["gamma"], leps=math.log(v["eps"]))
+        vals.update(a=logc[G], b=logc[G + 1])
+        if self.has_c:
+            vals["c"] = logc[G + 2]
+        for k, x in v.items():
+            vals["leps" if k == "eps" else k] = math.log(x) if k == "eps" else x
         return self.clip(np.array([vals[n] for n in self.names]))
 
     def clip(self, theta: np.ndarray) -> np.ndarray:
@@ -206,13 +368,16 @@ class _Problem:
 
     def theta_from_params(self, p: Mapping[str, float]) -> np.ndarray:
         """Optimiser coordinates from natural parameters (single-floor problems)."""
-        vals = {"e0": math.log(max(p["E"], _E_MIN)), "alpha": p["alpha"], "beta": p["beta"],
+        vals = {"e0": math.log(max(p["E"], 1e-300)), "alpha": p["alpha"], "beta": p["beta"],
                 "a": math.log(max(p["A"], 1e-300)) - p["alpha"] * self.lN0,
                 "b": math.log(max(p["B"], 1e-300)) - p["beta"] * self.lD0}
-        if self.form.has_eta:
-            vals["eta"] = p["eta"]
-        if self.form.has_c:
-            vals.update(c=math.log(max(p["C"], 1e-300)), gamma=p["gamma"], leps=math.log(p["eps"]))
+        for k in ("eta", "gamma", "t"):
+            if k in self.idx:
+                vals[k] = p[k]
+        if "c" in self.idx:
+            vals["c"] = math.log(max(p["C"], 1e-300))
+        if "leps" in self.idx:
+            vals["leps"] = math.log(p["eps"])
         return self.clip(np.array([vals[n] for n in self.names]))
 
     def natural(self, theta: np.ndarray) -> dict[str, float]:
@@ -220,22 +385,53 @@ class _Problem:
         t = dict(zip(self.names, theta))
         p = {"A": math.exp(t["a"] + t["alpha"] * self.lN0), "alpha": t["alpha"],
              "B": math.exp(t["b"] + t["beta"] * self.lD0), "beta": t["beta"]}
-        if self.form.has_eta:
-            p["eta"] = t["eta"]
-        if self.form.has_c:
-            p.update(C=math.exp(t["c"]), gamma=t["gamma"], eps=math.exp(t["leps"]))
+        for k in ("eta", "gamma", "t"):
+            if k in t:
+                p[k] = t[k]
+        if "c" in t:
+            p["C"] = math.exp(t["c"])
+        if "leps" in t:
+            p["eps"] = math.exp(t["leps"])
         return {k: float(v) for k, v in p.items()}
 
+    def at_bounds(self, theta: np.ndarray) -> dict[str, str | None]:
+        """Per optimiser coordinate (natural names; E, or E_g per group): 'lower', 'upper' or
+        None. A coefficient (A, B, C) at 'lower' is a term switched off (exp(-30))."""
+        out = {}
+        for n, x, (lo, hi) in zip(self.names, theta, self.bounds):
+            tol = 1e-6 + 1e-4 * (hi - lo)
+            where = "lower" if x - lo <= tol else "upper" if hi - x <= tol else None
+            if n.startswith("e") and n[1:].isdigit():
+                name = "E" if self.n_groups == 1 else f"E_{n[1:]}"
+            else:
+                name = _NATURAL.get(n, n)
+            out[name] = where
+        return out
+
+    def _refine(self, x0: np.ndarray):
+        return minimize(self.objective, x0, jac=True, method="L-BFGS-B", bounds=self.bounds,
+                        options={"maxiter": 1000, "ftol": 1e-11, "gtol": 1e-8})
+
     def solve(self, n_grid: int, n_starts: int, extra: Sequence[np.ndarray] = ()) -> np.ndarray:
-        """L-BFGS-B from the best grid starts (and any extra starts); best optimum kept."""
+        """L-BFGS-B from the best grid starts (and any extra starts); best optimum kept. An
+        optimum with a floor on its lower bound is confirmed from starts with the floors inside
+        their range (``floor_starts`` at the best grid points' exponents): an interior floor
+        that fits better replaces it."""
         if n_grid < 1 or n_starts < 1:
             raise ValueError(f"n_grid and n_starts must be >= 1, got {n_grid}, {n_starts}")
+        grid = self._grid(n_grid)[:n_starts]
         best_val, best = math.inf, None
-        for x0 in list(extra) + self.grid_starts(n_grid, n_starts):
-            out = minimize(self.objective, x0, jac=True, method="L-BFGS-B", bounds=self.bounds,
-                           options={"maxiter": 1000, "ftol": 1e-11, "gtol": 1e-8})
+        for x0 in list(extra) + [th for _, th, _ in grid]:
+            out = self._refine(x0)
             if out.fun < best_val:
                 best_val, best = float(out.fun), out.x
+        G = self.n_groups
+        lo = np.array([b[0] for b in self.bounds[:G]])
+        if np.any(best[:G] - lo <= 1e-6 + 1e-4 * np.abs(lo)):
+            for x0 in self.floor_starts([v for _, _, v in grid[:2]]):
+                out = self._refine(x0)
+                if out.fun < best_val:
+                    best_val, best = float(out.fun), out.x
         return best
 
 
@@ -245,11 +441,14 @@ class _Problem:
 
 @dataclass(frozen=True)
 class LawFit:
-    """A fitted D-CPT law for one target loss (arXiv 2406.01375 §3).
+    """A fitted law for one target loss (arXiv 2406.01375 §3).
 
     ``params`` are natural parameters of ``FORMS[form]`` in the law's own ratio (r = r_d for
     target 'domain', r = 1 - r_d for target 'general'). ``huber`` is the in-sample mean Huber
     loss of log residuals (delta ``huber_delta``), ``r2`` the in-sample R^2 on loss.
+    ``at_bound``: {parameter: 'lower' | 'upper' | None}, where the optimum sits on a bound of the
+    fit (None for a fit made before this was recorded). A parameter on a bound is not identified
+    by the data: the optimum would lie beyond it. For A, B, C 'lower' means the term is off.
     """
 
     form: str
@@ -259,6 +458,14 @@ class LawFit:
     r2: float
     n_points: int
     huber_delta: float = HUBER_DELTA
+    at_bound: Mapping[str, str | None] | None = None
+
+    @property
+    def identified(self) -> bool | None:
+        """True when no parameter sits on a bound (None when ``at_bound`` was not recorded)."""
+        if self.at_bound is None:
+            return None
+        return not any(self.at_bound.values())
 
     def predict(self, N, D, r_d) -> np.ndarray:
         """Predicted loss (nats/token) at N parameters, D CPT tokens and domain ratio r_d.
@@ -268,69 +475,102 @@ class LawFit:
         """
         return FORMS[self.form].predict(self.params, N, D, _law_ratio(r_d, self.target))
 
+    def paper_params(self) -> dict[str, float]:
+        """The parameters in the D-CPT paper's parameterisation (arXiv 2406.01375 §3), where the
+        r term C/(r + eps)^gamma is not anchored: E_paper = E - C/(1 + eps)^gamma (may be <= 0:
+        the data then prefer no separate irreducible loss). Other forms: ``params`` unchanged."""
+        p = dict(self.params)
+        if FORMS[self.form].family == "dcpt" and FORMS[self.form].has_c:
+            p["E"] = p["E"] - p["C"] * (1.0 + p["eps"]) ** -p["gamma"]
+        return p
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary (plain floats and strings)."""
         return {"form": self.form, "target": self.target,
                 "params": {k: float(v) for k, v in self.params.items()},
                 "huber": float(self.huber), "r2": float(self.r2),
-                "n_points": int(self.n_points), "huber_delta": float(self.huber_delta)}
+                "n_points": int(self.n_points), "huber_delta": float(self.huber_delta),
+                "at_bound": None if self.at_bound is None else dict(self.at_bound),
+                "r_term": _R_TERM}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LawFit":
-        return cls(d["form"], d["target"], dict(d["params"]), d["huber"], d["r2"],
-                   d["n_points"], d.get("huber_delta", HUBER_DELTA))
+        """Inverse of ``to_dict``. A dict written before the r term was anchored (no ``r_term``
+        key) is converted exactly: E + C/(r+eps)^gamma = E' + C((r+eps)^-gamma - (1+eps)^-gamma)
+        with E' = E + C/(1+eps)^gamma, so its predictions are unchanged."""
+        at = d.get("at_bound")
+        params = dict(d["params"])
+        f = FORMS[d["form"]]
+        if d.get("r_term") != _R_TERM and f.family == "dcpt" and f.has_c:
+            params["E"] = params["E"] + params["C"] * (1.0 + params["eps"]) ** -params["gamma"]
+        return cls(d["form"], d["target"], params, d["huber"], d["r2"],
+                   d["n_points"], d.get("huber_delta", HUBER_DELTA),
+                   None if at is None else dict(at))
 
 
 def _fit_data(data: _Data, target: str, form: LawForm, huber_delta: float, n_grid: int,
-              n_starts: int, init: Mapping[str, float] | None = None) -> LawFit:
+              n_starts: int, init: Mapping[str, float] | None = None,
+              bounds: Mapping[str, tuple[float, float]] | None = None) -> LawFit:
     n_free = len(form.param_names)
     _check_enough(data, form, n_free)
-    prob = _Problem.build(form, data, target, huber_delta)
+    prob = _Problem.build(form, data, target, huber_delta, bounds=bounds)
     extra = [prob.theta_from_params(init)] if init is not None else []
     theta = prob.solve(n_grid, n_starts, extra)
     params = {"E": float(math.exp(theta[0])), **prob.natural(theta)}
     params = {k: params[k] for k in form.param_names}
+    at = prob.at_bounds(theta)
     pred = form.predict(params, data.N, data.D, _law_ratio(data.r_d, target))
     m = _metrics(pred, data.loss, huber_delta)
-    return LawFit(form.name, target, params, m["huber"], m["r2"], data.n, huber_delta)
+    return LawFit(form.name, target, params, m["huber"], m["r2"], data.n, huber_delta,
+                  {k: at[k] for k in form.param_names})
 
 
 @_one_blas_thread
 def fit_law(points, target: str, form: str = "L3", huber_delta: float = HUBER_DELTA,
             n_grid: int = N_GRID, n_starts: int = N_STARTS,
-            init: Mapping[str, float] | None = None) -> LawFit:
-    """Fit one D-CPT law form to probe points for the domain or the general loss.
+            init: Mapping[str, float] | None = None,
+            bounds: Mapping[str, tuple[float, float]] | None = None) -> LawFit:
+    """Fit one law form to probe points for the domain or the general loss.
 
-    Minimises the mean Huber loss (``huber_delta``, default 1e-3) of log(pred) - log(obs) with
-    L-BFGS-B inside each parameter's bounds (``FORMS[form].bounds``; E is also capped at the
-    largest observed loss). Starts: a grid of ``n_grid`` levels per nonlinear parameter
-    (alpha, beta, eta, gamma, eps as the form has them: 4^5 = 1024 grid points for L3) with the
-    linear coefficients by NNLS; the ``n_starts`` best are refined (plus ``init``, natural
-    parameters, if given). Deterministic. ~0.2-0.6 s for 150 points on one core.
+    Minimises the mean Huber loss (``huber_delta``, default 1e-3) of log(pred) - log(obs), with
+    log(pred) a log-sum-exp of the form's terms (E = exp(e); Besiroglu et al. 2024), by L-BFGS-B
+    inside each parameter's bounds (``FORMS[form].bounds``, overridden per parameter by
+    ``bounds`` = {name: (lo, hi)} for E, alpha, beta, eta, gamma, eps, t; E is also capped at the
+    smallest observed loss, where the floor is additive). Starts: a grid of ``n_grid`` levels per
+    nonlinear parameter (4^5 = 1024 grid points for L3) with the linear coefficients by NNLS; the
+    ``n_starts`` best are refined (plus ``init``, natural parameters, if given). Deterministic.
+    ~0.2-0.6 s for 150 points on one core. ``LawFit.at_bound`` reports each parameter on a bound.
 
-    points: DataFrame or dict with n_params, tokens, domain_ratio and loss_<target> (n rows).
+    points: DataFrame or dict with n_params, tokens, domain_ratio and loss_<target> (n rows;
+    optional ``seed``: repeated runs are separate points).
     target: 'domain' (law in r = r_d, fits loss_domain) or 'general' (r = 1 - r_d, loss_general).
     Raises ValueError for a missing column, non-finite or non-positive n_params/tokens/loss (with
-    the row), domain_ratio outside [0, 1], fewer points than parameters + 1, or fewer than 2
-    distinct n_params / tokens / domain_ratio (the last only for forms that use r).
-    Source: arXiv 2406.01375 §3 (L3 and the Huber/L-BFGS fit); docs/mixture.md.
+    the row), domain_ratio outside [0, 1], fewer points than parameters + 1, fewer than 2
+    distinct n_params / tokens / domain_ratio (the last only for forms that use r), or a bad
+    ``bounds`` entry. Source: arXiv 2406.01375 §3 (L3 and the Huber/L-BFGS fit); docs/mixture.md.
     """
     _check_target(target)
     f = _form(form)
     data = _load(points, LOSS_COLUMN[target])
-    return _fit_data(data, target, f, huber_delta, n_grid, n_starts, init)
+    return _fit_data(data, target, f, huber_delta, n_grid, n_starts, init, bounds)
+
+
+DCPT_FORMS = ("L3", "r_additive", "chinchilla")  # compare_forms' default: the paper's family
 
 
 @_one_blas_thread
-def compare_forms(points, target: str, forms: Sequence[str] = tuple(FORMS),
+def compare_forms(points, target: str, forms: Sequence[str] = DCPT_FORMS,
                   **fit_kwargs) -> dict[str, dict[str, Any]]:
-    """In-sample fit quality of each form on the same points: {form: {huber, r2, n_params}}.
+    """In-sample fit quality of each form on the same points: {form: {huber, r2, n_params,
+    at_bound}}.
 
-    The paper's comparison of parameterisations (arXiv 2406.01375 §3-§4); ours is L3 against the
-    r-additive power form and Chinchilla. Same arguments and errors as ``fit_law``.
+    The paper's comparison of parameterisations (arXiv 2406.01375 §3-§4); by default L3 against
+    the r-additive power form and Chinchilla; pass ``forms=tuple(FORMS)`` to add the Data Mixing
+    Law and BiMix. Same arguments and errors as ``fit_law``.
     """
     out = {}
     for name in forms:
         fit = fit_law(points, target, name, **fit_kwargs)
-        out[name] = {"huber": fit.huber, "r2": fit.r2, "n_params": len(fit.params)}
+        out[name] = {"huber": fit.huber, "r2": fit.r2, "n_params": len(fit.params),
+                     "at_bound": dict(fit.at_bound)}
     return out

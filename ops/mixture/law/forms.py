@@ -3,7 +3,9 @@ defaults of the fit, and the loading and checking of probe points.
 
 Source: Que et al., "D-CPT Law: Domain-specific Continual Pre-Training Scaling Law for Large
 Language Models", arXiv 2406.01375 (NeurIPS 2024), §3 (the parameterisations: L3, the paper's
-chosen form, and the forms it is compared with). Spec and defaults: docs/mixture.md.
+chosen form, and the forms it is compared with); the comparison forms of Ye et al. 2024 (Data
+Mixing Laws, arXiv 2403.16952) and Ge et al. 2024 (BiMix, arXiv 2405.14908). Spec and defaults:
+docs/mixture.md.
 
 Units everywhere: losses in nats/token, N in (non-embedding) parameters, D in tokens,
 mixture ratios in [0, 1]. ``r_d`` is the share of domain-corpus tokens in the CPT mixture. The law
@@ -11,8 +13,10 @@ for the domain loss L_d is written in r = r_d, the law for the general loss L_g 
 every public function takes r_d and does that conversion itself (``LawFit.predict``).
 
 Probe points are a Polars DataFrame or a dict of equal-length arrays with columns ``n_params``,
-``tokens``, ``domain_ratio``, ``loss_general``, ``loss_domain`` and (cross-domain law only)
-``domain``. One *run* is one (n_params, domain_ratio[, domain]) CPT run; its checkpoints give D.
+``tokens``, ``domain_ratio``, ``loss_general``, ``loss_domain``, (cross-domain law only)
+``domain`` and, optionally, ``seed`` (the training seed of repeated probe runs: same size, ratio
+and D, different seed; ``noise`` estimates the seed noise from them). One *run* is one
+(n_params, domain_ratio[, domain][, seed]) CPT run; its checkpoints give D.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ _EXPONENT_MAX = 3.0
 _NB_EXPONENT_MAX = 1.0
 _EPS_RANGE = (1e-4, 1.0)
 _E_MIN = 1e-3
+_GAMMA_MIN = 1e-3  # the anchored r term C((r+eps)^-gamma - (1+eps)^-gamma) vanishes at gamma = 0
+_T_MAX = 10.0  # |t| of the Data Mixing Law's exp(t r): r in [0, 1], so e^10 ~ 2e4 across the range
+_FAMILIES = ("dcpt", "data_mixing_law", "bimix")
 _LOG_COEF_MIN = -30.0  # exp(-30) ~ 1e-13 nats: a term switched off
 # Start-grid ranges (geometric spacing) for the nonlinear parameters.
 _GRID_RANGES = {
@@ -46,6 +53,7 @@ _GRID_RANGES = {
     "gamma": (0.05, 1.0),
     "eps": (1e-3, 0.3),
 }
+_T_GRID = (-3.0, 3.0)  # linear spacing (t may take either sign)
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,13 +84,23 @@ def _metrics(pred: np.ndarray, obs: np.ndarray, delta: float) -> dict[str, float
 
 @dataclass(frozen=True)
 class LawForm:
-    """One parameterisation of L(N, D, r). All forms here are members of one family,
+    """One parameterisation of L(N, D, r), in one of three families (``family``):
 
-        L = E + A / N^alpha + B * r^eta / D^beta + C / (r + eps)^gamma,
+    - ``"dcpt"`` (arXiv 2406.01375 §3): L = E + A / N^alpha + B * r^eta / D^beta
+      + C * ((r + eps)^-gamma - (1 + eps)^-gamma), with some terms fixed: ``has_eta=False`` sets
+      eta = 0 (the D term ignores r) and ``has_c=False`` drops the r term. L3, r_additive and
+      chinchilla. The r term is the paper's C / (r + eps)^gamma anchored at r = 1, where it is 0:
+      its constant part belongs to E, which is then the floor at r = 1 and identified (with the
+      paper's term a near-constant C term duplicates E; docs/mixture.md, "Identification"). The
+      paper's E is E - C / (1 + eps)^gamma (``LawFit.paper_params``).
+    - ``"data_mixing_law"`` (Ye et al. 2024, arXiv 2403.16952, Eq. 1 combined with N/D scaling; our
+      simplification, docs/mixture.md): L = E + (A / N^alpha + B / D^beta) * exp(t * r).
+    - ``"bimix"`` (Ge et al. 2024, arXiv 2405.14908; extended to N, docs/mixture.md):
+      L = (E + A / N^alpha + B / D^beta) / (r + eps)^gamma.
 
-    with some terms fixed: ``has_eta=False`` sets eta = 0 (the D term ignores r) and
-    ``has_c=False`` drops the r term. ``bounds`` is the physically meaningful range of each
-    parameter (data-dependent upper bounds are inf here; see ``fit_law``).
+    Every family is a log-sum-exp of linear terms in log space (``fit``), so E = exp(e) is a free
+    log-coefficient like the others. ``bounds`` is the range of each parameter (data-dependent upper
+    bounds are inf here; see ``fit_law``).
     """
 
     name: str
@@ -90,23 +108,29 @@ class LawForm:
     has_eta: bool
     has_c: bool
     description: str
+    family: str = "dcpt"
+
+    def __post_init__(self):
+        if self.family not in _FAMILIES:
+            raise ValueError(f"LawForm.family must be one of {_FAMILIES}, got {self.family!r}")
 
     @property
     def uses_ratio(self) -> bool:
-        return self.has_eta or self.has_c
+        return self.family != "dcpt" or self.has_eta or self.has_c
 
     @property
     def bounds(self) -> dict[str, tuple[float, float]]:
         full = {
-            "E": (_E_MIN, math.inf),  # irreducible loss > 0 (capped at the largest loss in fits)
+            "E": (_E_MIN, math.inf),  # irreducible loss > 0 (capped at the data in fits)
             "A": (0.0, math.inf),
             "alpha": (1e-3, _NB_EXPONENT_MAX),
             "B": (0.0, math.inf),
             "eta": (0.0, _EXPONENT_MAX),
             "beta": (1e-3, _NB_EXPONENT_MAX),
             "C": (0.0, math.inf),
-            "gamma": (0.0, _EXPONENT_MAX),
+            "gamma": (_GAMMA_MIN, _EXPONENT_MAX),
             "eps": _EPS_RANGE,
+            "t": (-_T_MAX, _T_MAX),
         }
         return {k: full[k] for k in self.param_names}
 
@@ -118,13 +142,18 @@ class LawForm:
         """
         N, D, r = (np.asarray(x, dtype=float) for x in (N, D, r))
         p = params
+        if self.family == "data_mixing_law":
+            return p["E"] + (p["A"] * N ** -p["alpha"] + p["B"] * D ** -p["beta"]) * np.exp(p["t"] * r)
+        if self.family == "bimix":
+            return (p["E"] + p["A"] * N ** -p["alpha"] + p["B"] * D ** -p["beta"]) * (r + p["eps"]) ** -p["gamma"]
         out = p["E"] + p["A"] * N ** -p["alpha"]
         # r^eta is 0 at r = 0 for every eta >= 0 (the limit from eta > 0; the fit uses the same
         # convention), so a run without the law's corpus has no D term in this form.
         rfac = np.where(r > 0, np.abs(r) ** p["eta"], 0.0) if self.has_eta else 1.0
         out = out + p["B"] * rfac * D ** -p["beta"]
         if self.has_c:
-            out = out + p["C"] * (r + p["eps"]) ** -p["gamma"]
+            # the r term anchored at r = 1, where it is 0 (docs/mixture.md, "Identification")
+            out = out + p["C"] * ((r + p["eps"]) ** -p["gamma"] - (1.0 + p["eps"]) ** -p["gamma"])
         return out
 
 
@@ -136,15 +165,15 @@ FORMS: dict[str, LawForm] = {
             ("E", "A", "alpha", "B", "eta", "beta", "C", "gamma", "eps"),
             has_eta=True,
             has_c=True,
-            description="E + A/N^alpha + B r^eta / D^beta + C/(r+eps)^gamma "
-            "(the paper's chosen form, arXiv 2406.01375 §3)",
+            description="E + A/N^alpha + B r^eta / D^beta + C((r+eps)^-gamma - (1+eps)^-gamma) "
+            "(the paper's chosen form, arXiv 2406.01375 §3, its r term anchored at r = 1)",
         ),
         LawForm(
             "r_additive",
             ("E", "A", "alpha", "B", "beta", "C", "gamma", "eps"),
             has_eta=False,
             has_c=True,
-            description="E + A/N^alpha + B/D^beta + C/(r+eps)^gamma: Chinchilla plus a separate "
+            description="E + A/N^alpha + B/D^beta + C((r+eps)^-gamma - (1+eps)^-gamma): Chinchilla plus a separate "
             "power term in r, no D-r interaction (the additive member of the paper's comparison "
             "set, §3; our rendering)",
         ),
@@ -155,6 +184,27 @@ FORMS: dict[str, LawForm] = {
             has_c=False,
             description="E + A/N^alpha + B/D^beta: no mixture ratio (Hoffmann et al. 2022); what "
             "L3 reduces to at fixed r",
+        ),
+        LawForm(
+            "data_mixing_law",
+            ("E", "A", "alpha", "B", "beta", "t"),
+            has_eta=False,
+            has_c=False,
+            description="E + (A/N^alpha + B/D^beta) exp(t r): the Data Mixing Law c + k exp(t r) "
+            "(Ye et al. 2024, arXiv 2403.16952, Eq. 1, two domains) with c = E and the scale k "
+            "the Chinchilla reducible loss in N and D (our one-step simplification of the paper's "
+            "nested laws)",
+            family="data_mixing_law",
+        ),
+        LawForm(
+            "bimix",
+            ("E", "A", "alpha", "B", "beta", "gamma", "eps"),
+            has_eta=False,
+            has_c=False,
+            description="(E + A/N^alpha + B/D^beta) / (r+eps)^gamma: BiMix A/r^alpha (B/s^beta + C) "
+            "(Ge et al. 2024, arXiv 2405.14908) with steps s -> tokens D, an N term added to its "
+            "constant, and r + eps so that r = 0 is finite (our extension)",
+            family="bimix",
         ),
     )
 }
@@ -197,6 +247,7 @@ class _Data:
     r_d: np.ndarray
     loss: np.ndarray
     domain: np.ndarray | None
+    seed: np.ndarray | None = None  # training seed of each point's run (str), if given
 
     @property
     def n(self) -> int:
@@ -204,11 +255,23 @@ class _Data:
 
     def take(self, idx) -> "_Data":
         dom = None if self.domain is None else self.domain[idx]
-        return _Data(self.N[idx], self.D[idx], self.r_d[idx], self.loss[idx], dom)
+        seed = None if self.seed is None else self.seed[idx]
+        return _Data(self.N[idx], self.D[idx], self.r_d[idx], self.loss[idx], dom, seed)
 
     def runs(self) -> np.ndarray:
-        """Run id per point: one run = one (n_params, domain_ratio[, domain]) CPT run."""
+        """Run id per point: one run = one (n_params, domain_ratio[, domain][, seed]) CPT run."""
         keys = list(zip(self.N.tolist(), self.r_d.tolist()))
+        if self.domain is not None:
+            keys = [k + (d,) for k, d in zip(keys, self.domain.tolist())]
+        if self.seed is not None:
+            keys = [k + (s,) for k, s in zip(keys, self.seed.tolist())]
+        _, inv = np.unique(np.array([repr(k) for k in keys]), return_inverse=True)
+        return inv
+
+    def configs(self) -> np.ndarray:
+        """Configuration id per point: (n_params, domain_ratio, tokens[, domain]), seeds pooled.
+        Points with the same id are repeated measurements of one configuration."""
+        keys = list(zip(self.N.tolist(), self.r_d.tolist(), self.D.tolist()))
         if self.domain is not None:
             keys = [k + (d,) for k, d in zip(keys, self.domain.tolist())]
         _, inv = np.unique(np.array([repr(k) for k in keys]), return_inverse=True)
@@ -263,7 +326,18 @@ def _load(points, loss_column: str | None, need_domain: bool = False) -> _Data:
         numeric[c] = v
     loss = numeric[loss_column] if loss_column else np.full(n, np.nan)
     domain = np.asarray(cols["domain"]).astype(str) if need_domain else None
-    return _Data(numeric["n_params"], numeric["tokens"], numeric["domain_ratio"], loss, domain)
+    seed = None
+    if "seed" in names:  # optional: repeated probe runs (docs/mixture.md, "Noise ceiling")
+        raw = np.asarray(points["seed"])
+        if raw.ndim != 1 or len(raw) != n:
+            raise ValueError(f"column 'seed' has shape {raw.shape}, expected ({n},)")
+        missing_seed = np.array([v is None or (isinstance(v, float) and v != v) for v in raw.tolist()])
+        if missing_seed.any():
+            i = int(np.flatnonzero(missing_seed)[0])
+            raise ValueError(f"column 'seed' must not be null; row {i} is {raw[i]!r} "
+                             f"({int(missing_seed.sum())} null row(s))")
+        seed = np.array([str(v) for v in raw.tolist()])
+    return _Data(numeric["n_params"], numeric["tokens"], numeric["domain_ratio"], loss, domain, seed)
 
 
 def _check_enough(data: _Data, form: LawForm, n_params: int) -> None:

@@ -1,6 +1,7 @@
 """How well a fitted D-CPT Law generalises and how certain it is: held-out fit quality along N,
-D and r separately (``generalisation``) and refits on resampled runs (``Bootstrap``,
-``bootstrap``), whose spread the usages report.
+D and r separately (``generalisation``, ``compare_generalisation`` for several forms by name),
+each axis next to its noise ceiling (``noise``), and refits on resampled runs (``Bootstrap``,
+``bootstrap``) with percentile intervals per parameter, whose spread the usages report.
 
 Source: Que et al., arXiv 2406.01375 (NeurIPS 2024), §4 (generalisability of the law along model
 size N, data size D and mixture ratio r). The choice of held-out folds and the run-level bootstrap
@@ -10,12 +11,13 @@ are ours: docs/mixture.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .fit import LawFit, _fit_data, _one_blas_thread
 from .forms import (
+    FORMS,
     HUBER_DELTA,
     LOSS_COLUMN,
     N_BOOT,
@@ -28,6 +30,7 @@ from .forms import (
     _load,
     _metrics,
 )
+from .noise import SeedNoise, _seed_noise
 
 
 # --------------------------------------------------------------------------------------------
@@ -35,44 +38,55 @@ from .forms import (
 
 
 def _pooled(data: _Data, folds: list[np.ndarray], target: str, form: LawForm, delta: float,
-            n_grid: int, n_starts: int) -> dict[str, Any]:
-    preds, obs, n_train = [], [], []
+            n_grid: int, n_starts: int, bounds=None, noise: SeedNoise | None = None) -> dict[str, Any]:
+    preds, obs, n_train, at_bound = [], [], [], {}
     for test in folds:
         train = np.setdiff1d(np.arange(data.n), test)
-        fit = _fit_data(data.take(train), target, form, delta, n_grid, n_starts)
+        fit = _fit_data(data.take(train), target, form, delta, n_grid, n_starts, bounds=bounds)
         preds.append(fit.predict(data.N[test], data.D[test], data.r_d[test]))
         obs.append(data.loss[test])
         n_train.append(len(train))
+        for k, v in fit.at_bound.items():
+            at_bound[k] = at_bound.get(k, 0) + (v is not None)
     m = _metrics(np.concatenate(preds), np.concatenate(obs), delta)
+    every = np.concatenate(folds)
     return {"huber": m["huber"], "r2": m["r2"], "mare": m["mare"],
-            "n_train": int(round(np.mean(n_train))), "n_test": int(sum(len(t) for t in folds)),
-            "n_folds": len(folds)}
+            "r2_ceiling": None if noise is None else noise.ceiling(data.loss, every),
+            "n_train": int(round(np.mean(n_train))), "n_test": int(len(every)),
+            "n_folds": len(folds), "folds_at_bound": at_bound}
 
 
 def _skipped(reason: str) -> dict[str, Any]:
     nan = float("nan")
-    return {"huber": nan, "r2": nan, "mare": nan, "n_train": 0, "n_test": 0, "n_folds": 0,
-            "skipped": reason}
+    return {"huber": nan, "r2": nan, "mare": nan, "r2_ceiling": None, "n_train": 0, "n_test": 0,
+            "n_folds": 0, "folds_at_bound": {}, "skipped": reason}
 
 
 @_one_blas_thread
 def generalisation(points, target: str, form: str = "L3", huber_delta: float = HUBER_DELTA,
                    n_grid: int = N_GRID, n_starts: int = N_STARTS, holdout_last_k: int = 2,
                    holdout_ratios: Sequence[float] | None = None,
-                   holdout_sizes: Sequence[float] | None = None) -> dict[str, Any]:
+                   holdout_sizes: Sequence[float] | None = None,
+                   bounds: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """Held-out fit quality along each axis separately (arXiv 2406.01375 §4; docs/mixture.md).
 
     - ``unseen_N``: leave-one-model-size-out over ``holdout_sizes`` (default: every distinct
       n_params except the smallest and largest; needs >= 3 sizes), predictions pooled over folds;
       ``unseen_N_extrapolation``: the same for the smallest and the largest size (reported, and
-      expected to be worse: it extrapolates the N term beyond the probed range).
+      expected to be worse: it extrapolates the N term beyond the probed range);
+      ``unseen_N_largest``: the largest size alone (the extrapolation a plan for a larger target
+      relies on; its ``mare`` is the extrapolation MARE).
     - ``unseen_D``: one fit on all but the last ``holdout_last_k`` checkpoints of each run (runs
       with that many or fewer checkpoints stay whole in training); predicts the later ones.
     - ``unseen_r``: leave-one-ratio-out over ``holdout_ratios`` (default: every distinct
       domain_ratio except the smallest and largest), pooled.
-    Each axis: {huber (mean Huber of log residuals), r2 (on loss), mare, n_train (mean per fold),
-    n_test, n_folds}; an axis that cannot be formed has NaN metrics and a ``skipped`` reason.
-    Also ``in_sample``. Costs 1 + sizes + 1 + ratios fits. Raises as ``fit_law``.
+    Each axis: {huber (mean Huber of log residuals), r2 (on loss), mare, r2_ceiling (the noise
+    ceiling of R^2 on that axis's held-out points, ``noise``; None without repeated seeds),
+    n_train (mean per fold), n_test, n_folds, folds_at_bound ({parameter: folds whose fit ended
+    on a bound})}; an axis that cannot be formed has NaN metrics and a ``skipped`` reason. Also
+    ``in_sample`` (with ``at_bound`` and ``r2_ceiling``) and ``noise`` (``SeedNoise.to_dict()``
+    or None). ``bounds`` as in ``fit_law``. Costs 1 + sizes + 1 + ratios fits. Raises as
+    ``fit_law`` (and ``seed_noise`` for a duplicated seed).
 
     With only 3 sizes each unseen_N fold extrapolates from 2, where E, A and alpha are not
     jointly identifiable: expect a poor unseen_N score when the N term is weak (measured: R^2
@@ -81,13 +95,18 @@ def generalisation(points, target: str, form: str = "L3", huber_delta: float = H
     _check_target(target)
     f = _form(form)
     data = _load(points, LOSS_COLUMN[target])
-    full = _fit_data(data, target, f, huber_delta, n_grid, n_starts)
+    noise = _seed_noise(data, target)
+    full = _fit_data(data, target, f, huber_delta, n_grid, n_starts, bounds=bounds)
     out: dict[str, Any] = {"form": f.name, "target": target,
-                           "in_sample": {"huber": full.huber, "r2": full.r2, "n": data.n}}
-    args = (target, f, huber_delta, n_grid, n_starts)
+                           "in_sample": {"huber": full.huber, "r2": full.r2, "n": data.n,
+                                         "r2_ceiling": None if noise is None else noise.ceiling(data.loss),
+                                         "at_bound": dict(full.at_bound)},
+                           "noise": None if noise is None else noise.to_dict()}
+    args = (target, f, huber_delta, n_grid, n_starts, bounds, noise)
     sizes = np.unique(data.N)
     if len(sizes) < 3:
-        out["unseen_N"] = out["unseen_N_extrapolation"] = _skipped(f"needs >= 3 model sizes, got {len(sizes)}")
+        out["unseen_N"] = out["unseen_N_extrapolation"] = out["unseen_N_largest"] = _skipped(
+            f"needs >= 3 model sizes, got {len(sizes)}")
     else:
         # Interior sizes (interpolation), like unseen_r; the smallest and largest (extrapolation
         # beyond the probed range) are reported apart: with 3-4 sizes an extrapolation fold fits
@@ -97,6 +116,8 @@ def generalisation(points, target: str, form: str = "L3", huber_delta: float = H
         folds = [fo for fo in (np.flatnonzero(np.isclose(data.N, s)) for s in inner) if len(fo)]
         out["unseen_N"] = _pooled(data, folds, *args) if folds else _skipped("no interior size to hold out")
         out["unseen_N_extrapolation"] = _pooled(data, [np.flatnonzero(data.N == s) for s in (sizes[0], sizes[-1])], *args)
+        # The extrapolation a plan needs (a target larger than every probe): the largest size alone.
+        out["unseen_N_largest"] = _pooled(data, [np.flatnonzero(data.N == sizes[-1])], *args)
     runs = data.runs()
     test = []
     for run in np.unique(runs):
@@ -130,23 +151,58 @@ class Bootstrap:
         """Parameter samples: {name: array of shape (len(fits),)}."""
         return {k: np.array([f.params[k] for f in self.fits]) for k in self.fit.params}
 
+    def intervals(self, level: float = 95.0) -> dict[str, tuple[float, float]]:
+        """Percentile intervals per parameter: {name: (lo, hi)} at ``level`` percent (central;
+        95 -> 2.5th and 97.5th percentiles of the refits). Empty when there are no refits.
+        Raises ValueError for level outside (0, 100)."""
+        if not 0.0 < level < 100.0:
+            raise ValueError(f"level must be in (0, 100), got {level!r}")
+        if not self.fits:
+            return {}
+        q = (50.0 - level / 2.0, 50.0 + level / 2.0)
+        return {k: tuple(float(x) for x in np.percentile(v, q)) for k, v in self.params().items()}
+
+    def at_bound_share(self) -> dict[str, float]:
+        """Per parameter, the share of refits whose optimum sits on a bound (0 without refits or
+        where refits did not record it)."""
+        n = len(self.fits)
+        return {k: (sum(1 for f in self.fits if f.at_bound and f.at_bound.get(k)) / n if n else 0.0)
+                for k in self.fit.params}
+
+    def summary(self, level: float = 95.0) -> dict[str, Any]:
+        """JSON-ready per-parameter report: {name: {value, lo, hi, at_bound, refits_at_bound}}
+        plus ``n_boot`` and ``level``: what the fit found, its bootstrap interval, and whether it
+        is identified (not on a bound, in the fit and in the refits)."""
+        iv = self.intervals(level)
+        share = self.at_bound_share()
+        at = self.fit.at_bound or {}
+        out: dict[str, Any] = {"n_boot": len(self.fits), "level": level, "params": {}}
+        for k, v in self.fit.params.items():
+            lo, hi = iv.get(k, (float("nan"), float("nan")))
+            out["params"][k] = {"value": float(v), "lo": lo, "hi": hi, "at_bound": at.get(k),
+                                "refits_at_bound": share[k]}
+        return out
+
 
 @_one_blas_thread
 def bootstrap(points, target: str, form: str = "L3", n_boot: int = N_BOOT, seed: int = 0,
-              huber_delta: float = HUBER_DELTA, n_grid: int = 2, n_starts: int = 2) -> Bootstrap:
-    """Bootstrap the fit by resampling whole runs (n_params, domain_ratio) with replacement,
-    stratified by model size (each size keeps its number of runs, so every refit still sees all
-    sizes). Each refit starts from the full fit's optimum plus the ``n_starts`` best points of a
-    coarse (``n_grid``) grid: ~0.1-0.3 s per refit, so the default 20 refits take a few seconds.
+              huber_delta: float = HUBER_DELTA, n_grid: int = 2, n_starts: int = 2,
+              bounds: Mapping[str, tuple[float, float]] | None = None) -> Bootstrap:
+    """Bootstrap the fit by resampling whole runs (n_params, domain_ratio[, seed]) with
+    replacement, stratified by model size (each size keeps its number of runs, so every refit
+    still sees all sizes). Each refit starts from the full fit's optimum plus the ``n_starts``
+    best points of a coarse (``n_grid``) grid: ~0.1-0.3 s per refit, so the default 20 refits
+    take a few seconds. ``Bootstrap.intervals`` gives percentile intervals per parameter.
 
     With the same ``points`` and ``seed`` the domain and general bootstraps draw the same runs,
     so ``zip(boot_general.fits, boot_domain.fits)`` pairs fits of one resample. A resample that
-    fails the fit's checks is redrawn (at most 10 times per refit). Raises as ``fit_law``.
+    fails the fit's checks is redrawn (at most 10 times per refit). ``bounds`` as in ``fit_law``.
+    Raises as ``fit_law``.
     """
     _check_target(target)
     f = _form(form)
     data = _load(points, LOSS_COLUMN[target])
-    full = _fit_data(data, target, f, huber_delta, N_GRID, N_STARTS)
+    full = _fit_data(data, target, f, huber_delta, N_GRID, N_STARTS, bounds=bounds)
     runs = data.runs()
     run_ids = np.unique(runs)
     run_size = {r: data.N[runs == r][0] for r in run_ids}
@@ -160,8 +216,18 @@ def bootstrap(points, target: str, form: str = "L3", n_boot: int = N_BOOT, seed:
             idx = np.concatenate([members[r] for r in chosen])
             try:
                 fits.append(_fit_data(data.take(idx), target, f, huber_delta, n_grid, n_starts,
-                                      init=full.params))
+                                      init=full.params, bounds=bounds))
                 break
             except ValueError:
                 continue
     return Bootstrap(full, tuple(fits), seed)
+
+
+@_one_blas_thread
+def compare_generalisation(points, target: str, forms: Sequence[str] = tuple(FORMS),
+                           **kwargs) -> dict[str, dict[str, Any]]:
+    """``generalisation`` for each form by name on the same points: {form: result}. Default: every
+    registered form (L3, r_additive, chinchilla, data_mixing_law, bimix). Each result carries
+    R^2, MARE and the noise ceiling per axis, so ``out[f]["unseen_N_largest"]["mare"]`` is form
+    f's extrapolation MARE. kwargs as ``generalisation``; raises as ``generalisation``."""
+    return {name: generalisation(points, target, name, **kwargs) for name in forms}
