@@ -6,7 +6,9 @@ Stage-1 SFT of a student on the curated set and programmatic problems; evaluatio
 (wrong or high-loss items clustered by annotation and by topic); targeted synthesis around the top
 regions (retrieval, the mathematics_dataset generator, optionally the teacher; every item deduped,
 decontaminated and verified); stage-2 SFT on the targeted items plus replay, and the control — the
-same budget of random items from the same pool; the comparison with bootstrap intervals.
+same budget of random items from the same pool (synthesis-side templates only: the evaluation items
+use the other templates); three stage-2 seeds per arm; the comparison with 95% intervals over seeds
+and items and a verdict.
 
 Student on the embedded default: the GPT-2-style D-CPT probe base of size ``base_size`` (default
 ``m``: ~150k non-embedding parameters, 2,048-token BPE of ``cpt_tokenizer``) — competition problems
@@ -43,7 +45,7 @@ _SFT, _STAGE2 = SftPlan(data_dir="", eval_path=""), Stage2Plan(data_dir="", eval
 # asset-only fields: where the student and its tokenizer come from, how the sets are built, the
 # launch's time limit (and domain_ratio, whose < 0 means "read mixture_plan")
 _SFT_OWN = ("base_size", "base_dir", "tokenizer_dir", "modules", "train_per_module", "eval_per_module", "train_seed",
-            "eval_seed", "heldout_fraction", "benchmark_items", "domain_ratio", "timeout_s")
+            "eval_seed", "heldout_fraction", "benchmark_items", "arithmetic_items", "domain_ratio", "timeout_s")
 _STAGE2_OWN = ("replay_fraction", "seeds", "timeout_s")
 
 
@@ -68,13 +70,17 @@ class SftCheckpointConfig(dg.Config):
     train_per_module: int = 300
     """Generated training problems per (module, level)."""
     eval_per_module: int = 60
-    """Generated evaluation problems per (module, level); half dev (regions), half test (report)."""
+    """Generated evaluation problems per (module, level), evaluation-side templates only
+    (ops.posttrain.data.template_side); half dev (regions), half test (report)."""
     train_seed: int = 101
     eval_seed: int = 202
     heldout_fraction: float = 0.05
     """Share of sft_dataset rows held out of training and evaluated (slice curated_heldout)."""
     benchmark_items: int = 16
     """MATH-500 and GSM8K test items attempted per benchmark (slice benchmark:<name>)."""
+    arithmetic_items: int = 64
+    """OLMES basic-skills arithmetic items attempted, exact answer (slice benchmark:basic_arithmetic;
+    ops.posttrain.sets.basic_arithmetic_items): the real benchmark nearest to the student's reach."""
     domain_ratio: float = -1.0
     """Share of SFT sequences per step, the rest general-corpus replay; < 0 = mixture_plan's
     trade-off r_d when mixture_plan exists, else 1.0 (no general data)."""
@@ -135,11 +141,12 @@ def _slice_table(scored: dict[str, pl.DataFrame]) -> pl.DataFrame:
         slices[s] = pl.col("slice") == s
     for m in sorted(set(any_df["module"].drop_nulls().to_list())):
         slices[f"module:{m}"] = pl.col("module") == m
-    return accuracy_table(scored, slices).with_columns(pl.col("accuracy", "ci_low", "ci_high").round(3))
+    table = accuracy_table(scored, slices).filter(pl.col("n") > 0)  # stage 2 scores the test split only
+    return table.with_columns(pl.col("accuracy", "ci_low", "ci_high").round(3))
 
 
 @dg.asset(deps=["sft_dataset", "cpt_base_models", "cpt_tokenizer", "mixture_plan", "benchmark_problems"],
-          group_name=GROUP, code_version="1", kinds={"pytorch", "accelerate"}, pool="gpu")
+          group_name=GROUP, code_version="2", kinds={"pytorch", "accelerate"}, pool="gpu")
 def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfig, lake: LakeResource,
                    compute: ComputeResource) -> dg.MaterializeResult:
     """Stage-1 SFT: the student (a D-CPT probe base on the embedded default) fine-tuned on the
@@ -149,7 +156,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     Metadata: accuracy per slice and module (before and after SFT, bootstrap 95% intervals), the
     loss curve, world size, mixture ratio and its source."""
     from ops.posttrain.data import TASK_MODULES
-    from ops.posttrain.evaluate import score
+    from ops.posttrain.evaluate import score_many
     from ops.posttrain.plots import loss_curves
     from ops.posttrain.sets import stage1_sets
 
@@ -165,7 +172,13 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     if sft is None:
         context.log.warning("sft_checkpoint: no sft_dataset; training on generated problems only")
     train, ev = stage1_sets(sft, bench, modules, config.train_per_module, config.eval_per_module, config.train_seed,
-                            config.eval_seed, config.heldout_fraction, config.benchmark_items, seed=config.seed)
+                            config.eval_seed, config.heldout_fraction, config.benchmark_items, seed=config.seed,
+                            arithmetic_items=config.arithmetic_items)
+    prog = ev.filter(pl.col("slice") == "programmatic")
+    absent = sorted(set(modules) - set(prog["module"].to_list()))
+    if absent:
+        context.log.warning(f"sft_checkpoint: no evaluation-side template (ops.posttrain.data.template_side) in modules "
+                            f"{absent}: they are trained on but not evaluated")
     folder = lake.base / "sft_checkpoint"
     folder.mkdir(parents=True, exist_ok=True)
     lake.write(train, "sft_checkpoint", name="train.parquet")
@@ -177,8 +190,10 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     with _sft_launch(context, compute, lake, "sft_checkpoint", plan, config.timeout_s) as run:
         write_json_atomic(asdict(plan), folder / "plan.json", indent=1)  # stage 2 reuses tokenizer and EOS
         metrics = run.result["runs"]["stage1"]
-        scored = {"base": score(ev, pl.read_parquet(folder / "model" / "predictions_init.parquet")),
-                  "stage1": score(ev, pl.read_parquet(folder / "model" / "predictions.parquet"))}
+        base_sc, s1_sc = score_many(ev, [pl.read_parquet(folder / "model" / "predictions_init.parquet"),
+                                         pl.read_parquet(folder / "model" / "predictions.parquet")])
+        scored = {"base": base_sc, "stage1": s1_sc}
+        lake.write(base_sc, "sft_checkpoint", name="scored_base.parquet")  # the learned check reads it
         path, version = lake.write(scored["stage1"], "sft_checkpoint")
         table = _slice_table(scored)
         overall = table.filter((pl.col("checkpoint") == "stage1") & (pl.col("slice") == "programmatic (test)")).row(0, named=True)
@@ -191,6 +206,8 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
             domain_ratio=dg.MetadataValue.float(ratio), domain_ratio_source=dg.MetadataValue.text(ratio_source),
             train_rows=md_table(train.group_by("origin").len(name="rows").sort("origin")),
             eval_rows=md_table(ev.group_by("slice", "split").len(name="rows").sort("slice", "split")),
+            eval_templates=md_table(prog.group_by("module").agg(items=pl.len(), templates=pl.col("template").n_unique())
+                                    .sort("module")),
             packing=dg.MetadataValue.json(metrics["pack"]),
             final_train_loss=dg.MetadataValue.float(float(metrics["final_loss"])),
             accuracy_programmatic_test=dg.MetadataValue.float(float(overall["accuracy"])),
@@ -211,7 +228,8 @@ def sft_checkpoint_learned(lake: LakeResource) -> dg.AssetCheckResult:
     folder = lake.base / "sft_checkpoint"
     m = json.loads((folder / "model" / "metrics.json").read_text())
     ev = pl.read_parquet(folder / "eval.parquet")
-    base = score(ev, pl.read_parquet(folder / "model" / "predictions_init.parquet"))
+    saved = folder / "scored_base.parquet"
+    base = pl.read_parquet(saved) if saved.exists() else score(ev, pl.read_parquet(folder / "model" / "predictions_init.parquet"))
     s1 = pl.read_parquet(lake.path("sft_checkpoint"))
     prog = pl.col("slice") == "programmatic"
     a0, a1 = float(base.filter(prog)["correct"].mean()), float(s1.filter(prog)["correct"].mean())
@@ -310,7 +328,7 @@ def _teacher_items(context, config: SynthesisConfig, targets: list[dict], failed
                                  config.retrieval_k, config.seed, config.verify_timeout_s, config.workers)
 
 
-@dg.asset(deps=["failure_regions", "decontaminated_problems", "benchmark_problems"], group_name=GROUP, code_version="1",
+@dg.asset(deps=["failure_regions", "decontaminated_problems", "benchmark_problems"], group_name=GROUP, code_version="2",
           kinds={"scikit-learn", "parquet"})
 def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfig, lake: LakeResource,
                        teacher: TeacherResource) -> dg.MaterializeResult:
@@ -354,10 +372,22 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
             for j, sim in retr.query([" ".join(q)], k=config.retrieval_k)[0]:
                 retrieved.append({"target": f"{t['module']}|{t['difficulty']}", "similarity": round(sim, 3), "document": docs[j][:160]})
 
-    pool = pool_rows(modules, config.pool_per_module, config.pool_seed)
+    pool = pool_rows(modules, config.pool_per_module, config.pool_seed)  # synthesis-side templates only
+    eval_templates = set(ev.filter(pl.col("template").is_not_null()).select(pl.concat_str("module", "template", separator="\x1f"))
+                         .to_series().to_list())
+    pool_templates = set(pool.select(pl.concat_str("module", "template", separator="\x1f")).to_series().to_list())
+    if eval_templates & pool_templates:  # template_side makes this impossible; a broken split must not go unseen
+        raise RuntimeError(f"targeted_synthesis: {len(eval_templates & pool_templates)} (module, template) pairs are both "
+                           "evaluation and synthesis templates")
     kept, rejected, rep = flt.run(pool.to_dicts())
     kept_df = pl.DataFrame(kept, schema=pool.schema) if kept else pool.head(0)
     t_items, t_stats = _teacher_items(context, config, targets, failed, retr, docs, lake, teacher)
+    if t_items:  # a teacher question in an evaluation template is dropped (the held-out rule covers every source)
+        from ops.posttrain.data import template_of
+
+        n0 = len(t_items)
+        t_items = [it for it in t_items if f"{it['module']}\x1f{template_of(it['problem'])}" not in eval_templates]
+        t_stats["dropped_eval_template"] = n0 - len(t_items)
     t_kept, t_rej, t_rep = flt.run(t_items) if t_items else ([], [], None)
     n_gen = max(0, config.budget - len(t_kept))
     targeted = select_targeted(kept_df, targets, n_gen, seed=config.seed)
@@ -378,6 +408,9 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
         None, path, version, pool.height + len(t_items), both.height,
         targeted_items=dg.MetadataValue.int(targeted.height), random_items=dg.MetadataValue.int(random.height),
         pool_filter=md_table(funnel),
+        held_out_templates=dg.MetadataValue.json({
+            "evaluation_templates": len(eval_templates), "synthesis_pool_templates": len(pool_templates),
+            "shared": 0, "rule": "ops.posttrain.data.template_side (salted hash of module and template)"}),
         rejected_by_reason=dg.MetadataValue.json(rep.rejected),
         targeted_by_cell=md_table(by_target),
         random_by_module=md_table(random.group_by("module").len(name="items").sort("module")),
@@ -408,24 +441,30 @@ class Stage2Config(dg.Config):
     checkpoint_every: int = _STAGE2.checkpoint_every
     max_new_tokens: int = _STAGE2.max_new_tokens
     seed: int = _STAGE2.seed
-    seeds: int = 2
-    """Training runs per arm, each with its own data order (seed, seed + 1, ...); the comparison
-    averages each item's correctness over them, so training-order noise is not read as an effect."""
+    seeds: int = 3
+    """Training runs per arm (>= 1; 3 by default), each with its own data order (seed, seed + 1,
+    ...), all in one launch; the comparison's intervals resample these seeds as well as the items
+    (ops.posttrain.report.hierarchical_bootstrap), so training-order noise is not read as an effect."""
     timeout_s: float = 1200.0
     """Wall-clock limit of the launch (every run of both arms)."""
 
 
-@dg.asset(deps=["targeted_synthesis", "sft_checkpoint"], group_name=GROUP, code_version="1", kinds={"pytorch", "accelerate"},
+@dg.asset(deps=["targeted_synthesis", "sft_checkpoint"], group_name=GROUP, code_version="2", kinds={"pytorch", "accelerate"},
           pool="gpu")
 def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, lake: LakeResource,
                       compute: ComputeResource) -> dg.MaterializeResult:
     """Stage-2 SFT from the stage-1 checkpoint (model and optimizer state) on the targeted items plus
     replay, and the control on the same number of random pool items plus the same replay — one
-    launch, two runs, same steps and hyper-parameters; both scored on the evaluation set."""
-    from ops.posttrain.evaluate import average_seeds, score
+    launch, ``seeds`` runs per arm (same steps and hyper-parameters, data orders seed, seed + 1, ...);
+    every run scored on the test split of the evaluation set (the dev split chose the regions).
+    Tables: ``scored_seeds.parquet`` (one row per arm, seed and item), ``scored_<arm>.parquet`` (the
+    correctness averaged over seeds)."""
+    from ops.posttrain.evaluate import average_seeds, score_many
     from ops.posttrain.plots import loss_curves
     from ops.posttrain.sets import stage2_sets
 
+    if config.seeds < 1:
+        raise ValueError(f"stage2_checkpoint.seeds must be >= 1, got {config.seeds}")
     s1 = lake.base / "sft_checkpoint"
     s1_metrics = json.loads((s1 / "model" / "metrics.json").read_text())
     s1_plan = json.loads((s1 / "plan.json").read_text())
@@ -435,33 +474,43 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
                        config.replay_fraction, config.seed)
     folder = lake.base / "stage2_checkpoint"
     folder.mkdir(parents=True, exist_ok=True)
-    if config.seeds < 1:
-        raise ValueError(f"stage2_checkpoint.seeds must be >= 1, got {config.seeds}")
+    ev = pl.read_parquet(s1 / "eval.parquet").filter(pl.col("split") == "test")
+    lake.write(ev, "stage2_checkpoint", name="eval_test.parquet", refresh=False)
+    seeds = [config.seed + k for k in range(config.seeds)]
     runs = []
     for arm, df in sets.items():
         lake.write(df, "stage2_checkpoint", name=f"train_{arm}.parquet", refresh=False)
-        for k in range(config.seeds):
+        for k, sd in enumerate(seeds):
             runs.append({"key": f"stage2_{arm}_s{k}", "init_dir": str(s1 / "model"),
-                         "init_optimizer": str(s1 / "model" / "optimizer.pt"), "seed": config.seed + k,
-                         "train_path": str(folder / f"train_{arm}.parquet"), "out_dir": str(folder / arm / f"s{k}")})
+                         "init_optimizer": str(s1 / "model" / "optimizer.pt"), "seed": sd,
+                         "train_path": str(folder / f"train_{arm}.parquet"), "out_dir": str(folder / arm / f"s{k}"),
+                         "eval_path": str(folder / "eval_test.parquet")})
     plan = Stage2Plan(data_dir=s1_plan["data_dir"], eval_path=str(s1 / "eval.parquet"), eot_token=s1_plan["eot_token"],
                       domain_ratio=float(s1_metrics["domain_ratio"]), runs=runs,
                       **config.model_dump(exclude=set(_STAGE2_OWN))).validate(compute.num_processes)
     with _sft_launch(context, compute, lake, "stage2_checkpoint", plan, config.timeout_s) as run:
-        ev = pl.read_parquet(s1 / "eval.parquet")
-        scored, curves, walls, per_seed = {}, {}, {}, []
+        scored, curves, walls, per_seed, long = {}, {}, {}, [], []
+        prog = (pl.col("slice") == "programmatic") & (pl.col("split") == "test")
+        keys = [(arm, k) for arm in ("targeted", "random") for k in range(len(seeds))]
+        all_scored = dict(zip(keys, score_many(ev, [pl.read_parquet(folder / arm / f"s{k}" / "predictions.parquet")
+                                                    for arm, k in keys])))
         for arm in ("targeted", "random"):
             frames = []
-            for k in range(config.seeds):
-                sc = score(ev, pl.read_parquet(folder / arm / f"s{k}" / "predictions.parquet"))
-                frames.append(sc)
+            for k, sd in enumerate(seeds):
                 m = run.result["runs"][f"stage2_{arm}_s{k}"]
-                curves[f"{arm} seed {k}"], walls[f"{arm}_s{k}"] = m["curve"], m["wall_s"]
-                prog = sc.filter((pl.col("slice") == "programmatic") & (pl.col("split") == "test"))
-                per_seed.append({"arm": arm, "seed": config.seed + k, "accuracy_programmatic_test": round(float(prog["correct"].mean()), 4)})
+                if int(m["seed"]) != sd:
+                    raise RuntimeError(f"stage2_checkpoint: run stage2_{arm}_s{k} trained with seed {m['seed']}, planned {sd}")
+                sc = all_scored[(arm, k)]
+                frames.append(sc)
+                long.append(sc.select("item_id", "slice", "split", "module", "difficulty", "correct")
+                            .with_columns(checkpoint=pl.lit(f"stage2_{arm}"), seed=pl.lit(sd)))
+                curves[f"{arm} seed {sd}"], walls[f"{arm}_s{k}"] = m["curve"], m["wall_s"]
+                per_seed.append({"arm": arm, "seed": sd, "steps": m["steps"], "final_loss": round(float(m["final_loss"]), 4),
+                                 "accuracy_programmatic_test": round(float(sc.filter(prog)["correct"].mean()), 4)})
             sc = average_seeds(frames)
             lake.write(sc, "stage2_checkpoint", name=f"scored_{arm}.parquet", refresh=False)
             scored[f"stage2_{arm}"] = sc
+        lake.write(pl.concat(long), "stage2_checkpoint", name="scored_seeds.parquet", refresh=False)
         summary = pl.concat([sc.select("item_id", "slice", "split", "module", "correct").with_columns(checkpoint=pl.lit(k))
                              for k, sc in scored.items()])
         path, version = lake.write(summary, "stage2_checkpoint")
@@ -471,9 +520,10 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
             train_rows=md_table(pl.DataFrame([{"arm": a, "rows": d.height, "new": int((d["origin"] != "replay").sum()),
                                                "replay": int((d["origin"] == "replay").sum())} for a, d in sets.items()])),
             domain_ratio=dg.MetadataValue.float(float(s1_metrics["domain_ratio"])),
-            seeds=dg.MetadataValue.int(config.seeds), accuracy_per_seed=md_table(pl.DataFrame(per_seed)),
+            seeds=dg.MetadataValue.json(seeds), accuracy_per_seed=md_table(pl.DataFrame(per_seed)),
+            eval_items=dg.MetadataValue.int(ev.height),
             accuracy=md_table(table, 80), train_wall_s=dg.MetadataValue.json(walls),
-            loss_curve=image(loss_curves(curves, "stage-2 SFT loss (targeted vs random)"), "loss"),
+            loss_curve=image(loss_curves(curves, "stage-2 SFT loss (targeted vs random, every seed)"), "loss"),
             **run.metadata(),
         )
 
@@ -483,11 +533,12 @@ class ComparisonConfig(dg.Config):
     """The Launchpad face of ops.posttrain.report.ComparisonParams (meanings and ranges there)."""
 
     n_boot: int = _COMPARISON.n_boot
-    """Bootstrap resamples of the 95% intervals (percentile; paired for differences)."""
+    """Bootstrap resamples of the 95% intervals (two-level percentile bootstrap over training seeds
+    and items; paired over items for differences)."""
     seed: int = _COMPARISON.seed
 
 
-@dg.asset(deps=["stage2_checkpoint", "failure_regions"], group_name="evaluation", code_version="1", kinds={"parquet"})
+@dg.asset(deps=["stage2_checkpoint", "failure_regions"], group_name="evaluation", code_version="2", kinds={"parquet"})
 def failure_driven_comparison(context: dg.AssetExecutionContext, config: ComparisonConfig, lake: LakeResource) -> dg.MaterializeResult:
     """Stage 1 vs stage 2 targeted vs stage 2 random: accuracy on the failure slices (the targeted
     cells, test split), the other slices and overall, plus curated held-out and benchmark slices,
@@ -501,8 +552,9 @@ def failure_driven_comparison(context: dg.AssetExecutionContext, config: Compari
     scored = {"stage1": lake.read("sft_checkpoint"),
               "stage2_targeted": pl.read_parquet(lake.path("stage2_checkpoint", name="scored_targeted.parquet")),
               "stage2_random": pl.read_parquet(lake.path("stage2_checkpoint", name="scored_random.parquet"))}
+    per_seed = pl.read_parquet(lake.path("stage2_checkpoint", name="scored_seeds.parquet"))
     params = ComparisonParams(**config.model_dump())  # range checked once, here
-    table, verdict = compare(scored, targets, params.n_boot, params.seed)
+    table, verdict = compare(scored, targets, params.n_boot, params.seed, per_seed=per_seed)
     path, version = lake.write(table, "failure_driven_comparison")
     doc = {"targets": targets, "table": summary_rows(table), "verdict": verdict}
     lakeio.write_json_atomic(doc, lake.path("failure_driven_comparison", name="comparison.json"))
@@ -511,11 +563,14 @@ def failure_driven_comparison(context: dg.AssetExecutionContext, config: Compari
                                                             if s.startswith("cell:")]
     return table_result(
         None, path, version, table.height, table.height,
+        verdict_label=dg.MetadataValue.text(verdict["verdict"]),
         claim_held=dg.MetadataValue.bool(verdict["claim_held"]),
+        seeds=dg.MetadataValue.json(verdict["seeds"]),
         statement=dg.MetadataValue.text(verdict["statement"]),
         comparison=md_table(table.with_columns(pl.col("accuracy", "ci_low", "ci_high").round(3)), 60),
         verdict=dg.MetadataValue.json(verdict),
-        figure=image(accuracy_bars(table, shown, list(CHECKPOINTS), "accuracy (test split) with bootstrap 95% CI"), "comparison"),
+        figure=image(accuracy_bars(table, shown, list(CHECKPOINTS), "accuracy (test split), 95% CI over seeds and items"),
+                     "comparison"),
     )
 
 

@@ -3,6 +3,13 @@ synthesis, stage 2 targeted vs the random control — accuracies with bootstrap 
 verdict on the claim, and the wall time each asset adds. Writes benchmarks/results/failure_driven.json.
 
     .venv/bin/python benchmarks/failure_driven_bench.py [--lake .crucible] [--out benchmarks/results/failure_driven.json]
+        [--demo-log <log of `crucible demo`>] [--rerun <comparison.json of a second fresh run>[,<its demo log>]]
+
+``--demo-log``: the post-training run's wall time as the main job measured it (its line
+``post-training: ...: ok in <s>s``, and ``load_before``/``load_after`` lines when the log has them)
+is recorded next to this script's own per-asset timings (which are reuse times when the lake's
+launches already ran). ``--rerun``: the verdict and interval of a second fresh run of the same
+chain, compared with this lake's (identical verdict is the reproducibility requirement).
 
 The lake should hold what `crucible demo` leaves (cpt_tokenizer, cpt_base_models/<size>,
 sft_dataset, decontaminated_problems, benchmark_problems, mixture_plan). Whatever is missing is
@@ -84,6 +91,23 @@ def build_standins(lake, size: str) -> dict:
     return notes
 
 
+def _demo_log(path: str) -> dict:
+    """The post-training run's wall time (and the load lines, when present) from a demo log."""
+    import re
+
+    text = Path(path).read_text()
+    m = re.search(r"^post-training[^\n]*: ok in ([\d.]+)s", text, re.M)
+    out = {"log": path, "posttrain_wall_s": float(m.group(1)) if m else None}
+    for key in ("load_before", "load_after"):
+        lm = re.search(rf"^{key} \(([^)]*)\)", text, re.M)
+        if lm:
+            out[key] = [round(float(x), 2) for x in lm.group(1).split(",")]
+    cm = re.search(r"cpu_user=([\d.]+) cpu_sys=([\d.]+)", text)
+    if cm:  # CPU seconds of the whole process tree: divided by 2 cores, a floor on the idle-machine wall time
+        out["cpu_s"] = round(float(cm.group(1)) + float(cm.group(2)), 1)
+    return out
+
+
 def main() -> int:
     import dagster as dg
 
@@ -96,6 +120,9 @@ def main() -> int:
     ap.add_argument("--lake", default=default_root())
     ap.add_argument("--size", default="m")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/failure_driven.json"))
+    ap.add_argument("--demo-log", default=None, help="log of the `crucible demo` that ran the post-training job")
+    ap.add_argument("--rerun", action="append", default=[],
+                    help="comparison.json of another fresh run[,its demo log] (repeatable)")
     args = ap.parse_args()
     lake = LakeResource(root=args.lake)
     t0 = time.monotonic()
@@ -103,15 +130,23 @@ def main() -> int:
     standin_s = time.monotonic() - t0
     res = {"lake": lake, "compute": ComputeResource(), "teacher": TeacherResource()}
     cfg = {"ops": {"sft_checkpoint": {"config": {"base_size": args.size}}}}
-    timings = {}
+    import resource
+
+    def cpu() -> float:  # CPU seconds of this process and its finished children (launches, verifier pools)
+        r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+    timings, loads, cpus = {}, {}, {}
     for a in posttrain.POSTTRAIN_ASSETS:
-        t = time.monotonic()
+        t, c0 = time.monotonic(), cpu()
         name = a.key.path[-1]
         r = dg.materialize([a], resources=res, run_config={"ops": {k: v for k, v in cfg["ops"].items() if k == name}})
         if not r.success:
             raise SystemExit(f"{name} failed")
         timings[name] = round(time.monotonic() - t, 1)
-        print(f"{name}: {timings[name]} s", flush=True)
+        cpus[name] = round(cpu() - c0, 1)
+        loads[name] = [round(x, 2) for x in os.getloadavg()]
+        print(f"{name}: {timings[name]} s (load {loads[name]})", flush=True)
     cmp = json.loads(lake.path("failure_driven_comparison", name="comparison.json").read_text())
     s1 = json.loads((lake.base / "sft_checkpoint/model/metrics.json").read_text())
     import polars as pl
@@ -123,6 +158,30 @@ def main() -> int:
     per_module = accuracy_table({"stage1": scored}, {m: (pl.col("module") == m) & (pl.col("split") == "test") for m in mods})
     regions = pl.read_parquet(lake.path("failure_regions")).head(8)
     synth = pl.read_parquet(lake.path("targeted_synthesis"))
+    ev = pl.read_parquet(lake.path("sft_checkpoint", name="eval.parquet"))
+    prog = ev.filter(pl.col("slice") == "programmatic")
+    pairs = lambda df: {(m, t) for m, t in zip(df["module"].to_list(), df["template"].to_list()) if t}  # noqa: E731
+    from ops.posttrain.data import template_of
+
+    arm_pairs = {(m, template_of(q)) for m, q in zip(synth["module"].to_list(), synth["problem"].to_list())}
+    s2_runs = {}
+    for arm in ("targeted", "random"):
+        for d in sorted((lake.base / "stage2_checkpoint" / arm).glob("s*")):
+            m = json.loads((d / "metrics.json").read_text())
+            s2_runs[f"{arm}/{d.name}"] = {"seed": m["seed"], "steps": m["steps"], "final_loss": round(m["final_loss"], 4),
+                                          "wall_s": m["wall_s"]}
+    demo = _demo_log(args.demo_log) if args.demo_log else None
+    reruns = []
+    for spec in args.rerun:
+        path, _, log = spec.partition(",")
+        other = json.loads(Path(path).read_text())["verdict"]
+        keys = ("diff", "ci_low", "ci_high")
+        reruns.append({"comparison": path, "verdict": other["verdict"],
+                       "same_verdict": other["verdict"] == cmp["verdict"]["verdict"],
+                       "same_interval": all(other["targeted_minus_random_failure_slices"][k] ==
+                                            cmp["verdict"]["targeted_minus_random_failure_slices"][k] for k in keys),
+                       "targeted_minus_random_failure_slices": other["targeted_minus_random_failure_slices"],
+                       "run": _demo_log(log) if log else None})
     result = {
         "command": "benchmarks/failure_driven_bench.py " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -131,6 +190,18 @@ def main() -> int:
         "student": {"size": args.size, "n_params": s1["n_params"], "seq_len": s1["seq_len"], "steps": s1["steps"],
                     "domain_ratio": s1["domain_ratio"], "final_loss": s1["final_loss"], "pack": s1["pack"]},
         "timings_s": {**timings, "chain_total": round(sum(timings.values()), 1), "standins": round(standin_s, 1)},
+        "cpu_s": {**cpus, "chain_total": round(sum(cpus.values()), 1)},
+        "timings_note": "timings_s and cpu_s are this script's own materializations; a launch whose fingerprint matches a "
+                        "finished run is reused, so on a lake where the chain already ran they exclude the training and "
+                        "evaluation inside the launches (main_job_posttrain is the chain as the main job ran it)",
+        "load_avg_after_each_asset": loads,
+        "main_job_posttrain": demo,
+        "held_out": {"rule": "evaluation items use only evaluation-side templates, the synthesis pool only "
+                             "synthesis-side ones (ops.posttrain.data.template_side)",
+                     "evaluation_templates": len(pairs(prog)), "stage2_item_templates": len(arm_pairs),
+                     "shared": len(pairs(prog) & arm_pairs)},
+        "seeds": cmp["verdict"]["seeds"],
+        "stage2_runs": s2_runs,
         "stage1_accuracy_per_module_test": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}
                                             for r in per_module.iter_rows(named=True)],
         "top_regions": regions.select("rank", "kind", "description", "n", "failure_mass", "accuracy").to_dicts(),
@@ -138,6 +209,7 @@ def main() -> int:
         "synthesis": {"targeted": int((synth["arm"] == "targeted").sum()), "random": int((synth["arm"] == "random").sum())},
         "comparison": cmp["table"],
         "verdict": cmp["verdict"],
+        "reruns": reruns,
     }
     Path(args.out).write_text(json.dumps(result, indent=1, default=float))
     print(cmp["verdict"]["statement"])

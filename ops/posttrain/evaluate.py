@@ -4,17 +4,41 @@ slice, with bootstrap confidence intervals (Logics-STEM §3: evaluate, then find
 A prediction is correct when its final answer verifies against the item's reference answer with
 ``ops.curation.verify`` (math-verify with its guards for numbers and expressions, case-insensitive
 equality for words and option letters). A boxed answer textually equal to the reference is accepted
-without calling math-verify (same verdict, no process pool).
+without calling math-verify (same verdict, no process pool). An item whose verification timed out
+or crashed is verified again once with ``RETRY_FACTOR`` times the time limit (``verify_stable``), so a
+loaded machine does not turn a right answer into a wrong one and two runs score alike.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import polars as pl
 
 
+_INTEGER = re.compile(r"-?\d+")
+RETRY_FACTOR = 4.0
+"""Time-limit multiplier of the one retry of a timed-out or crashed verification."""
+
+
+def verify_stable(todo: list, timeout_s: float, workers: int) -> list[dict]:
+    """``ops.curation.verify.verify_many`` on ``todo`` (``VerifyItem`` list), then once more, alone
+    (one worker) and with ``RETRY_FACTOR * timeout_s``, for the items whose status was ``timeout``
+    or ``error``. Results in the order of ``todo``; a status still ``timeout``/``error`` stays so
+    (never counted as verified)."""
+    from ops.curation.verify import verify_many
+
+    res = verify_many(todo, timeout_s=timeout_s, workers=workers) if todo else []
+    again = [i for i, r in enumerate(res) if r["status"] in ("timeout", "error")]
+    if again:
+        for i, r in zip(again, verify_many([todo[i] for i in again], timeout_s=RETRY_FACTOR * timeout_s, workers=1)):
+            res[i] = r
+    return res
+
+
 def score(items: pl.DataFrame, predictions: pl.DataFrame, timeout_s: float = 5.0, workers: int = 2) -> pl.DataFrame:
-    """Join predictions to their items and mark each correct or not.
+    """Join predictions to their items and mark each correct or not (``score_many`` of one frame).
 
     Args:
         items: ``item_id``, ``answer``, ``answer_type`` (and any slice columns, kept).
@@ -26,32 +50,58 @@ def score(items: pl.DataFrame, predictions: pl.DataFrame, timeout_s: float = 5.0
     Raises:
         ValueError: a required column is missing (named).
     """
-    from ops.curation.verify import VerifyItem, last_boxed, verify_many
+    return score_many(items, [predictions], timeout_s, workers)[0]
 
-    for name, df, cols in (("items", items, ("item_id", "answer", "answer_type")),
-                           ("predictions", predictions, ("item_id", "prediction", "response_loss"))):
+
+def score_many(items: pl.DataFrame, predictions: list[pl.DataFrame], timeout_s: float = 5.0,
+               workers: int = 2) -> list[pl.DataFrame]:
+    """``score`` for several checkpoints' predictions of the same items, with one verifier pool.
+
+    Per prediction: no prediction -> ``missing``; a last ``\\boxed{}`` textually equal to the answer
+    -> ``verified``; a ``text`` answer (True/False, option letters) -> the verifier's word rule
+    (``ops.curation.verify.verify_one``: pure Python, run here); a boxed integer against an integer
+    reference -> integer equality (what math-verify decides for two integers); the rest -> math-verify in one
+    ``verify_stable`` call for all frames (timeouts retried once). Returns one scored frame per
+    element of ``predictions``, in order. Raises ValueError naming a missing column.
+    """
+    from ops.curation.verify import VerifyItem, last_boxed, verify_one
+
+    for name, df, cols in [("items", items, ("item_id", "answer", "answer_type"))] + \
+            [(f"predictions[{k}]", p, ("item_id", "prediction", "response_loss")) for k, p in enumerate(predictions)]:
         missing = [c for c in cols if c not in df.columns]
         if missing:
             raise ValueError(f"score: {name} lacks column(s) {missing}")
-    df = items.join(predictions.select("item_id", "prediction", "response_loss"), on="item_id", how="left")
-    status: dict[str, str] = {}
-    todo = []
-    for r in df.select("item_id", "answer", "answer_type", "prediction").iter_rows(named=True):
-        pred = r["prediction"]
-        if pred is None:
-            status[r["item_id"]] = "missing"
-            continue
-        final = last_boxed(pred)
-        if final is not None and final.strip() == str(r["answer"]).strip():
-            status[r["item_id"]] = "verified"
-            continue
-        todo.append(VerifyItem(r["item_id"], str(r["answer"]), None, pred, r["answer_type"]))
-    if todo:
-        for res in verify_many(todo, timeout_s=timeout_s, workers=workers):
-            status[res["key"]] = res["status"]
-    st = [status[i] for i in df["item_id"].to_list()]
-    return df.with_columns(verify_status=pl.Series(st, dtype=pl.String),
-                           correct=pl.Series([s == "verified" for s in st], dtype=pl.Boolean))
+    frames = [items.join(p.select("item_id", "prediction", "response_loss"), on="item_id", how="left") for p in predictions]
+    status: list[dict[str, str]] = [{} for _ in frames]
+    todo, where = [], []
+    for k, df in enumerate(frames):
+        for r in df.select("item_id", "answer", "answer_type", "prediction").iter_rows(named=True):
+            pred, iid = r["prediction"], r["item_id"]
+            if pred is None:
+                status[k][iid] = "missing"
+                continue
+            final = last_boxed(pred)
+            if final is not None and final.strip() == str(r["answer"]).strip():
+                status[k][iid] = "verified"
+                continue
+            item = VerifyItem(f"{k}\x1f{iid}", str(r["answer"]), None, pred, r["answer_type"])
+            if r["answer_type"] == "text":
+                status[k][iid] = verify_one(item)["status"]
+                continue
+            gold = str(r["answer"]).strip()
+            if final is not None and _INTEGER.fullmatch(gold) and _INTEGER.fullmatch(final.strip()):
+                status[k][iid] = "verified" if int(final) == int(gold) else "wrong"  # math-verify's numeric equality
+                continue
+            todo.append(item)
+            where.append((k, iid))
+    for (k, iid), res in zip(where, verify_stable(todo, timeout_s, workers)):
+        status[k][iid] = res["status"]
+    out = []
+    for k, df in enumerate(frames):
+        st = [status[k][i] for i in df["item_id"].to_list()]
+        out.append(df.with_columns(verify_status=pl.Series(st, dtype=pl.String),
+                                   correct=pl.Series([x == "verified" for x in st], dtype=pl.Boolean)))
+    return out
 
 
 def average_seeds(frames: list[pl.DataFrame]) -> pl.DataFrame:

@@ -12,7 +12,8 @@ One launch trains its ``runs`` one after another (stage 2 trains the targeted ru
 controls in one process group). Per run, under its ``out_dir``: ``model.safetensors`` +
 ``config.json`` + ``optimizer.pt`` (the final state), ``metrics.json`` (loss curve, counts, world
 size) and ``predictions.parquet`` (one row per evaluation item: ``item_id``, ``prediction`` text,
-``response_loss`` in nats/token of the gold response); ``predictions_init.parquet`` for the
+``response_loss`` in nats/token of the gold response; greedy answers from
+``ops.posttrain.decode.greedy_cached``); ``predictions_init.parquet`` for the
 initial model when ``eval_init``. A killed run resumes from its last checkpoint in the launch's run
 folder (model, optimizer, scheduler, step, RNG, data position) and reaches the bit-identical
 result; a finished run with the same fingerprint is reused.
@@ -53,7 +54,8 @@ class SftPlan(JsonSpec):
     runs: list[dict] = field(default_factory=list)
     # run: {"key", "init_dir" (config.json + model.safetensors), "init_optimizer" (optional optimizer.pt),
     #       "train_path" (parquet: problem, response), "out_dir", "eval_init" (bool),
-    #       "seed" (optional: this run's data-order seed, default ``seed``)}
+    #       "seed" (optional: this run's data-order seed, default ``seed``),
+    #       "eval_path" (optional: this run's evaluation items, default ``eval_path``)}
     global_batch: int = 16
     steps: int = 300
     lr: float = 4e-3
@@ -104,7 +106,8 @@ class SftPlan(JsonSpec):
 
         init = Path(run["init_dir"])
         parts = [h(run["train_path"]), h(init / "model.safetensors"), h(init / "config.json"), h(run.get("init_optimizer")),
-                 h(self.eval_path), h(Path(self.data_dir) / "tokenizer.json"), bool(run.get("eval_init")), run.get("seed"),
+                 h(run.get("eval_path") or self.eval_path), h(Path(self.data_dir) / "tokenizer.json"), bool(run.get("eval_init")),
+                 run.get("seed"),
                  {k: getattr(self, k) for k in self.HYPER}]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -119,21 +122,21 @@ class SftPlan(JsonSpec):
 class Stage2Plan(SftPlan):
     """An ``SftPlan`` with the stage-2 defaults (the ``stage2_checkpoint`` run config mirrors them):
     the peak learning rate sits about where stage 1's cosine ended, so stage 2 continues without a
-    re-warming shock (docs/posttrain.md, "Defaults")."""
+    re-warming shock; 60 steps (about 3 epochs of the 600 new items plus replay) so that three seeds
+    per arm fit the main job's budget (docs/posttrain.md, "Defaults")."""
 
-    steps: int = 100
+    steps: int = 60
     lr: float = 6e-4
     warmup_steps: int = 5
 
 
 class _Sft:
-    """What every run of one launch shares: the plan, the ranks, the tokenizer and the evaluation set."""
+    """What every run of one launch shares: the plan, the ranks, the tokenizer and the evaluation
+    sets (the plan's, and any run's own ``eval_path``, each tokenised once)."""
 
     def __init__(self, plan: SftPlan, dp, pipes):
         import polars as pl
         from tokenizers import Tokenizer
-
-        from ops.posttrain.data import PROMPT
 
         self.plan, self.dp, self.pipes, self.log = plan, dp, pipes, pipes.log.info
         tok_path = Path(plan.data_dir) / "tokenizer.json"
@@ -147,29 +150,39 @@ class _Sft:
         if plan.domain_ratio < 1.0 and not self.general.exists():
             raise FileNotFoundError(f"domain_ratio {plan.domain_ratio} < 1 needs the general replay stream "
                                     f"{self.general} (cpt_tokenizer)")
-        ev = _read_table(plan.eval_path, ("item_id", "problem", "response"), "evaluation")
-        self.prompts = [e.ids for e in self.tok.encode_batch([PROMPT.format(problem=p) for p in ev["problem"].to_list()])]
-        self.golds = [e.ids + [self.eot] for e in self.tok.encode_batch([" " + r for r in ev["response"].to_list()])]
-        self.item_ids = ev["item_id"].to_list()
-        self._pl = pl
+        self._pl, self._evals = pl, {}
 
-    def evaluate(self, model):
-        """Greedy predictions and gold-response losses for this rank's share, gathered on every rank:
-        a frame (item_id, prediction, response_loss) in evaluation-set order."""
+    def eval_set(self, path: str) -> tuple[list, list, list]:
+        """(prompt ids, gold response ids + EOT, item ids) of the evaluation table at ``path``."""
+        from ops.posttrain.data import PROMPT
+
+        if path not in self._evals:
+            ev = _read_table(path, ("item_id", "problem", "response"), "evaluation")
+            prompts = [e.ids for e in self.tok.encode_batch([PROMPT.format(problem=p) for p in ev["problem"].to_list()])]
+            golds = [e.ids + [self.eot] for e in self.tok.encode_batch([" " + r for r in ev["response"].to_list()])]
+            self._evals[path] = (prompts, golds, ev["item_id"].to_list())
+        return self._evals[path]
+
+    def evaluate(self, model, path: Optional[str] = None):
+        """Greedy predictions and gold-response losses for this rank's share of the evaluation items
+        at ``path`` (default the plan's), gathered on every rank: a frame (item_id, prediction,
+        response_loss) in evaluation-set order."""
         from ops.lm.evaluate import response_losses
-        from ops.lm.generate import generate
 
+        from .decode import greedy_cached
+
+        all_prompts, all_golds, item_ids = self.eval_set(path or self.plan.eval_path)
         n_pos, dp, b = model.config.n_positions, self.dp, self.plan.eval_batch
-        mine = sorted(range(dp.rank, len(self.item_ids), dp.world), key=lambda i: (len(self.prompts[i]), i))  # less padding
+        mine = sorted(range(dp.rank, len(item_ids), dp.world), key=lambda i: (len(all_prompts[i]), i))  # less padding
         rows = []
         for s in range(0, len(mine), b):
             idx = mine[s:s + b]
-            prompts, golds = [self.prompts[i] for i in idx], [self.golds[i] for i in idx]
-            gen = generate(model, prompts, self.eot, self.plan.max_new_tokens, n_pos)
+            prompts, golds = [all_prompts[i] for i in idx], [all_golds[i] for i in idx]
+            gen = greedy_cached(model, prompts, self.eot, self.plan.max_new_tokens, n_pos)
             losses = response_losses(model, prompts, golds, self.eot, n_pos)
             rows += [(i, self.tok.decode(g).strip(), float(lo)) for i, g, lo in zip(idx, gen, losses)]
         rows = sorted(dp.gather(rows))
-        return self._pl.DataFrame({"item_id": [self.item_ids[i] for i, _, _ in rows], "prediction": [p for _, p, _ in rows],
+        return self._pl.DataFrame({"item_id": [item_ids[i] for i, _, _ in rows], "prediction": [p for _, p, _ in rows],
                                    "response_loss": [lo for _, _, lo in rows]})
 
     def batches(self, run: dict, seq_len: int, seed: int):
@@ -207,9 +220,10 @@ class _Sft:
         model = load_model(init)
         seq_len, run_seed = model.config.n_positions, int(run.get("seed", plan.seed))
         batches, packed, train_rows = self.batches(run, seq_len, run_seed)
+        eval_path = run.get("eval_path") or plan.eval_path
         if run.get("eval_init"):
             with evaluating(model):
-                init_pred = self.evaluate(model)
+                init_pred = self.evaluate(model, eval_path)
             if dp.rank == 0:
                 write_parquet_atomic(init_pred, folder / "predictions_init.parquet")
         opt = adamw(model, plan.lr, plan.weight_decay, init_state=run.get("init_optimizer"))
@@ -232,7 +246,7 @@ class _Sft:
                                since=trainer.resumed_from or 0)
 
         trainer.train(plan.steps, on_step)
-        pred = trainer.evaluate(self.evaluate)
+        pred = trainer.evaluate(lambda m: self.evaluate(m, eval_path))
         curve = trainer.history["curve"]
         info = {"fingerprint": fp, "key": key, "steps": plan.steps, "global_batch": plan.global_batch,
                 "seq_len": seq_len, "tokens": plan.steps * plan.global_batch * seq_len,
@@ -260,6 +274,20 @@ def _read_table(path: str, columns: tuple[str, ...], what: str):
     return df
 
 
+def deterministic_torch() -> None:
+    """Deterministic kernels for the whole launch (``torch.use_deterministic_algorithms``; on CUDA
+    the cuBLAS workspace setting it needs, set before the first cuBLAS call; warn-only, so an op
+    without a deterministic kernel warns instead of failing). With the seeded data order and the
+    fixed threads per rank (``ComputeResource.threads_per_process``) a run repeats bit for bit, so
+    the comparison's verdict cannot move between two runs of the same inputs."""
+    import os
+
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def run(plan: SftPlan, out: Path, fingerprint: str, pipes) -> Optional[dict]:
     """Train (or reuse) every run of the plan in order; the result (rank 0) is ``{"world_size",
     "distributed_type", "runs": {key: metrics.json record}}``."""
@@ -267,10 +295,11 @@ def run(plan: SftPlan, out: Path, fingerprint: str, pipes) -> Optional[dict]:
     from ops.lm.train import DataParallel
 
     quiet_transformers()
+    deterministic_torch()
     dp = DataParallel.start(plan.global_batch)
     sft = _Sft(plan, dp, pipes)
     pipes.log.info(f"sft: world_size={dp.world} distributed_type={dp.acc.distributed_type} local_batch={dp.local_batch} "
-                   f"runs={[r['key'] for r in plan.runs]} eval_items={len(sft.item_ids)}")
+                   f"runs={[r['key'] for r in plan.runs]} eval_paths={sorted({r.get('eval_path') or plan.eval_path for r in plan.runs})}")
     results = {r["key"]: sft.train(r, out) for r in plan.runs}
     return {**dp.describe(), "runs": results} if dp.rank == 0 else None
 

@@ -173,7 +173,9 @@ class ItemFilter:
         """Filter ``items`` (dicts with ``item_id``, ``problem``, ``answer``, ``response``,
         ``answer_type``). Returns (kept, rejected with a ``reason``, report); order is kept."""
         from ops.curation.text import text_hash
-        from ops.curation.verify import VerifyItem, verify_many
+        from ops.curation.verify import VerifyItem
+
+        from .evaluate import verify_stable
 
         rep = FilterReport(seen=len(items))
         reason: list[str | None] = [None] * len(items)
@@ -196,11 +198,14 @@ class ItemFilter:
                 if f is not None:
                     reason[i] = "contaminated"
                     items[i] = {**items[i], "contaminated_with": f"{f['benchmark']}:{f['item_id']}:{f['layer']}"}
-        live = [i for i in range(len(items)) if reason[i] is None]
+        # a boxed answer textually equal to the reference verifies without math-verify (as in
+        # ops.posttrain.evaluate.score); the rest go through verify_stable (timeouts retried once)
+        live = [i for i in range(len(items)) if reason[i] is None
+                and not _boxed_equals(items[i]["response"], items[i].get("answer"))]
         if live:
-            res = verify_many([VerifyItem(str(i), str(items[i].get("answer") or ""), None, items[i]["response"],
-                                          items[i].get("answer_type", "numeric")) for i in live],
-                              timeout_s=self.verify_timeout_s, workers=self.workers)
+            res = verify_stable([VerifyItem(str(i), str(items[i].get("answer") or ""), None, items[i]["response"],
+                                            items[i].get("answer_type", "numeric")) for i in live],
+                                self.verify_timeout_s, self.workers)
             for i, r in zip(live, res):
                 if r["status"] != "verified":
                     reason[i] = "unverifiable"
@@ -213,6 +218,15 @@ class ItemFilter:
                 rejected.append({**it, "reason": r})
         rep.kept = len(kept)
         return kept, rejected, rep
+
+
+def _boxed_equals(response: str, answer) -> bool:
+    """The response's last ``\\boxed{}`` is textually the (non-empty) reference answer."""
+    from ops.curation.verify import last_boxed
+
+    a = str(answer or "").strip()
+    b = last_boxed(response or "")
+    return bool(a) and b is not None and b.strip() == a
 
 
 def allocate(targets: list[dict], budget: int) -> list[int]:

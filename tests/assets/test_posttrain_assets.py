@@ -1,6 +1,6 @@
 """The post-training chain end to end on a tiny lake: stage-1 SFT on 2 gloo ranks through Pipes +
-accelerate, failure regions, targeted synthesis (generator + filter), stage 2 with its random
-control, and the comparison table."""
+accelerate, failure regions, targeted synthesis (generator + filter, synthesis-side templates only),
+stage 2 with its random control (three seeds per arm), and the comparison with its verdict."""
 
 import json
 
@@ -58,10 +58,10 @@ def _lake(tmp_path) -> LakeResource:
 RUN_CONFIG = {"ops": {
     "sft_checkpoint": {"config": {"base_size": "xs", "modules": MODULES, "train_per_module": 8, "eval_per_module": 8,
                                   "steps": 6, "global_batch": 4, "warmup_steps": 2, "checkpoint_every": 3,
-                                  "benchmark_items": 2, "max_new_tokens": 6, "heldout_fraction": 0.2}},
+                                  "benchmark_items": 2, "arithmetic_items": 3, "max_new_tokens": 6, "heldout_fraction": 0.2}},
     "failure_regions": {"config": {"k_topics": 3, "min_items": 2, "top_k": 2}},
     "targeted_synthesis": {"config": {"pool_per_module": 6, "budget": 8, "workers": 1}},
-    "stage2_checkpoint": {"config": {"steps": 4, "global_batch": 4, "warmup_steps": 1, "max_new_tokens": 6, "seeds": 1}},
+    "stage2_checkpoint": {"config": {"steps": 4, "global_batch": 4, "warmup_steps": 1, "max_new_tokens": 6, "seeds": 3}},
     "failure_driven_comparison": {"config": {"n_boot": 100}},
 }}
 
@@ -77,7 +77,8 @@ def test_chain_materializes_on_two_ranks_and_compares_targeted_with_random(tmp_p
     assert meta["domain_ratio"].value == 0.75 and "mixture_plan" in meta["domain_ratio_source"].value
     assert meta["pipes_messages"].value >= 1  # the loss was streamed from rank 0
     ev = pl.read_parquet(lake.path("sft_checkpoint", name="eval.parquet"))
-    assert {"programmatic", "curated_heldout", "benchmark:gsm8k_test", "benchmark:math500"} <= set(ev["slice"].to_list())
+    assert {"programmatic", "curated_heldout", "benchmark:gsm8k_test", "benchmark:math500",
+            "benchmark:basic_arithmetic"} <= set(ev["slice"].to_list())
     assert set(ev.filter(pl.col("slice") == "programmatic")["split"].to_list()) == {"dev", "test"}
     train = pl.read_parquet(lake.path("sft_checkpoint", name="train.parquet"))
     assert not set(train["problem"].to_list()) & set(ev["problem"].to_list())  # nothing evaluated was trained on
@@ -91,6 +92,28 @@ def test_chain_materializes_on_two_ranks_and_compares_targeted_with_random(tmp_p
     assert set(t["module"].to_list()) <= {x["module"] for x in targets}
     # no synthesised item repeats an evaluation or training problem
     assert not set(arms["problem"].to_list()) & (set(ev["problem"].to_list()) | set(train["problem"].to_list()))
+    # held out: no stage-2 item of either arm shares a (module, template) with an evaluation item
+    from ops.posttrain.data import template_of
+
+    prog = ev.filter(pl.col("slice") == "programmatic")
+    eval_pairs = {(m, template_of(q)) for m, q in zip(prog["module"].to_list(), prog["problem"].to_list())}
+    arm_pairs = {(m, template_of(q)) for m, q in zip(arms["module"].to_list(), arms["problem"].to_list())}
+    assert eval_pairs and arm_pairs and not eval_pairs & arm_pairs
+
+    # three seeds per arm, every one trained (its own data order, its own weights) and scored
+    meta2 = r.asset_materializations_for_node("stage2_checkpoint")[0].metadata
+    assert meta2["seeds"].value == [0, 1, 2]
+    s2 = lake.base / "stage2_checkpoint"
+    for arm in ("targeted", "random"):
+        weights = set()
+        for k in range(3):
+            m = json.loads((s2 / arm / f"s{k}" / "metrics.json").read_text())
+            assert m["seed"] == k and m["steps"] == 4 and len(m["curve"]) >= 1
+            assert pl.read_parquet(s2 / arm / f"s{k}" / "predictions.parquet").height == ev.filter(pl.col("split") == "test").height
+            weights.add((s2 / arm / f"s{k}" / "model.safetensors").read_bytes())
+        assert len(weights) == 3  # the seeds really gave three different models
+    per_seed = pl.read_parquet(s2 / "scored_seeds.parquet")
+    assert per_seed.group_by("checkpoint").agg(pl.col("seed").n_unique())["seed"].to_list() == [3, 3]
 
     cmp = json.loads(lake.path("failure_driven_comparison", name="comparison.json").read_text())
     cks = {row["checkpoint"] for row in cmp["table"]}
@@ -98,3 +121,7 @@ def test_chain_materializes_on_two_ranks_and_compares_targeted_with_random(tmp_p
     fs = [row for row in cmp["table"] if row["slice"] == "failure_slices"]
     assert len(fs) == 3 and all(row["n"] > 0 and row["ci_low"] <= row["accuracy"] <= row["ci_high"] for row in fs)
     assert isinstance(cmp["verdict"]["claim_held"], bool) and cmp["verdict"]["statement"]
+    v = cmp["verdict"]
+    assert v["verdict"] in ("targeted better", "no difference", "targeted worse")
+    assert v["seeds"]["stage2_targeted"] == v["seeds"]["stage2_random"] == [0, 1, 2]
+    assert v["targeted_minus_random_failure_slices"]["seeds"] == [3, 3]

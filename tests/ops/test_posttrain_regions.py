@@ -134,3 +134,18 @@ def test_stage2_arms_share_the_same_replay_rows():
     assert sets["targeted"].height == sets["random"].height == 12
     with pytest.raises(ValueError, match="replay_fraction"):
         stage2_sets(new, s1, replay_fraction=1.0)
+
+
+def test_scoring_decides_integers_and_words_in_process_and_the_rest_with_math_verify():
+    items = pl.DataFrame({"item_id": list("abcdefg"), "answer": ["12", "12", "True", "0.5", "-3", "b", "7"],
+                          "answer_type": ["numeric", "numeric", "text", "numeric", "numeric", "text", "numeric"]})
+    preds = [pl.DataFrame({"item_id": list("abcdefg"),
+                           "prediction": ["\\boxed{012}", "\\boxed{13}", "\\boxed{true}", "\\boxed{1/2}", "\\boxed{-3}",
+                                          "\\boxed{c}", None],
+                           "response_loss": [1.0] * 7}),
+             pl.DataFrame({"item_id": list("abcdefg"), "prediction": ["\\boxed{12}"] * 7, "response_loss": [1.0] * 7})]
+    first, second = evaluate.score_many(items, preds, workers=1)
+    assert first["correct"].to_list() == [True, False, True, True, True, False, False]
+    assert first["verify_status"].to_list()[-1] == "missing"
+    assert second["correct"].to_list() == [True, True, False, False, False, False, False]
+    assert evaluate.score(items, preds[0], workers=1)["correct"].to_list() == first["correct"].to_list()

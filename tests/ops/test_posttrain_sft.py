@@ -174,3 +174,28 @@ def test_batched_greedy_decoding_matches_one_at_a_time(tmp_path, tok_dir):
         batched = greedy_decode(m, prompts, 0, 5, 48)
         single = [greedy_decode(m, [p], 0, 5, 48)[0] for p in prompts]
     assert batched == single
+
+
+def test_cached_greedy_decoding_matches_the_substrate_greedy_decoder(tmp_path, tok_dir):
+    """ops.posttrain.decode.greedy_cached (one position per new token, key/value cache) gives the
+    tokens of ops.lm.generate.generate (full recomputation) on a trained model: prompts of mixed
+    lengths (left padding), one longer than the context allows (kept tail), rows that stop early."""
+    import torch
+
+    from ops.lm.generate import generate
+    from ops.lm.model import load_model
+    from ops.posttrain.decode import greedy_cached
+
+    _tiny_model(tmp_path / "init", _tok(tok_dir).get_vocab_size())
+    assert _main(_plan(tmp_path, tok_dir, "trained")) == 0         # a model that emits answers and end-of-text
+    m = load_model(tmp_path / "trained").eval()
+    tok = _tok(tok_dir)
+    eot = tok.token_to_id("<|endoftext|>")
+    prompts = [tok.encode(PROMPT.format(problem=p)).ids for p in PROBLEMS[40:52]] + [list(range(3, 60))]
+    with torch.no_grad():
+        for new in (1, 6):
+            want = generate(m, prompts, eot, new, 48)
+            assert greedy_cached(m, prompts, eot, new, 48) == want
+    assert any(0 < len(w) < 6 for w in want)                      # some rows stopped at end-of-text
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_cached(m, prompts, eot, 48, 48)

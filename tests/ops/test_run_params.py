@@ -57,7 +57,7 @@ def test_the_functions_default_to_the_dataclass():
 
     assert inspect.signature(build_streams).parameters["vocab_size"].default == TokenizerParams().vocab_size == 2048
     assert inspect.signature(regions.find_regions).parameters["k_topics"].default == RegionParams().k_topics == 8
-    assert inspect.signature(report.compare).parameters["n_boot"].default == ComparisonParams().n_boot == 1000
+    assert inspect.signature(report.compare).parameters["n_boot"].default == ComparisonParams().n_boot == 2000
     assert inspect.signature(synthesis.ItemFilter).parameters["near_threshold"].default == SynthesisParams().near_threshold == 0.8
 
 
