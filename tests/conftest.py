@@ -134,3 +134,27 @@ def tok():
     if not (SMOLLM2_DIR / "tokenizer.json").exists():
         pytest.skip("SmolLM2 directory missing: run make setup")
     return load_tokenizer(SMOLLM2_DIR)
+
+
+def wait_until_serving(proc, url: str, timeout_s: float, log, what: str) -> None:
+    """Poll ``url`` until it answers 200, failing the test (with the tail of ``log``, a Path) when
+    ``proc`` exits first or ``timeout_s`` seconds pass. For servers a test starts (dagster dev,
+    mlflow server)."""
+    import time
+    import urllib.request
+
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not answer on {url} within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+        time.sleep(1)

@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from ops.tracking import EXPERIMENT_ENV, URI_ENV, flatten_message
 from tests.assets.test_rl_policy import SMALL as ASSET_CONFIG
+from tests.conftest import wait_until_serving
 
 SMALL = {k: v for k, v in ASSET_CONFIG.items() if k != "timeout_s"}       # the worker spec has no launch timeout
 
@@ -43,19 +42,7 @@ def mlflow_server(tmp_path_factory):
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited with {proc.returncode}:\n{(tmp / 'server.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not answer within 180 s:\n{(tmp / 'server.log').read_text()[-3000:]}")
-            time.sleep(1)
+        wait_until_serving(proc, f"{uri}/health", 180, tmp / "server.log", "mlflow server")
         yield uri
     finally:
         try:

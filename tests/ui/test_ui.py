@@ -12,13 +12,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until_serving
 
 pytestmark = pytest.mark.ui
 
@@ -89,19 +88,7 @@ def dagster_dev(tmp: Path):
                                 start_new_session=True, preexec_fn=_default_signals)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"dagster dev exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/server_info", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"dagster dev did not answer on {base} within {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+        wait_until_serving(proc, f"{base}/server_info", START_TIMEOUT_S, log, "dagster dev")
         yield base, home, log
     finally:
         pids = _descendants(proc.pid)
