@@ -20,7 +20,8 @@ import polars as pl
 
 from ops.lm.checkpoint import describe_saved
 from ops.mixture.law.config import FitFloorParams, LawFitParams, MixturePlanParams
-from ops.mixture.probe import SIZES, ProbePlan, run_dir_name
+from ops.mixture.probe import PROBE_REPEAT_RATIOS, PROBE_SEEDS, SIZES, ProbePlan, run_dir_name
+from ops.mixture.validation import ValidationParams
 from ops.mixture.tokens import TokenizerParams
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
@@ -148,11 +149,14 @@ class BaseModelConfig(dg.Config):
     """Wall-clock limit of the launch (all partitions of the run)."""
 
 
-def _probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: ProbePlan, timeout_s: float):
-    """The probe worker's launch (``assets.launch.launch``) on compute.num_processes ranks."""
+def _probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: ProbePlan, timeout_s: float,
+                  key: str = ""):
+    """The probe worker's launch (``assets.launch.launch``) on compute.num_processes ranks; ``key``
+    separates the run folders of two launches of one asset."""
     context.log.info(f"probe {plan.phase}: {len(plan.runs)} run(s) on {compute.num_processes} process(es)")
     return launch(context, compute, base=lake.base, asset=asset, module="ops.mixture.probe", spec=plan.to_json(),
-                  fingerprint=plan.launch_fingerprint(), timeout_s=timeout_s, processes=compute.num_processes, saved=describe_saved)
+                  fingerprint=plan.launch_fingerprint(), timeout_s=timeout_s, processes=compute.num_processes,
+                  saved=describe_saved, key=key)
 
 
 @dg.asset(deps=["cpt_tokenizer"], partitions_def=size_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
@@ -183,7 +187,7 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
                       "world_size": run.result["world_size"], **run.metadata()})
 
 
-@mirrors(ProbePlan, own=("timeout_s",))
+@mirrors(ProbePlan, own=("timeout_s", "seeds", "repeat_ratios"))
 class ProbeRunConfig(dg.Config):
     """Continual pre-training of each (size, domain ratio) probe: the Launchpad face of the CPT
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there). The base settings
@@ -197,16 +201,37 @@ class ProbeRunConfig(dg.Config):
     """Constant CPT learning rate (default: the base's constant rate, continued without re-warming)."""
     cpt_warmup_steps: int = _PLAN.cpt_warmup_steps
     """Linear warm-up steps of the CPT learning rate (0: none; use it when cpt_lr differs from the base's)."""
+    seeds: list[int] = list(PROBE_SEEDS)
+    """CPT data-order seeds: every (size, ratio) partition trains one run per seed in the same
+    launch, from the size's one base model (ops.mixture.probe.PROBE_SEEDS; >= 2 measure the noise
+    floor). The partition's table holds every seed's checkpoints, with a seed column."""
+    repeat_ratios: list[float] = list(PROBE_REPEAT_RATIOS)
+    """The ratios at which the seeds after the first are trained (empty = every ratio; default the
+    interior ratios 0.25, 0.5, 0.75 of every size: ops.mixture.probe.PROBE_REPEAT_RATIOS)."""
     timeout_s: float = 1800.0
     """Wall-clock limit of the launch (all partitions of the run)."""
 
 
 def _probe_table(info: dict) -> pl.DataFrame:
-    """One row per checkpoint of a finished run: n_params, tokens, domain_ratio, loss_general,
-    loss_domain and loss_domain_<subdomain> columns."""
+    """One row per checkpoint of a finished run: n_params, tokens, domain_ratio, seed (the run's CPT
+    data-order seed), loss_general, loss_domain and loss_domain/<subdomain> columns."""
     df = pl.DataFrame(info["points"])
     return df.with_columns(size=pl.lit(info["size"]), domain_ratio=pl.lit(float(info["ratio"])),
+                           seed=pl.lit(int(info.get("seed", 0)), dtype=pl.Int64),
                            n_params=pl.lit(int(info["n_params"])), n_params_total=pl.lit(int(info["n_params_total"])))
+
+
+def _seed_list(seeds) -> list[int]:
+    out = [int(s) for s in seeds]
+    if not out or len(set(out)) != len(out) or min(out) < 0:
+        raise dg.Failure(f"cpt_probe_runs.seeds must be distinct integers >= 0 (at least one), got {list(seeds)}")
+    return sorted(out)
+
+
+def _run_key(size: str, ratio: str, seed: int) -> str:
+    """A probe run's key in the launch: ``size|ratio`` for seed 0 (the key runs had before seeds),
+    ``size|ratio|s<seed>`` otherwise."""
+    return f"{size}|{ratio}" + (f"|s{seed}" if seed else "")
 
 
 @dg.asset(deps=["cpt_tokenizer", dg.AssetDep("cpt_base_models", partition_mapping=dg.MultiToSingleDimensionPartitionMapping("size"))],
@@ -219,8 +244,17 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
     token counts D. One Parquet table per (size, ratio) partition."""
     from ops.mixture import plots
 
-    runs = sorted(({"size": k["size"], "ratio": float(k["ratio"]), "key": f"{k['size']}|{k['ratio']}"} for k in
-                   (_dims(k) for k in context.partition_keys)), key=lambda r: (CPT_SIZES.index(r["size"]) if r["size"] in CPT_SIZES else 0, r["ratio"]))
+    seeds = _seed_list(config.seeds)
+    repeat = {ratio_key(float(x)) for x in config.repeat_ratios}
+
+    def seeds_of(ratio: str) -> list[int]:
+        return seeds if not repeat or ratio in repeat else seeds[:1]
+
+    runs = sorted(({"size": k["size"], "ratio": float(k["ratio"]), "seed": seed, "key": _run_key(k["size"], k["ratio"], seed)}
+                   for k in (_dims(k) for k in context.partition_keys) for seed in seeds_of(k["ratio"])),
+                  key=lambda r: (CPT_SIZES.index(r["size"]) if r["size"] in CPT_SIZES else 0, r["ratio"], r["seed"]))
+    if not runs:
+        raise dg.Failure(f"cpt_probe_runs: no run in partitions {list(context.partition_keys)} (seeds {seeds})")
     base_dir = lake.base / "cpt_base_models"
     settings = None
     for s in sorted({r["size"] for r in runs}):
@@ -234,23 +268,29 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
         settings = st
     plan = ProbePlan(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
                      out_dir=str(lake.base / "cpt_probe_runs"), runs=runs, **settings,
-                     **config.model_dump(exclude={"timeout_s"})).validate(compute.num_processes)
+                     **config.model_dump(exclude={"timeout_s", "seeds", "repeat_ratios"})).validate(compute.num_processes)
     with _probe_launch(context, compute, lake, "cpt_probe_runs", plan, config.timeout_s) as run:
         finals, per_key = [], {}
-        keys = {f"{d['size']}|{d['ratio']}": k for k, d in ((k, _dims(k)) for k in context.partition_keys)}
-        for r in runs:
-            info = run.result["runs"][r["key"]]
-            df = _probe_table(info)
-            lake.write(df, "cpt_probe_runs", run_dir_name(r["size"], r["ratio"]), refresh=False)
-            last = df.sort("tokens").row(-1, named=True)
-            per_key[keys[r["key"]]] = {
-                "partition_data_version": _content_version(df.sort("tokens").write_ipc(None).getvalue()),
-                "rows": df.height, "domain_ratio": r["ratio"], "tokens": last["tokens"],
-                "loss_general": round(last["loss_general"], 4), "loss_domain": round(last["loss_domain"], 4)}
-            finals.append({"size": r["size"], "n_params": info["n_params"], "domain_ratio": r["ratio"],
-                           "tokens": last["tokens"], "loss_general": round(last["loss_general"], 4),
-                           "loss_domain": round(last["loss_domain"], 4), "checkpoints": df.height - 1,
-                           "wall_s": info.get("wall_s")})
+        for key, d in ((k, _dims(k)) for k in context.partition_keys):
+            tables = []
+            for seed in seeds_of(d["ratio"]):
+                info = run.result["runs"][_run_key(d["size"], d["ratio"], seed)]
+                df = _probe_table(info)
+                tables.append(df)
+                last = df.sort("tokens").row(-1, named=True)
+                finals.append({"size": d["size"], "n_params": info["n_params"], "domain_ratio": float(d["ratio"]), "seed": seed,
+                               "tokens": last["tokens"], "loss_general": round(last["loss_general"], 4),
+                               "loss_domain": round(last["loss_domain"], 4), "checkpoints": df.height - 1,
+                               "wall_s": info.get("wall_s")})
+            # one table per partition, every seed's checkpoints in (seed, tokens) order
+            df = pl.concat(tables, how="diagonal_relaxed").sort("seed", "tokens")
+            lake.write(df, "cpt_probe_runs", run_dir_name(d["size"], float(d["ratio"])), refresh=False)
+            last = df.filter(pl.col("tokens") == pl.col("tokens").max())
+            per_key[key] = {
+                "partition_data_version": _content_version(df.write_ipc(None).getvalue()),
+                "rows": df.height, "seeds": len(seeds_of(d["ratio"])), "domain_ratio": float(d["ratio"]), "tokens": int(last["tokens"][0]),
+                "loss_general": round(float(last["loss_general"].mean()), 4),
+                "loss_domain": round(float(last["loss_domain"].mean()), 4)}
         lake.refresh_view("cpt_probe_runs", partitioned=True)
         all_runs = _read_probe_runs(lake)
         png = plots.loss_curves(all_runs) if all_runs.height else None
@@ -294,10 +334,21 @@ def _dims(key) -> dict:
     return dict(probe_partitions.get_partition_key_from_str(str(key)).keys_by_dimension)
 
 
+def grid_at_largest(runs: pl.DataFrame, n_params: int) -> pl.DataFrame:
+    """The probe grid at one size and its largest D: per domain ratio the seed-mean general and
+    domain losses (nats/token) and the number of seeds, sorted by ratio."""
+    at = runs.filter(pl.col("n_params") == n_params)
+    return (at.filter(pl.col("tokens") == at["tokens"].max()).group_by("domain_ratio")
+            .agg(pl.col("tokens").first(), pl.col("loss_general").mean(), pl.col("loss_domain").mean(),
+                 seeds=pl.len()).sort("domain_ratio"))
+
+
 def _read_probe_runs(lake: LakeResource) -> pl.DataFrame:
-    """Every finished probe run's checkpoints in the lake (all partitions), diagonally concatenated."""
+    """Every finished probe run's checkpoints in the lake (all partitions), diagonally concatenated;
+    a table written before probe runs had seeds reads as seed 0."""
     d = lake.base / "cpt_probe_runs"
     frames = [pl.read_parquet(p) for p in sorted(d.glob("*/data.parquet"))] if d.exists() else []
+    frames = [f if "seed" in f.columns else f.with_columns(seed=pl.lit(0, dtype=pl.Int64)) for f in frames]
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
@@ -549,13 +600,14 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
     plan3_general = float(fg.predict(plan3.n_params, plan3.tokens, plan3.r_d))
     plan3_at_bound = bool(plan3.n_params <= n_lo * 1.001 or plan3.n_params >= n_hi * 0.999)
 
-    # The exhaustive answer on the probe grid: the largest size at its largest D.
+    # The exhaustive answer on the probe grid: the largest size at its largest D (seed means).
     runs = _read_probe_runs(lake)
     n_max = max(probe["n_params"])
-    last = (runs.filter(pl.col("n_params") == n_max).sort("tokens").group_by("domain_ratio").last().sort("domain_ratio"))
-    grid_answer = None
-    if base_probe := probe["base_losses"].get(str(n_max)):
-        ok = last.filter((pl.col("loss_general") - base_probe["general"]) / base_probe["general"] <= T)
+    last = grid_at_largest(runs, n_max)
+    grid_answer, base_probe = None, probe["base_losses"].get(str(n_max))
+    if base_probe:
+        last = last.with_columns(general_rise=(pl.col("loss_general") - base_probe["general"]) / base_probe["general"])
+        ok = last.filter(pl.col("general_rise") <= T)
         if ok.height:
             grid_answer = ok.sort("loss_domain").row(0, named=True)
     law_at_grid = law.tradeoff_ratio(fg, fd, float(n_max), float(probe["max_tokens"]), T,
@@ -586,7 +638,7 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
                                    "n_search_range": [n_lo, n_hi]},
               "probe_grid": {"n_params": n_max, "tokens": probe["max_tokens"],
                              "best_ratio": grid_answer["domain_ratio"] if grid_answer else None,
-                             "law_ratio": law_at_grid.r_d}}
+                             "law_ratio": law_at_grid.r_d, "grid": last.to_dicts()}}
     out = lake.base / "mixture_plan" / "plan.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name("plan.json.tmp")
@@ -609,3 +661,263 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
     if L_g0 is not None:
         meta["L_g0"] = dg.MetadataValue.float(L_g0)
     return dg.MaterializeResult(metadata=meta)
+
+
+# ------------------------------------------------------------------------------------------------
+# The closed loop: train the target model at the plan's answers and judge the plan by what it measures
+
+
+_VALIDATION = ValidationParams()
+_TRADEOFF = {"tradeoff_law", "tradeoff_grid"}  # the runs at the target (N, D) the verdict reads
+
+
+@mirrors(ValidationParams, own=("timeout_s",))
+class MixtureValidationConfig(dg.Config):
+    """The Launchpad face of ops.mixture.validation.ValidationParams (meanings and ranges there)."""
+
+    seeds: list[int] = list(_VALIDATION.seeds)
+    """CPT data-order seeds of every validation run (default 2: neither probe seed, a fresh draw)."""
+    verify_limited_domain: bool = _VALIDATION.verify_limited_domain
+    """Train usage 2's answer (limited domain data) once and report predicted vs measured."""
+    verify_allocate_compute: bool = _VALIDATION.verify_allocate_compute
+    """Train usage 3's answer (resource allocation) once, at the nearest real size."""
+    allocation_sizes: list[str] = list(_VALIDATION.allocation_sizes)
+    """Sizes usage 3's N may be rounded to; empty = the probed sizes (their base models exist)."""
+    ratio_decimals: int = _VALIDATION.ratio_decimals
+    """The trained ratios are the plan's rounded to this many decimals."""
+    timeout_s: float = 1800.0
+    """Wall-clock limit of each validation launch."""
+
+
+def _probed_bases(lake: LakeResource) -> dict[str, dict]:
+    """base.json of every probed size that has a base model, by size name; one set of settings."""
+    out, settings = {}, None
+    for s in CPT_SIZES:
+        p = lake.base / "cpt_base_models" / s / "base.json"
+        if p.exists():
+            info = json.loads(p.read_text())
+            if settings is not None and info["settings"] != settings:
+                raise dg.Failure(f"mixture_validation: base models disagree on their settings ({s}); "
+                                 "re-materialize cpt_base_models for all sizes with one config")
+            settings, out[s] = info["settings"], info
+    if not out:
+        raise dg.Failure("mixture_validation: no base model under cpt_base_models; materialize cpt_base_models first")
+    return out
+
+
+def _probe_cpt_settings(lake: LakeResource, size: str) -> dict:
+    """The CPT hyper-parameters the probes of ``size`` were trained with (their metrics.json), so the
+    validation runs continue the base exactly as the probes did; the ProbePlan defaults for probes
+    recorded before the settings were."""
+    for p in sorted((lake.base / "cpt_probe_runs").glob(f"{size}_r*/metrics.json")):
+        st = json.loads(p.read_text()).get("cpt_settings")
+        if st:
+            return {k: st[k] for k in ProbePlan.CPT_FIELDS if k != "cpt_tokens"}
+    return {k: getattr(_PLAN, k) for k in ProbePlan.CPT_FIELDS if k != "cpt_tokens"}
+
+
+def _validation_runs(plan: dict, params: ValidationParams, target_size: str, sizes_n: dict[str, int],
+                     per_step: int) -> tuple[list[dict], dict]:
+    """The runs that verify the plan: usage 1 at the law's and the grid's ratio (target N and D),
+    usage 2 at its (r_d, D = D_d / r_d), usage 3 at the nearest real size with D = C / 6N. Returns
+    (launch runs, deduplicated, each with its ``usages``; what each usage asks for)."""
+    from ops.mixture.validation import nearest_size
+
+    rnd = lambda r: round(float(r), params.ratio_decimals)  # noqa: E731
+    D = int(round(plan["target"]["tokens"]))
+    asks = {"tradeoff_law": {"size": target_size, "ratio": rnd(plan["tradeoff"]["r_d"]), "tokens": D}}
+    grid_best = plan["probe_grid"].get("best_ratio")
+    if grid_best is not None:
+        asks["tradeoff_grid"] = {"size": target_size, "ratio": rnd(grid_best), "tokens": D}
+    if params.verify_limited_domain:
+        ld = plan["limited_domain"]
+        r2 = rnd(ld["r_d"])
+        if r2 > 0:
+            asks["limited_domain"] = {"size": target_size, "ratio": r2,
+                                      "tokens": int(round(ld["r_d"] * ld["tokens"] / r2))}   # D = D_d / r_d
+    if params.verify_allocate_compute:
+        ac = plan["allocate_compute"]
+        cands = {s: sizes_n[s] for s in (params.allocation_sizes or sizes_n) if s in sizes_n}
+        size3 = nearest_size(ac["n_params"], cands)
+        C = 6.0 * ac["n_params"] * ac["tokens"]
+        asks["allocate_compute"] = {"size": size3, "ratio": rnd(ac["r_d"]),
+                                    "tokens": int(round(C / (6.0 * sizes_n[size3])))}
+    runs: dict[tuple, dict] = {}
+    for usage, a in asks.items():
+        steps = max(1, -(-a["tokens"] // per_step))
+        for seed in params.seeds:
+            k = (a["size"], a["ratio"], seed, steps * per_step)
+            r = runs.setdefault(k, {"size": a["size"], "ratio": a["ratio"], "seed": seed, "tokens": steps * per_step,
+                                    "key": f"{a['size']}|r{a['ratio']:g}|D{steps * per_step}|s{seed}", "usages": []})
+            r["usages"].append(usage)
+    return list(runs.values()), asks
+
+
+@dg.asset(deps=["mixture_plan", "dcpt_law_fit", "cpt_tokenizer", dg.AssetDep("cpt_base_models")],
+          group_name="mixture", code_version="1", kinds={"pytorch", "accelerate"}, pool="gpu")
+def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidationConfig, lake: LakeResource,
+                       compute: ComputeResource) -> dg.MaterializeResult:
+    """The closed loop of the plan (docs/mixture.md, "Closed loop"): train the target model -- the
+    plan's target N rounded to the nearest probed size, at the plan's target D -- at the law's
+    trade-off r_d and at the probe grid's best feasible r_d, through the probes' own launch
+    (ops.mixture.probe: Pipes + accelerate, resumable, reused by fingerprint), from the size's
+    base model, and measure the general-loss rise over that base model and the domain loss. Usage 2
+    (limited domain data) and usage 3 (resource allocation, at the nearest real size, D = C / 6N)
+    are each trained once; every run is reported with the law's prediction next to it. The
+    blocking check ``mixture_plan_holds`` accepts the plan only if the measured rise at the law's
+    r_d is <= T; otherwise the corrected choice is reported."""
+    import numpy as np
+
+    from ops.lake import write_json_atomic
+    from ops.mixture import law, plots
+    from ops.mixture.validation import closed_loop_verdict, general_rise, nearest_size
+
+    params = ValidationParams(**config.model_dump(exclude={"timeout_s"}))  # ranges checked once, here
+    plan = json.loads((lake.base / "mixture_plan" / "plan.json").read_text())
+    doc = json.loads((lake.base / "dcpt_law_fit" / "fit.json").read_text())
+    chosen = doc["chosen_form"]
+    fits = {t: law.LawFit.from_dict(doc["fits"][t][chosen]) for t in law.TARGETS}
+    boots = {t: [law.LawFit.from_dict(d) for d in doc.get("bootstrap", {}).get(t, [])] for t in law.TARGETS}
+    bases = _probed_bases(lake)
+    settings = next(iter(bases.values()))["settings"]
+    sizes_n = {s: int(b["n_params"]) for s, b in bases.items()}
+    N_target = float(plan["target"]["n_params"])
+    target_size = nearest_size(N_target, sizes_n)
+    out_dir = lake.base / "mixture_validation"
+    base_dir = out_dir / "bases"
+    probe = ProbePlan(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
+                      out_dir=str(out_dir / "runs"), **settings, **_probe_cpt_settings(lake, target_size))
+    runs, asks = _validation_runs(plan, params, target_size, sizes_n, probe.global_batch * probe.seq_len)
+    context.log.info(f"mixture_validation: target N={N_target:.6g} -> size {target_size} (N={sizes_n[target_size]}), "
+                     f"D={plan['target']['tokens']:.6g}; {len(runs)} run(s): {[r['key'] for r in runs]}")
+
+    # Base models: the probes' own, copied (the validation never writes into cpt_base_models); a size
+    # no probe used is pre-trained here with the same base settings.
+    need = sorted({r["size"] for r in runs})
+    missing = []
+    for s in need:
+        dst = base_dir / s
+        fp = probe.fingerprint(s)
+        have = json.loads((dst / "base.json").read_text()).get("fingerprint") if (dst / "base.json").exists() else None
+        if have == fp:
+            continue
+        src = lake.base / "cpt_base_models" / s
+        if s in bases and bases[s].get("fingerprint") == fp:
+            tmp = base_dir / f".{s}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp)
+            shutil.rmtree(dst, ignore_errors=True)
+            os.replace(tmp, dst)
+        else:
+            missing.append(s)
+    base_meta = {}
+    if missing:
+        bplan = ProbePlan(**{**json.loads(probe.to_json()), "phase": "base",
+                             "runs": [{"size": s, "ratio": 0.0, "key": s} for s in missing]}).validate(compute.num_processes)
+        with _probe_launch(context, compute, lake, "mixture_validation", bplan, config.timeout_s, key="base") as brun:
+            base_meta = {"bases_trained": ", ".join(missing), "base_launch_reused": brun.reused}
+    cplan = ProbePlan(**{**json.loads(probe.to_json()),
+                         "runs": [{k: r[k] for k in ("size", "ratio", "seed", "tokens", "key")} for r in runs]}
+                      ).validate(compute.num_processes)
+    with _probe_launch(context, compute, lake, "mixture_validation", cplan, config.timeout_s, key="cpt") as run:
+        base_losses = {s: json.loads((base_dir / s / "base.json").read_text())["losses"] for s in need}
+        base_n = {s: int(json.loads((base_dir / s / "base.json").read_text())["n_params"]) for s in need}
+        rows, tables = [], []
+        quantiles = (plan["tradeoff"].get("spread") or {}).get("q") or [10, 90]   # the plan's bootstrap percentiles
+        for r in runs:
+            info = run.result["runs"][r["key"]]
+            df = _probe_table(info).with_columns(tokens_budget=pl.lit(r["tokens"]))
+            tables.append(df)
+            last = df.filter(pl.col("tokens") == pl.col("tokens").max()).row(0, named=True)
+            N, Dm, rd = float(info["n_params"]), float(last["tokens"]), float(r["ratio"])
+            lg0 = float(base_losses[r["size"]]["general"])
+            pred = {t: float(fits[t].predict(N, Dm, rd)) for t in law.TARGETS}
+            band = {t: ([float(np.percentile([b.predict(N, Dm, rd) for b in boots[t]], q)) for q in quantiles]
+                        if boots[t] else None) for t in law.TARGETS}
+            rows.append({"usages": ",".join(r["usages"]), "size": r["size"], "n_params": int(N), "r_d": rd,
+                         "seed": int(r["seed"]), "tokens": int(Dm), "L_g0": lg0,
+                         "loss_general": float(last["loss_general"]), "loss_domain": float(last["loss_domain"]),
+                         "general_rise": general_rise(last["loss_general"], lg0),
+                         "predicted_loss_general": pred["general"], "predicted_loss_domain": pred["domain"],
+                         "predicted_general_rise": general_rise(pred["general"], lg0),
+                         "predicted_loss_domain_band": band["domain"], "predicted_loss_general_band": band["general"],
+                         "wall_s": info.get("wall_s")})
+        T = float(plan["target"]["T"])
+        target_rows = [x for x in rows if _TRADEOFF & set(x["usages"].split(","))]
+        verdict = closed_loop_verdict(T, asks["tradeoff_law"]["ratio"],
+                                      asks["tradeoff_grid"]["ratio"] if "tradeoff_grid" in asks else None, target_rows)
+        # context for the verdict: the seed spread of the rise among the probes of the target size
+        probes = _read_probe_runs(lake)
+        at = probes.filter((pl.col("size") == target_size) & (pl.col("tokens") == probes.filter(
+            pl.col("size") == target_size)["tokens"].max()))
+        lg0_t = float(base_losses[target_size]["general"])
+        spread = (at.group_by("domain_ratio").agg(sd=(pl.col("loss_general") / lg0_t).std(), n=pl.len())
+                  .filter(pl.col("n") >= 2))
+        noise = float(np.sqrt((spread["sd"] ** 2).mean())) if spread.height else None
+        usages = {}
+        for usage, a in asks.items():
+            mine = [x for x in rows if usage in x["usages"].split(",") and x["r_d"] == a["ratio"] and x["size"] == a["size"]]
+            answer = (plan["tradeoff"] if usage == "tradeoff_law" else plan[usage] if usage in plan
+                      else {"r_d": plan["probe_grid"].get("best_ratio"), "n_params": plan["probe_grid"]["n_params"],
+                            "tokens": plan["probe_grid"]["tokens"]})          # tradeoff_grid: the grid's own answer
+            usages[usage] = {"asked": a, "plan_answer": {k: answer.get(k) for k in ("r_d", "n_params", "tokens",
+                                                                                  "loss_domain", "loss_general")},
+                             "measured_loss_domain": float(np.mean([x["loss_domain"] for x in mine])),
+                             "measured_loss_general": float(np.mean([x["loss_general"] for x in mine])),
+                             "measured_general_rise": float(np.mean([x["general_rise"] for x in mine])),
+                             "predicted_loss_domain": mine[0]["predicted_loss_domain"],
+                             "predicted_loss_general": mine[0]["predicted_loss_general"],
+                             "predicted_general_rise": mine[0]["predicted_general_rise"],
+                             "rel_error_loss_domain": float(np.mean([x["predicted_loss_domain"] / x["loss_domain"] - 1 for x in mine])),
+                             "rel_error_loss_general": float(np.mean([x["predicted_loss_general"] / x["loss_general"] - 1 for x in mine])),
+                             "holds_T": bool(np.mean([x["general_rise"] for x in mine]) <= T), "seeds": [x["seed"] for x in mine]}
+        result = {"target": {"n_params_plan": N_target, "size": target_size, "n_params": base_n[target_size],
+                             "n_params_source": "exact probed size" if base_n[target_size] == int(N_target) else "nearest probed size",
+                             "tokens": int(max(x["tokens"] for x in target_rows)), "T": T, "L_g0": lg0_t},
+                  "chosen_form": chosen, "closed_loop": verdict.to_dict(), "usages": usages, "runs": rows,
+                  "probe_seed_noise_of_rise": noise, "seeds": params.seeds}
+        write_json_atomic(result, out_dir / "validation.json", indent=1)
+        lake.write(pl.DataFrame([{k: v for k, v in x.items() if not k.endswith("_band")} for x in rows]),
+                   "mixture_validation")
+        lake.write(pl.concat(tables, how="diagonal_relaxed"), "mixture_validation", name="checkpoints.parquet")
+
+    r_grid = np.linspace(0.0, 1.0, 201)
+    Nt, Dt = float(base_n[target_size]), float(result["target"]["tokens"])
+    png = plots.closed_loop(r_grid, (fits["general"].predict(Nt, Dt, r_grid) - lg0_t) / lg0_t,
+                            [(m["r_d"], m["general_rise"]) for m in verdict.measured], T,
+                            [(float(g["domain_ratio"]), float(g["general_rise"])) for g in plan["probe_grid"].get("grid", [])
+                             if g.get("general_rise") is not None],
+                            f"size {target_size}, D={Dt:.3g}: general-loss rise vs r_d")
+    table = pl.DataFrame([{"usages": x["usages"], "size": x["size"], "r_d": x["r_d"], "D": x["tokens"], "seed": x["seed"],
+                           "L_g measured": round(x["loss_general"], 4), "L_g predicted": round(x["predicted_loss_general"], 4),
+                           "rise measured": f"{x['general_rise']:+.2%}", "rise predicted": f"{x['predicted_general_rise']:+.2%}",
+                           "L_d measured": round(x["loss_domain"], 4), "L_d predicted": round(x["predicted_loss_domain"], 4)}
+                          for x in rows])
+    meta = {"path": dg.MetadataValue.path(str(out_dir / "validation.json")), "verdict": verdict.describe(),
+            "holds": verdict.holds, "T": T, "law_r_d": verdict.law_r_d, "measured_rise": verdict.measured_rise,
+            "grid_best_r_d": dg.MetadataValue.text(str(verdict.grid_best_r_d)), "accepted_r_d": verdict.accepted_r_d,
+            "target_size": target_size, "runs": md_table(table), "world_size": run.result["world_size"],
+            "rise_vs_ratio": image(png, "general-loss rise: law vs measured"), **base_meta, **run.metadata()}
+    if noise is not None:
+        meta["probe_seed_noise_of_rise"] = dg.MetadataValue.float(noise)
+    return dg.MaterializeResult(metadata=meta)
+
+
+@dg.asset_check(asset="mixture_validation", blocking=True, description="The plan holds in training: the general-loss "
+                "rise measured at the law's trade-off r_d (target model, target D) is at most the plan's T.")
+def mixture_plan_holds(lake: LakeResource) -> dg.AssetCheckResult:
+    from ops.mixture.validation import closed_loop_verdict
+
+    doc = json.loads((lake.base / "mixture_validation" / "validation.json").read_text())
+    cl = doc["closed_loop"]
+    size, D = doc["target"]["size"], doc["target"]["tokens"]
+    runs = [r for r in doc["runs"] if _TRADEOFF & set(r["usages"].split(","))]
+    v = closed_loop_verdict(doc["target"]["T"], cl["law_r_d"], cl["grid_best_r_d"], runs)
+    meta = {"T": v.T, "law_r_d": v.law_r_d, "measured_rise": v.measured_rise, "accepted_r_d": v.accepted_r_d,
+            "grid_best_r_d": dg.MetadataValue.text(str(v.grid_best_r_d)),
+            "grid_best_measured_rise": dg.MetadataValue.text("-" if v.grid_best_measured_rise is None
+                                                             else f"{v.grid_best_measured_rise:.5f}"),
+            "target": f"size {size}, D={D}"}
+    if doc.get("probe_seed_noise_of_rise") is not None:
+        meta["probe_seed_noise_of_rise"] = float(doc["probe_seed_noise_of_rise"])
+    return dg.AssetCheckResult(passed=v.holds, description=v.describe(), metadata=meta)

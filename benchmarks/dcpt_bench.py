@@ -1,26 +1,38 @@
-"""D-CPT Law on the real probe runs: fit accuracy per axis, the chosen ratio vs the exhaustive
-probe grid, and fit wall time. Reads the probe tables a `crucible demo` (or a mixture backfill)
-left in the lake; writes benchmarks/results/dcpt.json.
+"""D-CPT Law on the real probe runs: fit accuracy per axis, the closed loop of the plan, the law's
+extrapolation to a model well beyond the probes, and fit wall time. Reads the probe tables a
+`crucible demo` (or a mixture backfill) left in the lake, trains what it needs there, and writes
+benchmarks/results/dcpt.json.
 
-    .venv/bin/python benchmarks/dcpt_bench.py [--lake .crucible] [--T 0.03]
+    .venv/bin/python benchmarks/dcpt_bench.py [--lake .crucible] [--T 0.03] [--size xxl]
+        [--ratios 0.25,0.5,0.75] [--skip closed_loop,extrapolation,forms]
 
 Reported:
-* per target (general, domain) and form (L3, r_additive, chinchilla): in-sample Huber / R^2 and
-  held-out Huber / R^2 along unseen N (leave-one-size-out), unseen D (last 2 checkpoints of every
-  run), unseen r (leave-one-ratio-out over interior ratios); fit wall time (one fit, and the full
-  generalisation sweep);
-* the trade-off answer at the largest probed size and D under T (the law's r_d, searched on
-  [0, 1]) next to the best r_d found exhaustively among the probe runs (grid 0, 0.25, ...), both
-  judged against the measured base general loss; the law's predicted vs the probes' measured
-  domain loss at the probe-grid answer;
-* the Cross-Domain law's leave-one-sub-domain-out error.
+* ``closed_loop``: the mixture group's closed loop as the main job runs it, plus usage 3: the law
+  is refitted on the lake's probes (``dcpt_law_fit``), the plan made (``mixture_plan``), and
+  ``mixture_validation`` trains the target model at the law's trade-off r_d, at the probe grid's
+  best feasible r_d, at usage 2's answer and (``verify_allocate_compute``) at usage 3's answer at
+  the nearest real size; runs already in the lake are reused by fingerprint. The check
+  ``mixture_plan_holds``'s verdict: measured rise at the law's r_d vs T.
+* ``extrapolation``: one validation size (``--size``, default ``xxl`` ~3.5M non-embedding
+  parameters, 7.8x the default grid's largest) pre-trained with the probes' base settings and
+  continually trained at ``--ratios`` with the probes' CPT settings, through the probe worker
+  (``ops.mixture.probe`` under ``accelerate launch``, 2 ranks; resumable, reused by fingerprint);
+  each form is fitted on every probe point (all seeds) and scored on the new size's checkpoints
+  (D > 0): mean absolute relative error per target. Forms: L3, r_additive, chinchilla and, where
+  ``ops.mixture.law.FORMS`` has them, data_mixing_law and bimix (a missing one is noted).
+* ``forms``: per target and form, in-sample Huber / R^2 and held-out Huber / R^2 / MARE along unseen
+  N, D and r; fit wall time; the trade-off at the probe grid; the Cross-Domain law.
+Every phase records its wall time and the load average before and after it (a shared machine);
+each section records the command and date that produced it (a skipped section keeps its last figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,24 +40,160 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+EXTRAPOLATION_FORMS = ("L3", "r_additive", "chinchilla", "data_mixing_law", "bimix")
+MARE_TARGET = 0.02
 
-def main() -> int:
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _phase(record: dict, name: str):
+    """Context manager recording ``{name}_wall_s`` and the load average around a phase."""
+    class _P:
+        def __enter__(self):
+            self.t, self.la = time.monotonic(), _load()
+
+        def __exit__(self, *exc):
+            record[name] = {"wall_s": round(time.monotonic() - self.t, 1), "loadavg_before": self.la,
+                            "loadavg_after": _load()}
+    return _P()
+
+
+def _mare(pred, obs) -> float:
+    import numpy as np
+
+    return float(np.mean(np.abs(np.asarray(pred, float) / np.asarray(obs, float) - 1.0)))
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def closed_loop(lake_root: str, T: float) -> dict:
+    """Refit, plan and run the closed loop (usage 3 included) on the lake; the validation record."""
+    import dagster as dg
+
+    from assets import mixture
+    from resources.compute import ComputeResource
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=lake_root)
+    res = {"lake": lake, "compute": ComputeResource(num_processes=2, launch_timeout_s=3600)}
+    r = dg.materialize([mixture.dcpt_law_fit, mixture.dcpt_fit_heldout_r2, mixture.mixture_plan,
+                        mixture.mixture_validation, mixture.mixture_plan_holds], resources=res, raise_on_error=False,
+                       run_config={"ops": {"mixture_plan": {"config": {"max_general_degradation": T}},
+                                           "mixture_validation": {"config": {"verify_allocate_compute": True}}}})
+    checks = {c.check_name: {"passed": c.passed, "description": c.description} for c in r.get_asset_check_evaluations()}
+    failures = [e.step_failure_data.error.to_string()[-1500:] for e in r.all_events if e.event_type_value == "STEP_FAILURE"]
+    path = lake.base / "mixture_validation" / "validation.json"
+    if not path.exists() or (failures and "mixture_plan_holds" not in checks):
+        raise RuntimeError("closed loop did not run: " + " | ".join(failures))
+    doc = json.loads(path.read_text())
+    plan = json.loads((lake.base / "mixture_plan" / "plan.json").read_text())
+    cl = doc["closed_loop"]
+    return {"T": cl["T"], "law_r_d": cl["law_r_d"], "measured_rise": cl["measured_rise"],
+            "grid_best_r_d": cl["grid_best_r_d"], "holds": cl["holds"],
+            "grid_best_measured_rise": cl["grid_best_measured_rise"], "accepted_r_d": cl["accepted_r_d"],
+            "verdict": cl["verdict"], "checks": checks,
+            "law_predicted_rise_at_law_r_d": (plan["tradeoff"]["loss_general"] - plan["target"]["L_g0"]) / plan["target"]["L_g0"],
+            "law_r_d_spread": (plan["tradeoff"].get("spread") or {}).get("r_d"),
+            "target": doc["target"], "seeds": doc["seeds"], "probe_seed_noise_of_rise": doc["probe_seed_noise_of_rise"],
+            "usages": doc["usages"], "runs": doc["runs"], "chosen_form": doc["chosen_form"]}
+
+
+def _worker(spec, run_dir: Path, timeout_s: float) -> dict:
+    """The probe worker as the assets launch it (accelerate, 2 gloo ranks), outside Dagster."""
+    from resources.compute import ComputeResource
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(spec.to_json())
+    cmd = ComputeResource(num_processes=2).launch_command(
+        "ops.mixture.probe", ["--spec", str(spec_path), "--out", str(run_dir), "--fingerprint", spec.launch_fingerprint()],
+        module=True)
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_PIPES_CONTEXT"}
+    p = subprocess.run(cmd, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=timeout_s)
+    if p.returncode != 0:
+        raise RuntimeError(f"probe worker failed ({p.returncode}): {p.stderr[-3000:]}")
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: float) -> dict:
+    """Train ``size`` (base + CPT at ``ratios``) and score every form's prediction of its losses."""
     import polars as pl
 
-    from assets.mixture import _read_probe_runs, subdomain_points
+    from assets.mixture import _probe_cpt_settings, _read_probe_runs
     from ops.mixture import law
-    from resources.lake import LakeResource, default_root
+    from ops.mixture.probe import ProbePlan
+    from resources.lake import LakeResource
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lake", default=default_root())
-    ap.add_argument("--T", type=float, default=0.03)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dcpt.json"))
-    args = ap.parse_args()
-    lake = LakeResource(root=args.lake)
+    lake = LakeResource(root=lake_root)
     runs = _read_probe_runs(lake)
-    if runs.is_empty():
-        print(f"no probe runs under {lake.base}/cpt_probe_runs: run `make demo` first", file=sys.stderr)
-        return 1
+    probe_sizes = sorted(runs["size"].unique().to_list(), key=lambda s: int(runs.filter(pl.col("size") == s)["n_params"][0]))
+    largest = probe_sizes[-1]
+    base_info = json.loads((lake.base / "cpt_base_models" / largest / "base.json").read_text())
+    out = lake.base / "dcpt_bench"
+    d_max = int(runs["tokens"].max())
+    common = dict(data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(out / "bases"), out_dir=str(out / "runs"),
+                  **base_info["settings"], **_probe_cpt_settings(lake, largest), cpt_tokens=d_max)
+    timings: dict = {}
+    with _phase(timings, "base"):
+        base = ProbePlan(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common).validate(2)
+        b = _worker(base, out / ".run-base", timeout_s)["runs"][size]
+    with _phase(timings, "cpt"):
+        cpt = ProbePlan(phase="cpt", runs=[{"size": size, "ratio": r, "key": f"{size}|{r:g}"} for r in ratios],
+                        **common).validate(2)
+        got = _worker(cpt, out / ".run-cpt", timeout_s)["runs"]
+    rows = []
+    for r in ratios:
+        info = got[f"{size}|{r:g}"]
+        for p in info["points"]:
+            if p["tokens"] > 0:
+                rows.append({"n_params": info["n_params"], "tokens": p["tokens"], "domain_ratio": float(r),
+                             "loss_general": p["loss_general"], "loss_domain": p["loss_domain"]})
+    test = pl.DataFrame(rows)
+    pts = runs.filter(pl.col("tokens") > 0)
+    n_probe = int(pts["n_params"].max())
+    mare, notes, per_ratio = {}, [], {}
+    with _phase(timings, "fits"):
+        for form in EXTRAPOLATION_FORMS:
+            if form not in law.FORMS:
+                notes.append(f"{form}: not in ops.mixture.law.FORMS yet; skipped")
+                continue
+            mare[form], per_ratio[form] = {}, {}
+            for target in law.TARGETS:
+                fit = law.fit_law(pts, target, form)
+                col = law.LOSS_COLUMN[target]
+                pred = fit.predict(test["n_params"].to_numpy().astype(float), test["tokens"].to_numpy().astype(float),
+                                   test["domain_ratio"].to_numpy())
+                mare[form][target] = _mare(pred, test[col].to_numpy())
+                per_ratio[form][target] = {f"{r:g}": _mare(pred[(test["domain_ratio"] == r).to_numpy()],
+                                                          test.filter(pl.col("domain_ratio") == r)[col].to_numpy())
+                                           for r in ratios}
+            mare[form]["mean"] = (mare[form]["domain"] + mare[form]["general"]) / 2
+    best = min(mare, key=lambda f: mare[f]["mean"]) if mare else None
+    return {"size": size, "n_params": int(b["n_params"]), "largest_probe": {"size": largest, "n_params": n_probe},
+            "size_ratio": int(b["n_params"]) / n_probe, "ratios": ratios, "tokens": sorted(test["tokens"].unique().to_list()),
+            "points": test.height, "mare": mare, "mare_per_ratio": per_ratio, "best_form": best,
+            "best_form_mare": mare[best]["mean"] if best else None, "target_mare": MARE_TARGET,
+            "meets_target": bool(best and mare[best]["mean"] <= MARE_TARGET), "notes": notes,
+            "measured": {"base_losses": b["losses"], "final": {f"{r:g}": {k: got[f"{size}|{r:g}"]["points"][-1][k]
+                                                                          for k in ("tokens", "loss_general", "loss_domain")}
+                                                               for r in ratios}},
+            "run_wall_s": {"base": b.get("wall_s"), **{f"{r:g}": got[f"{size}|{r:g}"].get("wall_s") for r in ratios}},
+            "phases": timings}
+
+
+def forms_and_grid(lake_root: str, T: float) -> dict:
+    """The per-form fit quality, the trade-off at the probe grid and the Cross-Domain law."""
+    import polars as pl
+
+    from assets.mixture import _read_probe_runs, grid_at_largest, subdomain_points
+    from ops.mixture import law
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=lake_root)
+    runs = _read_probe_runs(lake)
     pts = runs.filter(pl.col("tokens") > 0)
     forms = {}
     for target in law.TARGETS:
@@ -59,17 +207,16 @@ def main() -> int:
             forms[f"{target}/{form}"] = {
                 "in_sample": {"huber": fit.huber, "r2": fit.r2},
                 **{ax: {k: g[ax].get(k) for k in ("huber", "r2", "mare", "n_test", "skipped")}
-                   for ax in ("unseen_N", "unseen_N_extrapolation", "unseen_D", "unseen_r")},
+                   for ax in ("unseen_N", "unseen_N_extrapolation", "unseen_D", "unseen_r") if ax in g},
                 "fit_wall_s": round(t_fit, 3), "generalisation_wall_s": round(t_gen, 3), "params": fit.params}
     fg, fd = law.fit_law(pts, "general", "L3"), law.fit_law(pts, "domain", "L3")
     n_max = int(pts["n_params"].max())
     d_max = int(pts["tokens"].max())
     size = runs.filter(pl.col("n_params") == n_max)["size"][0]
     base = json.loads((lake.base / "cpt_base_models" / size / "base.json").read_text())["losses"]["general"]
-    law_plan = law.tradeoff_ratio(fg, fd, n_max, d_max, args.T, L_g0=base)
-    last = runs.filter((pl.col("n_params") == n_max) & (pl.col("tokens") == d_max)).sort("domain_ratio")
-    last = last.with_columns(general_rise=(pl.col("loss_general") - base) / base)
-    feasible = last.filter(pl.col("general_rise") <= args.T)
+    law_plan = law.tradeoff_ratio(fg, fd, n_max, d_max, T, L_g0=base)
+    last = grid_at_largest(runs, n_max).with_columns(general_rise=(pl.col("loss_general") - base) / base)
+    feasible = last.filter(pl.col("general_rise") <= T)
     grid_best = feasible.sort("loss_domain").row(0, named=True) if feasible.height else None
     manifest = json.loads((lake.base / "cpt_tokenizer" / "manifest.json").read_text())
     sub = subdomain_points(runs, manifest["subdomain_share"], 0.03)
@@ -79,14 +226,13 @@ def main() -> int:
         early, later = law.split_early(sub.filter(pl.col("domain") == held), 2)
         ev = law.evaluate_unseen_domain(cd, early, later)
         cross.append({"unseen_domain": held, **{k: float(v) for k, v in ev.items()}})
-    result = {
-        "command": "python benchmarks/dcpt_bench.py",
-        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-        "probe": {"runs": int(runs.select(pl.struct("n_params", "domain_ratio").n_unique()).item()),
+    return {
+        "probe": {"runs": int(runs.select(pl.struct("n_params", "domain_ratio", "seed").n_unique()).item()),
                   "points_used": pts.height, "sizes_n_params": sorted(int(x) for x in pts["n_params"].unique()),
-                  "ratios": sorted(float(x) for x in pts["domain_ratio"].unique()), "max_tokens": d_max},
+                  "ratios": sorted(float(x) for x in pts["domain_ratio"].unique()), "max_tokens": d_max,
+                  "seeds_per_ratio": {f"{r:g}": int(n) for r, n in last.select("domain_ratio", "seeds").iter_rows()}},
         "forms": forms,
-        "tradeoff_T": args.T,
+        "tradeoff_T": T,
         "tradeoff_at_probe_grid": {
             "n_params": n_max, "tokens": d_max, "L_g0_measured_base": base,
             "law_r_d": law_plan.r_d, "law_status": law_plan.status,
@@ -95,16 +241,56 @@ def main() -> int:
             "grid_best_loss_domain": grid_best["loss_domain"] if grid_best else None,
             "grid_best_general_rise": grid_best["general_rise"] if grid_best else None,
             "law_loss_domain_at_grid_best": float(fd.predict(n_max, d_max, grid_best["domain_ratio"])) if grid_best else None,
-            "grid": last.select("domain_ratio", "loss_general", "loss_domain", "general_rise").to_dicts()},
+            "grid": last.select("domain_ratio", "loss_general", "loss_domain", "general_rise", "seeds").to_dicts()},
         "cross_domain_leave_one_out": cross,
     }
+
+
+def main() -> int:
+    from resources.lake import LakeResource, default_root
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lake", default=default_root())
+    ap.add_argument("--T", type=float, default=0.03)
+    ap.add_argument("--size", default="xxl", help="validation size of the extrapolation (ops.mixture.probe.SIZES)")
+    ap.add_argument("--ratios", default="0.25,0.5,0.75", help="domain ratios of the extrapolation runs")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: closed_loop, extrapolation, forms")
+    ap.add_argument("--timeout-s", type=float, default=3600.0, help="limit of each training launch")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dcpt.json"))
+    args = ap.parse_args()
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    lake = LakeResource(root=args.lake)
+    if not (lake.base / "cpt_probe_runs").exists():
+        print(f"no probe runs under {lake.base}/cpt_probe_runs: run `make demo` first", file=sys.stderr)
+        return 1
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=float))
-    print(json.dumps({k: result[k] for k in ("probe", "tradeoff_at_probe_grid")}, indent=1, default=float))
-    for k, v in forms.items():
-        print(f"{k:22s} in-sample R2 {v['in_sample']['r2']:.3f} | unseen N {v['unseen_N']['r2']:.3f} "
-              f"D {v['unseen_D']['r2']:.3f} r {v['unseen_r']['r2']:.3f} | fit {v['fit_wall_s']} s")
+    result = json.loads(out.read_text()) if out.exists() else {}   # a skipped section keeps its last figures
+    command = "python " + " ".join(["benchmarks/dcpt_bench.py", *sys.argv[1:]])
+    result.update({"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}})
+    phases = result.setdefault("phases", {})
+    stamp = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if "closed_loop" not in skip:
+        with _phase(phases, "closed_loop"):
+            result["closed_loop"] = {**closed_loop(args.lake, args.T), **stamp}
+        print(json.dumps({k: result["closed_loop"][k] for k in ("T", "law_r_d", "measured_rise", "grid_best_r_d", "holds",
+                                                                "verdict")}, indent=1), flush=True)
+    if "extrapolation" not in skip:
+        with _phase(phases, "extrapolation"):
+            result["extrapolation"] = {**extrapolation(args.lake, args.size, [float(x) for x in args.ratios.split(",")],
+                                                       args.timeout_s), **stamp}
+        e = result["extrapolation"]
+        print(json.dumps({k: e[k] for k in ("size", "size_ratio", "mare", "best_form", "meets_target", "notes")},
+                         indent=1, default=float), flush=True)
+    if "forms" not in skip:
+        with _phase(phases, "forms"):
+            result.update(forms_and_grid(args.lake, args.T), forms_run=stamp)
+        for k, v in result["forms"].items():
+            print(f"{k:26s} in-sample R2 {v['in_sample']['r2']:.3f} | unseen N {v['unseen_N']['r2']} "
+                  f"D {v['unseen_D']['r2']} r {v['unseen_r']['r2']} | fit {v['fit_wall_s']} s")
+    from ops.lake import atomic_path
+
+    with atomic_path(out) as tmp:   # numpy scalars as numbers (ops.lake.write_json_atomic would write them as text)
+        tmp.write_text(json.dumps(result, indent=1, default=float))
     return 0
 
 

@@ -103,8 +103,9 @@ cpt_probe_job, cpt_probe_job_full = _jobs(
     "cpt_probe_job", dg.AssetSelection.assets("cpt_probe_runs"), ["cpt_probe_runs"], "mixture",
     "Continual pre-training probes, size x domain ratio (a partition range runs in one launch).", gpu=True)
 mixture_job, mixture_job_full = _jobs(
-    "mixture_job", dg.AssetSelection.assets("dcpt_law_fit", "mixture_plan"), ["dcpt_law_fit"], "mixture",
-    "Fit the D-CPT Law on every finished probe run and answer the three mixture questions.")
+    "mixture_job", dg.AssetSelection.assets("dcpt_law_fit", "mixture_plan", "mixture_validation"), ["dcpt_law_fit"], "mixture",
+    "Fit the D-CPT Law on every finished probe run, answer the three mixture questions, and train the target "
+    "model at the answers (the closed loop).", gpu=True)
 
 # Failure-driven post-training: stage-1 SFT -> failure regions -> targeted synthesis -> stage 2
 # (targeted and the random control) -> the comparison.

@@ -65,3 +65,27 @@ def ratio_curves(r: np.ndarray, series: dict[str, np.ndarray], title: str, marks
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     return _png(plt, fig)
+
+
+def closed_loop(r: np.ndarray, predicted_rise: np.ndarray, measured: list[tuple[float, float]], T: float,
+                grid: list[tuple[float, float]], title: str) -> bytes:
+    """The closed loop of the trade-off usage: the law's predicted relative general-loss rise
+    against r_d (line, at the target N and D), the validation runs' measured rise (filled dots,
+    same N and D), the probe grid's measured rise at the probes' largest D (open squares) and the
+    allowed rise T (dashed). Rises are fractions; plotted in percent."""
+    plt, fig, axes = _grid(1, 6.0, 3.4)
+    ax = axes[0]
+    ax.plot(r, 100 * np.asarray(predicted_rise), label="law (target N, D)")
+    if grid:
+        gx, gy = zip(*grid)
+        ax.scatter(gx, 100 * np.asarray(gy), marker="s", facecolors="none", edgecolors="grey",
+                   label="probe grid (probe D)")
+    if measured:
+        mx, my = zip(*measured)
+        ax.scatter(mx, 100 * np.asarray(my), color="C3", zorder=3, label="trained (target N, D)")
+    ax.axhline(100 * T, ls="--", lw=0.8, color="k", label=f"T = {100 * T:g}%")
+    ax.set_xlabel("domain ratio r_d")
+    ax.set_ylabel("general-loss rise over the base (%)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return _png(plt, fig)

@@ -13,6 +13,14 @@ Outputs: ``<base_dir>/<size>/`` (the base model folder + ``base.json``) and ``<o
 metrics.json``, each record carrying its fingerprint; ``launch.json`` (world size) beside them. A
 killed CPT run resumes from its last checkpoint in the launch's run folder; a finished run with the
 same fingerprint is reused.
+
+Seeds: a CPT run may carry a ``seed`` (its data-order seed; the base model it continues is the
+size's shared one, and the probes have no dropout, so the seed changes exactly which blocks of the
+two corpora each step draws). Repeated runs at one (size, ratio) and different seeds measure the
+CPT-stage noise the law's fit cannot explain (docs/mixture.md, "Closed loop"). Seed 0 keeps the
+stream seeds, fingerprint and folder name that runs had before seeds existed, so their results are
+reused. A run may also carry its own ``tokens`` (its CPT budget D instead of the plan's
+``cpt_tokens``), as the closed-loop validation runs do.
 """
 
 from __future__ import annotations
@@ -45,6 +53,19 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
+PROBE_SEEDS: tuple[int, ...] = (0, 1)
+"""CPT data-order seeds of the probe runs (``cpt_probe_runs.seeds``). Two is the fewest that
+measure the noise floor: the spread of repeated runs at one (N, D, r_d), which no law can fit below
+(docs/mixture.md, "Closed loop"). Every run at every seed continues the size's one base model, so
+the seeds measure the CPT-stage noise (data order), not the base model's initialisation noise."""
+
+PROBE_REPEAT_RATIOS: tuple[float, ...] = (0.25, 0.5, 0.75)
+"""The ratios at which the seeds after the first are trained (``cpt_probe_runs.repeat_ratios``;
+empty = every ratio): the interior ratios, where the trade-off is decided, at every size. The
+first seed covers the whole grid. Repeating only these keeps the main job's mixture group inside
+its 6-minute budget on 2 cores (a second seed everywhere costs as much again as the whole grid)."""
+
+
 @dataclass
 class ProbePlan(JsonSpec):
     """The spec of one probe launch. Token counts are in tokens (not sequences); ``global_batch`` in
@@ -54,7 +75,10 @@ class ProbePlan(JsonSpec):
     data_dir: str                   # token streams + manifest.json (ops.mixture.tokens)
     base_dir: str                   # <base_dir>/<size>/: base model + base losses
     out_dir: str                    # <out_dir>/<run>/: CPT metrics.json
-    runs: list[dict] = field(default_factory=list)  # [{"size": "xs", "ratio": 0.25, "key": "..."}]
+    runs: list[dict] = field(default_factory=list)
+    """[{"size": "xs", "ratio": 0.25, "key": "...", "seed": 0, "tokens": None}]: ``seed`` (int >= 0,
+    default 0) is a CPT run's data-order seed, ``tokens`` (int >= 1, default ``cpt_tokens``) its
+    own CPT budget D; both are ignored by the base phase."""
     sizes: dict = field(default_factory=lambda: dict(SIZES))
     seq_len: int = 128
     """Context length of the probes (tokens per sequence)."""
@@ -108,15 +132,29 @@ class ProbePlan(JsonSpec):
                 raise ValueError(f"probe run {r.get('key')!r}: unknown probe size {r.get('size')!r}; known: {sorted(self.sizes)}")
             if not 0.0 <= float(r.get("ratio", -1)) <= 1.0:
                 raise ValueError(f"probe run {r.get('key')!r}: domain ratio {r.get('ratio')} outside [0, 1]")
+            seed = r.get("seed", 0)
+            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+                raise ValueError(f"probe run {r.get('key')!r}: seed must be an integer >= 0, got {seed!r}")
+            tokens = r.get("tokens")
+            if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+                raise ValueError(f"probe run {r.get('key')!r}: tokens must be an integer >= 1 (or absent), got {tokens!r}")
         return self
 
-    def fingerprint(self, size: str, ratio: float | None = None) -> str:
+    def fingerprint(self, size: str, ratio: float | None = None, seed: int = 0, tokens: int | None = None) -> str:
         """Hash of what determines a result: the data manifest, the size's shape, the base
-        hyper-parameters, and for a CPT run (``ratio`` given) the CPT hyper-parameters and ratio."""
+        hyper-parameters, and for a CPT run (``ratio`` given) the CPT hyper-parameters, the ratio,
+        the run's CPT budget ``tokens`` (None: ``cpt_tokens``) and its data-order ``seed``. Seed 0
+        hashes exactly as before seeds existed (its published results stay valid). 16 hex digits."""
         manifest = (Path(self.data_dir) / "manifest.json").read_text()
         fields = self.BASE_FIELDS + (self.CPT_FIELDS if ratio is not None else ())
         d = {k: getattr(self, k) for k in fields}
-        return hashlib.sha256(json.dumps([manifest, self.sizes.get(size), d, ratio], sort_keys=True).encode()).hexdigest()[:16]
+        payload: list = [manifest, self.sizes.get(size), d, ratio]
+        if ratio is not None:
+            if tokens is not None:
+                d["cpt_tokens"] = int(tokens)
+            if seed:
+                payload.append({"cpt_seed": int(seed)})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def launch_fingerprint(self) -> str:
         """The launch's fingerprint (``ops.launch.spec_fingerprint`` of the plan and the manifest)."""
@@ -127,20 +165,36 @@ class ProbePlan(JsonSpec):
         return {k: getattr(self, k) for k in self.BASE_FIELDS}
 
 
-def run_dir_name(size: str, ratio: float) -> str:
-    return f"{size}_r{ratio:.3f}"
+def run_dir_name(size: str, ratio: float, seed: int = 0, tokens: int | None = None) -> str:
+    """The folder (and lake table) name of a CPT run: ``<size>_r<ratio>``, then ``_s<seed>`` for a
+    seed other than 0 and ``_D<tokens>`` for a run with its own CPT budget."""
+    return f"{size}_r{ratio:.3f}" + (f"_s{seed}" if seed else "") + (f"_D{tokens}" if tokens is not None else "")
 
 
-def checkpoint_tokens(plan: ProbePlan) -> list[int]:
-    """Exponentially spaced CPT token counts (multiples of the global batch), ending at cpt_tokens."""
+def cpt_seed_offset(seed: int) -> int:
+    """What a CPT run's data-order ``seed`` adds to its stream seeds: 0 for seed 0 (the streams of
+    runs made before seeds existed), else a multiple of 10^7, beyond every base/ratio offset."""
+    return 10_000_000 * int(seed)
+
+
+def checkpoint_tokens(plan: ProbePlan, cpt_tokens: int | None = None) -> list[int]:
+    """Exponentially spaced CPT token counts (multiples of the global batch), from
+    ``first_checkpoint`` doubling and ending at ``cpt_tokens`` (None: the plan's)."""
     per_step = plan.global_batch * plan.seq_len
+    budget = plan.cpt_tokens if cpt_tokens is None else int(cpt_tokens)
     out, t = [], plan.first_checkpoint
-    while t < plan.cpt_tokens:
+    while t < budget:
         out.append(t)
         t *= 2
-    out.append(plan.cpt_tokens)
+    out.append(budget)
     steps = sorted({max(1, math.ceil(x / per_step)) for x in out})
     return [s * per_step for s in steps]
+
+
+def points_budget(plan: ProbePlan, tokens: int | None = None) -> int:
+    """The CPT tokens a run with budget ``tokens`` (None: the plan's) really trains: its last
+    checkpoint, the budget rounded up to whole global batches."""
+    return checkpoint_tokens(plan, tokens)[-1]
 
 
 class _Probe:
@@ -168,11 +222,12 @@ class _Probe:
         m = gpt2(self.manifest["vocab_size"], self.plan.seq_len, self.manifest["eot_id"], self.plan.sizes[size], self.plan.seed)
         return m, *param_counts(m)
 
-    def batches(self, ratio_seed: int, ratio: float):
-        """General and domain blocks at domain ratio ``ratio`` (domain rows first in each batch)."""
+    def batches(self, ratio_seed: int, ratio: float, cpt_seed: int = 0):
+        """General and domain blocks at domain ratio ``ratio`` (domain rows first in each batch), in
+        the order of ``cpt_seed`` (``cpt_seed_offset``)."""
         from ops.lm.data import BlockStream, MixedBatches
 
-        seed, L = self.plan.seed * 1000 + ratio_seed, self.plan.seq_len
+        seed, L = self.plan.seed * 1000 + ratio_seed + cpt_seed_offset(cpt_seed), self.plan.seq_len
         general = BlockStream(self.load("general_train"), L, seed, "general_train")
         domain = BlockStream(self.load("domain_train"), L, seed + 1, "domain_train")
         return MixedBatches(domain, general, self.plan.global_batch, ratio, name="probe batches")
@@ -232,22 +287,23 @@ class _Probe:
         from ops.lm.train import Trainer, adamw, crash_if_asked, lambda_lr, token_mean_loss, warmup_constant
 
         plan, size, ratio, key, t0 = self.plan, run["size"], float(run["ratio"]), run["key"], time.monotonic()
+        seed, budget = int(run.get("seed", 0)), run.get("tokens")
         base = Path(plan.base_dir) / size
         base_info = json.loads((base / "base.json").read_text()) if (base / "base.json").exists() else None
         if base_info is None or base_info.get("fingerprint") != plan.fingerprint(size):
             raise FileNotFoundError(f"run {key}: no base model for size {size!r} under {base} matching these "
                                     "base settings; materialize cpt_base_models (size partition) first")
-        name, fp = run_dir_name(size, ratio), plan.fingerprint(size, ratio)
+        name, fp = run_dir_name(size, ratio, seed, budget), plan.fingerprint(size, ratio, seed, budget)
         metrics = Path(plan.out_dir) / name / "metrics.json"
         if (info := self.reused(key, published(metrics, fp, self.log, f"cpt {key}"))) is not None:
             return info
         model, n_params, n_total = self.model(size)
         load_model(base, model)
         opt = adamw(model, plan.cpt_lr, plan.weight_decay, init_state=base / "optimizer.pt")
-        marks = [m // self.per_step for m in checkpoint_tokens(plan)]
+        marks = [m // self.per_step for m in checkpoint_tokens(plan, budget)]
         points = [{"step": 0, "tokens": 0, **{f"loss_{k}": v for k, v in base_info["losses"].items()}}]
         trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.cpt_warmup_steps)),
-                          self.batches(1 + int(round(ratio * 1000)), ratio), token_mean_loss,
+                          self.batches(1 + int(round(ratio * 1000)), ratio, seed), token_mean_loss,
                           state=LMState(run_folder(out, name), fp), history=points, name=f"cpt {key}", log=self.log)
         saved_before = len(trainer.history) - 1                # checkpoints this launch resumed from
         for stop in marks:
@@ -265,7 +321,9 @@ class _Probe:
             if stop < marks[-1]:
                 crash_if_asked("CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS", len(trainer.history) - 1, "checkpoints",
                                f"cpt {key}", self.log, since=saved_before, kill=self.dp.kill_launch)
-        info = {"fingerprint": fp, "key": key, "size": size, "ratio": ratio, "n_params": n_params,
+        info = {"fingerprint": fp, "key": key, "size": size, "ratio": ratio, "seed": seed,
+                "cpt_settings": {**{k: getattr(plan, k) for k in plan.CPT_FIELDS}, "cpt_tokens": points_budget(plan, budget)},
+                "n_params": n_params,
                 "n_params_total": n_total, "world_size": self.dp.world,
                 "subdomain_share": self.manifest["subdomain_share"], "points": trainer.history,
                 "wall_s": round(time.monotonic() - t0, 2)}

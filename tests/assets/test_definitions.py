@@ -39,6 +39,7 @@ EXPECTED_DEPS = {
     "cpt_probe_runs": {"cpt_tokenizer", "cpt_base_models"},
     "dcpt_law_fit": {"cpt_probe_runs"},
     "mixture_plan": {"dcpt_law_fit"},
+    "mixture_validation": {"mixture_plan", "dcpt_law_fit", "cpt_tokenizer", "cpt_base_models"},
 }
 
 
@@ -66,7 +67,8 @@ def test_definitions_validate_and_keep_the_asset_graph_contract():
     assert deps == EXPECTED_DEPS
     checks = {c.name for c in graph.asset_check_keys}
     assert checks == {"no_benchmark_overlap", "one_survivor_per_cluster", "annotated_required_fields",
-                      "distilled_required_fields", "sft_strata_match_plan", "dcpt_fit_heldout_r2", "sft_checkpoint_learned"}
+                      "distilled_required_fields", "sft_strata_match_plan", "dcpt_fit_heldout_r2", "sft_checkpoint_learned",
+                      "mixture_plan_holds"}
     for key in graph.asset_check_keys:
         assert graph.get_check_spec(key).blocking
 

@@ -48,7 +48,8 @@ def test_one_probe_partition_materializes_on_two_ranks(tmp_path):
     launch = json.loads((tmp_path / "lake/cpt_probe_runs/launch.json").read_text())
     assert launch == {"world_size": 2, "distributed_type": "DistributedType.MULTI_CPU"}
     df = lake.read("cpt_probe_runs", "xs_r0.500")
-    assert df["tokens"].to_list() == [0, 128, 256, 512]
+    assert df["seed"].to_list() == [0] * 4 + [1] * 4             # the default seeds, both at an interior ratio
+    assert df["tokens"].to_list() == [0, 128, 256, 512] * 2
     assert df["domain_ratio"].unique().to_list() == [0.5] and df["size"].unique().to_list() == ["xs"]
     assert df.select(pl.col("^loss_.*$")).to_numpy().min() > 0 and np.isfinite(df.select(pl.col("^loss_.*$")).to_numpy()).all()
     assert {"loss_domain/algebra", "loss_domain/geometry"} <= set(df.columns)
@@ -72,7 +73,8 @@ def test_a_killed_probe_launch_is_retried_and_resumes_from_its_checkpoint(tmp_pa
     assert dg.materialize([mixture.cpt_base_models], resources=res, partition_key="xs",
                           run_config={"ops": {"cpt_base_models": {"config": TINY_BASE}}}).success
     monkeypatch.setenv("CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS", "2")
-    r, meta, log, kinds = materialize_logged([mixture.cpt_probe_runs], res, {"ops": {"cpt_probe_runs": {"config": TINY_CPT}}},
+    one_seed = {**TINY_CPT, "seeds": [0]}              # a second seed's run would be crashed again by the variable
+    r, meta, log, kinds = materialize_logged([mixture.cpt_probe_runs], res, {"ops": {"cpt_probe_runs": {"config": one_seed}}},
                                              partition_key=dg.MultiPartitionKey({"size": "xs", "ratio": "0.50"}))
     assert r.success
     assert kinds.count("STEP_UP_FOR_RETRY") == 1 and "launch died (exit code -9)" in log
@@ -220,14 +222,14 @@ def test_a_range_run_gives_every_partition_its_own_data_version(tmp_path):
     assert pv["0.50|xs"] != pv["0.50|s"]
     for key, m in probes.items():                       # each version is the hash of its own table
         df = lake.read("cpt_probe_runs", "xs_r0.500" if key.endswith("xs") else "s_r0.500")
-        assert m.metadata["rows"].value == df.height == 4
-        assert pv[key] == mixture._content_version(df.sort("tokens").write_ipc(None).getvalue())
+        assert m.metadata["rows"].value == df.height == 2 * 4 and m.metadata["seeds"].value == 2
+        assert pv[key] == mixture._content_version(df.sort("seed", "tokens").write_ipc(None).getvalue())
     graph = dg.Definitions(assets=[mixture.cpt_tokenizer, mixture.cpt_base_models, mixture.cpt_probe_runs],
                            resources=res).resolve_asset_graph()
     rows = lineage_report(instance, graph, "cpt_probe_runs")
     top = rows[0]
     assert top["asset"] == "cpt_probe_runs" and top["data_version"] == pv[top["partition"]]
-    assert top["figures"]["rows"] == 4
+    assert top["figures"]["rows"] == 8
     parents = {r["partition"]: r["data_version"] for r in rows if r["asset"] == "cpt_base_models"}
     assert parents and all(parents[k] == v[k] for k in parents)
 
@@ -237,3 +239,115 @@ def test_a_range_run_gives_every_partition_its_own_data_version(tmp_path):
     latest_s = instance.fetch_materializations(
         dg.AssetRecordsFilter(dg.AssetKey("cpt_base_models"), asset_partitions=["s"]), limit=1).records[0]
     assert latest_s.asset_materialization.metadata["partition_data_version"].value == v["s"]   # untouched
+
+
+# --- the closed loop on real tiny training ------------------------------------------------------
+
+LOOP_BASE = {**TINY_BASE, "base_tokens": 8192}     # a base trained to its floor on the tiny general corpus
+LOOP_CPT = {"cpt_tokens": 1024, "first_checkpoint": 64, "seeds": [0, 1], "repeat_ratios": [0.5]}
+
+
+@pytest.fixture(scope="module")
+def loop_lake(tmp_path_factory):
+    """Real tiny training end to end: tokenizer, base models xs and s, probe runs at r_d 0, 0.25, 0.5, 1
+    (seed 1 repeated at 0.5; 5 checkpoints to 1,024 tokens), the law fit, the plan (target: size s, 4x the probe D) and the closed
+    loop, which trains size s at the plan's answers."""
+    tmp = tmp_path_factory.mktemp("loop")
+    instance = dg.DagsterInstance.ephemeral()
+    lake = LakeResource(root=str(tmp / "lake"))
+    _corpora(lake)
+    res = {"lake": lake, "compute": ComputeResource(num_processes=1, launch_timeout_s=300)}
+
+    def run(assets, config, **kw):
+        r = dg.materialize(assets, resources=res, instance=instance, run_config={"ops": config}, raise_on_error=False, **kw)
+        assert r.success or kw.get("allow_fail"), [e.step_failure_data.error.to_string()[-2000:] for e in r.all_events
+                                                   if e.event_type_value == "STEP_FAILURE"]
+        return r
+
+    run([mixture.cpt_tokenizer], {"cpt_tokenizer": {"config": {"vocab_size": 300}}})
+    rng = {"dagster/asset_partition_range_start": "xs", "dagster/asset_partition_range_end": "s"}
+    run([mixture.cpt_base_models], {"cpt_base_models": {"config": LOOP_BASE}}, tags=rng)
+    for ratio in ("0.00", "0.25", "0.50", "1.00"):
+        run([mixture.cpt_probe_runs], {"cpt_probe_runs": {"config": LOOP_CPT}},
+            tags={"dagster/asset_partition_range_start": f"{ratio}|xs", "dagster/asset_partition_range_end": f"{ratio}|s"})
+    fit = run([mixture.dcpt_law_fit, mixture.mixture_plan], {"dcpt_law_fit": {"config": {"n_boot": 2}}})
+    assert fit.success
+    loop = dg.materialize([mixture.mixture_validation, mixture.mixture_plan_holds], resources=res, instance=instance,
+                          raise_on_error=False, run_config={"ops": {"mixture_validation": {"config": {"verify_allocate_compute": True}}}})
+    return tmp, lake, loop
+
+
+def test_probe_tables_hold_one_run_per_seed(loop_lake):
+    tmp, lake, _ = loop_lake
+    df = lake.read("cpt_probe_runs", "s_r0.500")
+    assert sorted(df["seed"].unique().to_list()) == [0, 1] and df.height == 2 * 6
+    a, b = (df.filter(pl.col("seed") == s).sort("tokens") for s in (0, 1))
+    assert a["loss_general"][0] == b["loss_general"][0]                        # the shared base point
+    assert (a["loss_general"][1:] != b["loss_general"][1:]).all()               # then different data order
+    assert lake.read("cpt_probe_runs", "s_r1.000")["seed"].unique().to_list() == [0]   # not a repeat ratio
+
+
+def test_closed_loop_trains_the_target_and_judges_the_plan_by_measurement(loop_lake):
+    tmp, lake, loop = loop_lake
+    plan = json.loads((tmp / "lake/mixture_plan/plan.json").read_text())
+    doc = json.loads((tmp / "lake/mixture_validation/validation.json").read_text())
+    cl = doc["closed_loop"]
+    T = plan["target"]["T"]
+    assert doc["target"]["size"] == "s" and doc["target"]["tokens"] == 4 * 1024 == plan["target"]["tokens"]
+    assert cl["law_r_d"] == round(plan["tradeoff"]["r_d"], 3) and cl["grid_best_r_d"] == plan["probe_grid"]["best_ratio"]
+    # the measured rise is the trained run's own final general loss against the base's measured one
+    base = json.loads((tmp / "lake/cpt_base_models/s/base.json").read_text())["losses"]["general"]
+    law_run = [r for r in doc["runs"] if "tradeoff_law" in r["usages"]]
+    assert len(law_run) == 1 and law_run[0]["seed"] == 2 and law_run[0]["tokens"] == 4096
+    assert cl["measured_rise"] == pytest.approx((law_run[0]["loss_general"] - base) / base, rel=1e-12)
+    ckpt = lake.read("mixture_validation", name="checkpoints.parquet")
+    final = ckpt.filter((pl.col("domain_ratio") == cl["law_r_d"]) & (pl.col("tokens") == 4096) & (pl.col("size") == "s"))
+    assert final["loss_general"][0] == pytest.approx(law_run[0]["loss_general"])
+    # usages 2 and 3 were trained at their answers, each with the law's prediction beside it
+    u2, u3 = doc["usages"]["limited_domain"], doc["usages"]["allocate_compute"]
+    assert u2["asked"]["ratio"] == round(plan["limited_domain"]["r_d"], 3)
+    assert u2["asked"]["tokens"] == pytest.approx(plan["limited_domain"]["domain_tokens"] / u2["asked"]["ratio"], abs=1)
+    C = 6 * plan["allocate_compute"]["n_params"] * plan["allocate_compute"]["tokens"]
+    n3 = json.loads((tmp / f"lake/cpt_base_models/{u3['asked']['size']}/base.json").read_text())["n_params"]
+    assert u3["asked"]["tokens"] == pytest.approx(C / (6 * n3), abs=1)
+    for u in (u2, u3):
+        assert u["measured_loss_domain"] > 0 and u["rel_error_loss_domain"] == pytest.approx(
+            u["predicted_loss_domain"] / u["measured_loss_domain"] - 1, abs=1e-9)
+    # the blocking check says exactly what the measurement says, and names the numbers
+    ev = loop.get_asset_check_evaluations()[0]
+    assert ev.check_name == "mixture_plan_holds"
+    assert ev.passed == (cl["measured_rise"] <= T) == cl["holds"]
+    assert f"law r_d {cl['law_r_d']:g}" in ev.description and f"T {T:.2%}" in ev.description
+    assert f"{cl['measured_rise']:+.2%}" in ev.description and "grid best r_d" in ev.description
+    # Here the plan breaks T for real: the base sits at its floor on the tiny general corpus, so a
+    # high domain share makes the model forget, and forgetting grows with D; the law's D term can
+    # only fall with D, so at 4x the probe D it under-predicts the rise (measured: law r_d 1.0,
+    # predicted +2.3%, trained +80%; the grid's 0.5 trains at -1.9%).
+    assert not ev.passed and cl["measured_rise"] > T and not loop.success
+    assert "plan REJECTED" in ev.description and cl["accepted_r_d"] != cl["law_r_d"]
+    feasible = [m for m in cl["measured"] if m["general_rise"] <= T and m["r_d"] > 0]
+    assert cl["accepted_r_d"] == (min(feasible, key=lambda m: m["loss_domain"])["r_d"] if feasible else 0.0)
+    from pipelines.cli import _failure_summary  # what `crucible demo` prints: the check and its numbers
+
+    assert "mixture_plan_holds" in _failure_summary(loop) and f"{cl['measured_rise']:+.2%}" in _failure_summary(loop)
+
+
+def test_closed_loop_rejects_a_plan_whose_measured_rise_exceeds_T(loop_lake):
+    """The verdict on the real validation runs of the fixture: at any T below the rise measured at
+    the law's ratio the plan is rejected, and the corrected choice is a trained ratio whose measured
+    rise is within T (or 0 when none is)."""
+    from ops.mixture.validation import closed_loop_verdict
+
+    tmp, _, _ = loop_lake
+    doc = json.loads((tmp / "lake/mixture_validation/validation.json").read_text())
+    runs = [r for r in doc["runs"] if {"tradeoff_law", "tradeoff_grid"} & set(r["usages"].split(","))]
+    cl = doc["closed_loop"]
+    rises = sorted(r["general_rise"] for r in runs)
+    assert len(runs) >= 1 and min(rises) > -1
+    T = max(0.0, cl["measured_rise"]) * 0.5 if cl["measured_rise"] > 0 else None
+    if T is None:                                # the law's ratio measured no rise: no T >= 0 below it
+        pytest.skip("the real run at the law's r_d measured no general-loss rise")
+    v = closed_loop_verdict(T, cl["law_r_d"], cl["grid_best_r_d"], runs)
+    assert not v.holds and "REJECTED" in v.describe() and f"{cl['measured_rise']:+.2%}" in v.describe()
+    ok = [m for m in v.measured if m["general_rise"] <= T and m["r_d"] > 0]
+    assert v.accepted_r_d == (min(ok, key=lambda m: m["loss_domain"])["r_d"] if ok else 0.0)

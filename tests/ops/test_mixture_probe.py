@@ -127,3 +127,53 @@ def test_crashed_probe_resumes_from_its_checkpoint_to_the_uninterrupted_result(t
 
     again = _launch(_plan(tmp_path, data, "runs", "cpt"))  # same plan, same data: reused, not retrained
     assert again.returncode == 0 and "reused" in again.stderr
+
+
+def test_fingerprints_and_folders_differ_per_seed_and_budget(tmp_path):
+    """A CPT run's seed and its own budget are part of what determines its result; seed 0 with the
+    plan's budget hashes as runs did before seeds existed (their published results stay valid)."""
+    import hashlib
+
+    (tmp_path / "manifest.json").write_text('{"vocab_size": 300}')
+    plan = ProbePlan(phase="cpt", data_dir=str(tmp_path), base_dir="", out_dir="")
+    fp = {s: plan.fingerprint("xs", 0.5, seed=s) for s in (0, 1, 2)}
+    assert len(set(fp.values())) == 3
+    d = {k: getattr(plan, k) for k in plan.BASE_FIELDS + plan.CPT_FIELDS}
+    legacy = hashlib.sha256(json.dumps(['{"vocab_size": 300}', plan.sizes["xs"], d, 0.5], sort_keys=True).encode()).hexdigest()[:16]
+    assert fp[0] == legacy
+    assert plan.fingerprint("xs", 0.5, tokens=plan.cpt_tokens * 4) != fp[0]
+    # a run with its own budget is the run a plan with that budget would train
+    assert plan.fingerprint("xs", 0.5, tokens=8192) == ProbePlan(phase="cpt", data_dir=str(tmp_path), base_dir="", out_dir="",
+                                                                 cpt_tokens=8192).fingerprint("xs", 0.5)
+    assert plan.fingerprint("xs") == plan.fingerprint("xs", None, seed=3)    # the base model has no CPT seed
+    assert run_dir_name("xs", 0.5) == "xs_r0.500" and run_dir_name("xs", 0.5, 1) == "xs_r0.500_s1"
+    assert run_dir_name("l", 0.866, 2, 524288) == "l_r0.866_s2_D524288"
+    with pytest.raises(ValueError, match=r"'k': seed must be an integer >= 0, got -1"):
+        ProbePlan(phase="cpt", data_dir="", base_dir="", out_dir="", runs=[{"size": "xs", "ratio": 0.5, "key": "k", "seed": -1}]).validate()
+    with pytest.raises(ValueError, match=r"'k': tokens must be an integer >= 1"):
+        ProbePlan(phase="cpt", data_dir="", base_dir="", out_dir="", runs=[{"size": "xs", "ratio": 0.5, "key": "k", "tokens": 0}]).validate()
+
+
+def test_seeds_train_distinct_runs_from_one_base(tmp_path):
+    """Two seeds of one (size, ratio) in one launch: the same base point, then different data order,
+    so different losses at every checkpoint; each run carries its seed and fingerprint; a run with
+    its own budget stops there."""
+    data = _tiny_streams(tmp_path)
+    assert _launch(_plan(tmp_path, data, "runs", "base")).returncode == 0
+    spec = json.loads(_plan(tmp_path, data, "runs", "cpt").read_text())
+    spec["runs"] = [{"size": "xs", "ratio": 0.5, "key": "a", "seed": 0}, {"size": "xs", "ratio": 0.5, "key": "b", "seed": 1},
+                    {"size": "xs", "ratio": 0.5, "key": "c", "seed": 1, "tokens": 256}]
+    p = tmp_path / "seeds-cpt.json"
+    p.write_text(json.dumps(spec))
+    r = _launch(p)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "seeds-cpt.run" / "result.json").read_text())["runs"]
+    a, b, c = got["a"], got["b"], got["c"]
+    assert (a["seed"], b["seed"], c["seed"]) == (0, 1, 1) and len({a["fingerprint"], b["fingerprint"], c["fingerprint"]}) == 3
+    assert a["points"][0] == b["points"][0]                                  # step 0: the shared base model
+    assert [p["tokens"] for p in a["points"]] == [p["tokens"] for p in b["points"]] == [0, 128, 256, 512, 1024]
+    for pa, pb in zip(a["points"][1:], b["points"][1:]):
+        assert pa["loss_general"] != pb["loss_general"] and pa["loss_domain"] != pb["loss_domain"]
+    assert [p["tokens"] for p in c["points"]] == [0, 128, 256]
+    assert c["points"][1:] == b["points"][1:3]                               # same seed: the same data, cut at its budget
+    assert (tmp_path / "runs" / "xs_r0.500_s1" / "metrics.json").exists() and (tmp_path / "runs" / "xs_r0.500_s1_D256").exists()
