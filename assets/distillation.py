@@ -61,7 +61,7 @@ def _reference_path(df: pl.DataFrame, config: DistillParams, log=None) -> pl.Dat
     is quarantined (a present but corrupt answer) or left to the teacher (no answer field at all),
     whose samples are then checked against the solution's boxed answer.
     """
-    from ops.curation.verify import VerifyItem, answers_agree, last_boxed, verify_many
+    from ops.curation.verify import VerifyItem, answers_agree, last_boxed, verify_stable
 
     items = []
     for r in df.select("problem_id", "answer", "solution", "answer_type").iter_rows(named=True):
@@ -69,7 +69,7 @@ def _reference_path(df: pl.DataFrame, config: DistillParams, log=None) -> pl.Dat
         items.append(VerifyItem(r["problem_id"], r["answer"], r["solution"],
                                 r["solution"] if has_solution and r["answer_type"] != "multiple_choice" else None,
                                 r["answer_type"]))
-    results = verify_many(items, timeout_s=config.verify_timeout_s, workers=config.workers, log=log)
+    results = verify_stable(items, timeout_s=config.verify_timeout_s, workers=config.workers, log=log)
     res = pl.DataFrame(results).select("key", "status", "gold_source").rename({"key": "problem_id", "status": "verify_status"})
     out = df.join(res, on="problem_id", how="left")
     reasons = []

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ops.teacher.requests import ChatRequest, ChatResult
 from ops.teacher.prompts import solve_messages, validate_templates
 
-from .verify import VerifyItem, verify_many
+from .verify import VerifyItem, verify_stable
 
 
 @dataclass
@@ -124,7 +124,7 @@ def verify_samples(rows: list[dict], results: list[ChatResult], timeout_s: float
             r = by_id[res.request.tag]
             items.append(VerifyItem(f"{n}", r["answer"], r.get("solution"), res.text or "", r["answer_type"]))
             ok_idx.append(n)
-    verdicts = {int(v["key"]): v["status"] for v in verify_many(items, timeout_s=timeout_s, workers=workers)} if items else {}
+    verdicts = {int(v["key"]): v["status"] for v in verify_stable(items, timeout_s=timeout_s, workers=workers)} if items else {}
     out = []
     for n, res in enumerate(results):
         out.append({

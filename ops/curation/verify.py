@@ -334,3 +334,26 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
                 results[it.key] = {"key": it.key, "status": "error", "gold_source": None, "error": repr(e)[:300]}
             tracker.update()
     return [results[it.key] for it in items]
+
+
+RETRY_FACTOR = 4.0
+"""Time-limit multiplier of the one retry of a timed-out or crashed verification (``verify_stable``)."""
+
+
+def verify_stable(items: list[VerifyItem], timeout_s: float, workers: int, log=None) -> list[dict]:
+    """``verify_many``, then once more, alone (one worker) and with ``RETRY_FACTOR * timeout_s``, for
+    the items whose status was ``timeout`` or ``error``.
+
+    A wall-clock limit is the only guard that stops a hung parse, but it also fires when a loaded
+    machine slows an ordinary item down; the retry makes such an item's verdict the same as on an
+    idle machine, so two runs of the same inputs verify alike (the reproducibility of
+    ``distilled_problems`` and of the post-training scores). A genuinely hung item costs
+    ``(1 + RETRY_FACTOR) * timeout_s`` and stays ``timeout``: never verified. Results follow
+    ``items``; same statuses and errors as ``verify_many``.
+    """
+    res = verify_many(items, timeout_s=timeout_s, workers=workers, log=log) if items else []
+    again = [i for i, r in enumerate(res) if r["status"] in ("timeout", "error")]
+    if again:
+        for i, r in zip(again, verify_many([items[i] for i in again], timeout_s=RETRY_FACTOR * timeout_s, workers=1)):
+            res[i] = r
+    return res

@@ -5,8 +5,9 @@ A prediction is correct when its final answer verifies against the item's refere
 ``ops.curation.verify`` (math-verify with its guards for numbers and expressions, case-insensitive
 equality for words and option letters). A boxed answer textually equal to the reference is accepted
 without calling math-verify (same verdict, no process pool). An item whose verification timed out
-or crashed is verified again once with ``RETRY_FACTOR`` times the time limit (``verify_stable``), so a
-loaded machine does not turn a right answer into a wrong one and two runs score alike.
+or crashed is verified again once with ``RETRY_FACTOR`` times the time limit
+(``ops.curation.verify.verify_stable``), so a loaded machine does not turn a right answer into a
+wrong one and two runs score alike.
 """
 
 from __future__ import annotations
@@ -18,23 +19,6 @@ import polars as pl
 
 
 _INTEGER = re.compile(r"-?\d+")
-RETRY_FACTOR = 4.0
-"""Time-limit multiplier of the one retry of a timed-out or crashed verification."""
-
-
-def verify_stable(todo: list, timeout_s: float, workers: int) -> list[dict]:
-    """``ops.curation.verify.verify_many`` on ``todo`` (``VerifyItem`` list), then once more, alone
-    (one worker) and with ``RETRY_FACTOR * timeout_s``, for the items whose status was ``timeout``
-    or ``error``. Results in the order of ``todo``; a status still ``timeout``/``error`` stays so
-    (never counted as verified)."""
-    from ops.curation.verify import verify_many
-
-    res = verify_many(todo, timeout_s=timeout_s, workers=workers) if todo else []
-    again = [i for i, r in enumerate(res) if r["status"] in ("timeout", "error")]
-    if again:
-        for i, r in zip(again, verify_many([todo[i] for i in again], timeout_s=RETRY_FACTOR * timeout_s, workers=1)):
-            res[i] = r
-    return res
 
 
 def score(items: pl.DataFrame, predictions: pl.DataFrame, timeout_s: float = 5.0, workers: int = 2) -> pl.DataFrame:
@@ -64,7 +48,7 @@ def score_many(items: pl.DataFrame, predictions: list[pl.DataFrame], timeout_s: 
     ``verify_stable`` call for all frames (timeouts retried once). Returns one scored frame per
     element of ``predictions``, in order. Raises ValueError naming a missing column.
     """
-    from ops.curation.verify import VerifyItem, last_boxed, verify_one
+    from ops.curation.verify import VerifyItem, last_boxed, verify_one, verify_stable
 
     for name, df, cols in [("items", items, ("item_id", "answer", "answer_type"))] + \
             [(f"predictions[{k}]", p, ("item_id", "prediction", "response_loss")) for k, p in enumerate(predictions)]:

@@ -173,9 +173,7 @@ class ItemFilter:
         """Filter ``items`` (dicts with ``item_id``, ``problem``, ``answer``, ``response``,
         ``answer_type``). Returns (kept, rejected with a ``reason``, report); order is kept."""
         from ops.curation.text import text_hash
-        from ops.curation.verify import VerifyItem
-
-        from .evaluate import verify_stable
+        from ops.curation.verify import VerifyItem, verify_stable
 
         rep = FilterReport(seen=len(items))
         reason: list[str | None] = [None] * len(items)
@@ -317,7 +315,7 @@ def teacher_synthesis(client, targets: list[dict], failed: pl.DataFrame, retriev
         (items with ``origin`` "teacher" in the row format of ``ops.posttrain.data.generated_rows``,
         stats ``{"requested", "parsed", "agreed"}``).
     """
-    from ops.curation.verify import VerifyItem, verify_many
+    from ops.curation.verify import VerifyItem, verify_stable
     from ops.teacher.client import ChatRequest
 
     from .data import answer_type_of_module, boxed
@@ -345,8 +343,8 @@ def teacher_synthesis(client, targets: list[dict], failed: pl.DataFrame, retriev
         return [], stats
     solves = client.complete([ChatRequest.make(solve_messages(q), {"temperature": 0.0, "max_tokens": max_tokens}, tag=tag)
                               for tag, q, _ in proposed])
-    checks = verify_many([VerifyItem(str(i), a, None, s.text if s.status == "ok" else "", "numeric")
-                          for i, ((_, _, a), s) in enumerate(zip(proposed, solves))], timeout_s=verify_timeout_s, workers=workers)
+    checks = verify_stable([VerifyItem(str(i), a, None, s.text if s.status == "ok" else "", "numeric")
+                            for i, ((_, _, a), s) in enumerate(zip(proposed, solves))], timeout_s=verify_timeout_s, workers=workers)
     items = []
     for (tag, q, a), c in zip(proposed, checks):
         if c["status"] != "verified":

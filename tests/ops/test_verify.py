@@ -81,6 +81,28 @@ def test_verify_many_times_out_and_never_counts_as_verified(monkeypatch):
     assert res[0]["status"] == "timeout"
 
 
+_REAL_VERIFY_ONE = V.verify_one
+
+
+def _slow(item):  # an ordinary item slowed down, as on a loaded machine: 1 s, then the real verdict
+    import time
+
+    time.sleep(1.0)
+    return _REAL_VERIFY_ONE(item)
+
+
+def test_verify_stable_retries_a_slowed_item_and_still_never_verifies_a_hung_one(monkeypatch):
+    """A wall-clock timeout that a slow machine trips is retried once with RETRY_FACTOR x the limit
+    (so two runs agree); an item that hangs stays ``timeout``."""
+    monkeypatch.setattr(V, "verify_one", _slow)
+    items = [V.VerifyItem("a", "1", None, "$\\boxed{1}$"), V.VerifyItem("b", "2", None, "$\\boxed{3}$")]
+    assert [r["status"] for r in V.verify_many(items, timeout_s=0.5, workers=1)] == ["timeout", "timeout"]
+    assert 0.5 * V.RETRY_FACTOR > 1.0
+    assert [r["status"] for r in V.verify_stable(items, timeout_s=0.5, workers=1)] == ["verified", "wrong"]
+    monkeypatch.setattr(V, "verify_one", _sleepy)
+    assert V.verify_stable(items[:1], timeout_s=0.3, workers=1)[0]["status"] == "timeout"
+
+
 @pytest.mark.parametrize("kw", [{"timeout_s": 0}, {"workers": 0}])
 def test_verify_many_rejects_bad_parameters(kw):
     with pytest.raises(ValueError):
