@@ -96,22 +96,35 @@ class _QuietPipes:
         pass
 
 
-def spec_for(seed: int, policy: str, quick: bool = False, methods=METHODS, placement: str = "local"):
+def workload(quick: bool = False, steps: int | None = None) -> dict:
+    """``QUICK`` or ``FULL``, with the optimizer steps per method replaced by ``steps`` when given."""
+    w = json.loads(json.dumps(QUICK if quick else FULL))
+    if steps is not None:
+        if steps < 1:
+            raise ValueError(f"rl_real_arc: steps must be >= 1, got {steps}")
+        w["arc"]["steps"] = steps
+    return w
+
+
+def spec_for(seed: int, policy: str, quick: bool = False, methods=METHODS, placement: str = "local",
+             steps: int | None = None):
     """The validated RunSpec of one seed."""
     from ops.rl.rollarc.driver import RunSpec
 
-    w = QUICK if quick else FULL
+    w = workload(quick, steps)
     return RunSpec(problems_path="", tokenizer_dir=policy, model_dir=policy, methods=list(methods), task="scratchpad",
                    task_seed=seed, seed=seed, placement=placement, num_cpus=2, arc=dict(w["arc"]), roles=json.loads(json.dumps(ROLES)),
                    eval_size=w["eval_size"], eval_every=0, eval_temperature=1.0, check_work=w["check_work"]).validate()
 
 
-def run_section(seeds: int = 3, quick: bool = False, policy: str = DEFAULT_POLICY, placement: str = "local") -> dict:
+def run_section(seeds: int = 3, quick: bool = False, policy: str = DEFAULT_POLICY, placement: str = "local",
+                steps: int | None = None) -> dict:
     """Every method x seed. Returns {"speedup_vs_monolithic", "speedup_vs_async0" (of ``HEADLINE``:
     mean, ci95), "accuracy" {method: final held-out accuracy mean, ci95}, "seeds", "staleness_histogram"
     {method: {staleness: groups over seeds}}, "per_method" {method: wall_s, speedups, accuracy
     before/after, trajectories/s, generated vs trained trajectories, statuses, eval curves per seed},
-    "budget", "settings", "section_s"}. ``placement``: ``local`` (default: every method in one
+    "budget", "settings", "section_s"}. ``steps``: optimizer steps per method (default: the
+    workload's). ``placement``: ``local`` (default: every method in one
     process) or ``ray`` (every method on the same Ray actors: engines, trainer actor, env worker,
     reward pool; Ray and actor start-up excluded from the times). Raises FileNotFoundError when ``policy`` has no model."""
     from ops.rl.rollarc.driver import run
@@ -121,7 +134,7 @@ def run_section(seeds: int = 3, quick: bool = False, policy: str = DEFAULT_POLIC
     t0 = time.monotonic()
     runs = []
     for seed in range(seeds):
-        spec = spec_for(seed, policy, quick, placement=placement)
+        spec = spec_for(seed, policy, quick, placement=placement, steps=steps)
         r = run(spec, _QuietPipes())
         runs.append(r)
     per: dict = {}
@@ -158,7 +171,7 @@ def run_section(seeds: int = 3, quick: bool = False, policy: str = DEFAULT_POLIC
             "staleness_histogram": {m: per[m]["staleness_histogram"] for m in METHODS},
             "per_method": per,
             "budget": runs[0]["budget"],
-            "settings": {"policy": policy, "quick": quick, "placement": placement, "workload": QUICK if quick else FULL, "roles": ROLES,
+            "settings": {"policy": policy, "quick": quick, "placement": placement, "workload": workload(quick, steps), "roles": ROLES,
                          "task": "scratchpad / checked_subtraction", "eval": "single-turn sampled pass rate, T=1"},
             "section_s": round(time.monotonic() - t0, 1)}
 
@@ -169,9 +182,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--policy", default=DEFAULT_POLICY)
     ap.add_argument("--placement", default="local", choices=("local", "ray"))
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per method (default: the workload's)")
     ap.add_argument("--out", default=None, help="also write the JSON here (atomic)")
     a = ap.parse_args(argv)
-    res = run_section(a.seeds, a.quick, a.policy, a.placement)
+    res = run_section(a.seeds, a.quick, a.policy, a.placement, a.steps)
     res["command"] = " ".join(["benchmarks/rl_real_arc.py"] + (argv if argv is not None else sys.argv[1:]))
     print(json.dumps(res, indent=1, default=str))
     if a.out:
