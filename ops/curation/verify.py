@@ -149,7 +149,10 @@ def parse_gold(answer: str | None, solution: str | None = None) -> tuple[list, s
             latex = _PLAIN_CONSTANTS.sub(lambda m: "\\" + m.group(1), _sympy_syntax_to_latex(a))
             parsed = parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
             parsed = [p for p in parsed if not isinstance(p, str)]
-            parsed += [p for p in parse(a, extraction_config=[ExprExtractionConfig()]) if not isinstance(p, str)]
+            if not parsed:  # plain-expression extraction only as the fallback: on an answer that the
+                # LaTeX path parses whole it can add a fragment (a bare 2 from "2x^2-18"), which any
+                # prediction "2" would then match
+                parsed = [p for p in parse(a, extraction_config=[ExprExtractionConfig()]) if not isinstance(p, str)]
             if parsed:
                 return parsed + [a], "answer_wrapped"
     boxed = last_boxed(solution)

@@ -15,6 +15,14 @@ def test_case_verify_distinct_equations(curation_cases):
     assert check(inp["gold"], inp["pred"])[0] is False
 
 
+def test_plain_polynomial_answer_is_not_matched_by_its_leading_coefficient():
+    """A plain answer the LaTeX path parses whole gets no extra plain-expression fragments: before,
+    ``parse_gold("2x^2-18")`` also held a bare 2, so the prediction 2 verified."""
+    assert check("2x^2-18", "$\\boxed{2}$")[0] is False
+    assert check("2x^2-18", "$\\boxed{2(x^2-9)}$")[0] is True
+    assert check("sqrt(2)/2", "$\\boxed{\\frac{\\sqrt{2}}{2}}$")[0] is True
+
+
 def test_equations_equal_up_to_a_factor_still_verify():
     assert check("$6x - 2y + 26 = 0$", "$3x - y + 13 = 0$")[0] is True
 
