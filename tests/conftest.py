@@ -172,3 +172,15 @@ def join_or_kill(ctx, timeout_s: float, what: str) -> None:
             for p in ctx.processes:
                 p.kill()
             pytest.fail(f"{what} did not finish in {timeout_s:g} s")
+
+
+def stack_domains(tables: dict) -> dict:
+    """The probe points of several domains (name -> {column: 1-D array}, every table with the same
+    columns, ``tokens`` among them) as one table with a ``domain`` column holding each row's name:
+    the input of the cross-domain law (``ops.mixture.law.fit_cross_domain``)."""
+    import numpy as np
+
+    parts = list(tables.values())
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out["domain"] = np.repeat(list(tables), [len(p["tokens"]) for p in parts])
+    return out
