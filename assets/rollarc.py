@@ -85,17 +85,8 @@ class RollArcRunConfig(PolicyRunConfig):
     """Injected env step latency: none | low | medium | heavy (same mean)."""
     env_latency_mean_s: float = _D.env_latency_mean_s
     reward_max_replicas: int = _D.reward_max_replicas
-    lr: float = _D.lr
-    temperature: float = _D.temperature
-    """Sampling temperature of the engines; the trainer scores the sampled tokens under the same
-    distribution (temperature, top_k, top_p: ``ops.lm.sampling.SamplingConfig``)."""
-    top_k: int = _D.top_k
-    """Keep only the k most likely tokens when sampling (0 = off)."""
-    top_p: float = _D.top_p
-    """Nucleus sampling mass (1.0 = off)."""
     eval_temperature: float = _D.eval_temperature
     """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
-    seed: int = _D.seed
     num_cpus: int = _D.num_cpus
     """CPUs of the local Ray instance (ignored with compute.ray_address)."""
     checkpoint_every: int = _D.checkpoint_every

@@ -64,17 +64,8 @@ class RollPackerRunConfig(PolicyRunConfig):
     max_new_tokens: int = _D.max_new_tokens
     timeout_s: float = _D.timeout_s
     """Wall-clock limit of one rollout."""
-    lr: float = _D.lr
-    temperature: float = _D.temperature
-    """Sampling temperature of the engines; the trainer scores the sampled tokens under the same
-    distribution (temperature, top_k, top_p: ``ops.lm.sampling.SamplingConfig``)."""
-    top_k: int = _D.top_k
-    """Keep only the k most likely tokens when sampling (0 = off)."""
-    top_p: float = _D.top_p
-    """Nucleus sampling mass (1.0 = off)."""
     eval_temperature: float = _D.eval_temperature
     """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
-    seed: int = _D.seed
     max_failed_fraction: float = _D.max_failed_fraction
     """A step fails when more than this fraction of its rewards could not be computed."""
     num_cpus: int = _D.num_cpus

@@ -158,3 +158,29 @@ def wait_until_serving(proc, url: str, timeout_s: float, log, what: str) -> None
         if time.monotonic() > deadline:
             pytest.fail(f"{what} did not answer on {url} within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
         time.sleep(1)
+
+
+def join_or_kill(ctx, timeout_s: float, what: str) -> None:
+    """Wait for the processes of a ``torch.multiprocessing.start_processes(..., join=False)``
+    context; after ``timeout_s`` seconds kill them all and fail the test ("<what> did not finish in
+    <timeout_s> s"). A worker that raises fails the test through ``ctx.join`` with its traceback."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{what} did not finish in {timeout_s:g} s")
+
+
+def stack_domains(tables: dict) -> dict:
+    """The probe points of several domains (name -> {column: 1-D array}, every table with the same
+    columns, ``tokens`` among them) as one table with a ``domain`` column holding each row's name:
+    the input of the cross-domain law (``ops.mixture.law.fit_cross_domain``)."""
+    import numpy as np
+
+    parts = list(tables.values())
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out["domain"] = np.repeat(list(tables), [len(p["tokens"]) for p in parts])
+    return out

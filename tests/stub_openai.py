@@ -6,6 +6,22 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from ops.httpjson import send_json
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """The base of the test servers' handlers: no request log, ``GET`` answers the health check
+    ``{"status": "ok"}``, ``_send`` replies JSON (``ops.httpjson.send_json``); subclasses answer ``POST``."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self._send(200, {"status": "ok"})
+
+    def _send(self, code, obj, headers=None):
+        send_json(self, code, obj, headers)
+
 
 class StubOpenAI:
     """``script``: list of actions consumed in order, then ``default``. An action is an int status
@@ -26,13 +42,7 @@ class StubOpenAI:
         self.lock = threading.Lock()
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                self._send(200, {"status": "ok"})
-
+        class Handler(JSONHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 with stub.lock:
@@ -49,19 +59,6 @@ class StubOpenAI:
                 self._send(200, {"id": "x", "object": "chat.completion", "model": body.get("model"),
                                  "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": stub.reply}}],
                                  "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}, **stub.extra})
-
-            def _send(self, code, obj, headers=None):
-                data = json.dumps(obj).encode()
-                try:
-                    self.send_response(code)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(data)))
-                    for k, v in (headers or {}).items():
-                        self.send_header(k, v)
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

@@ -34,6 +34,28 @@ def generate(model, prompts: list[list[int]], eot_id: int, max_new_tokens: int, 
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     sampling = _sampling(temperature, top_k, top_p)
+    x, attn = left_pad(prompts, eot_id, max_new_tokens, n_positions)
+    B = len(prompts)
+    done = torch.zeros(B, dtype=torch.bool)
+    out = [[] for _ in range(B)]
+    for _ in range(max_new_tokens):
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=x, attention_mask=attn, position_ids=pos).logits[:, -1]
+        nxt = logits.argmax(-1) if sampling is None else next_tokens(logits, sampling, generator)
+        nxt = append_tokens(out, nxt, done, eot_id)
+        if bool(done.all()):
+            break
+        x = torch.cat([x, nxt[:, None]], 1)
+        attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], 1)
+    return out
+
+
+def left_pad(prompts: list[list[int]], eot_id: int, max_new_tokens: int, n_positions: int):
+    """The prompts as one left-padded batch: ``(input_ids, attention_mask)``, both int64 (B, L) with
+    L the longest prompt after each keeps its last ``n_positions - max_new_tokens`` tokens; padding
+    is ``eot_id`` with mask 0. Shared by ``generate`` and ``ops.posttrain.decode.greedy_cached``."""
+    import torch
+
     keep = n_positions - max_new_tokens
     prompts = [p[-keep:] for p in prompts]
     B, L = len(prompts), max(len(p) for p in prompts)
@@ -42,22 +64,21 @@ def generate(model, prompts: list[list[int]], eot_id: int, max_new_tokens: int, 
     for i, p in enumerate(prompts):
         x[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
         attn[i, L - len(p):] = 1
-    done = torch.zeros(B, dtype=torch.bool)
-    out = [[] for _ in range(B)]
-    for _ in range(max_new_tokens):
-        pos = (attn.cumsum(1) - 1).clamp(min=0)
-        logits = model(input_ids=x, attention_mask=attn, position_ids=pos).logits[:, -1]
-        nxt = logits.argmax(-1) if sampling is None else next_tokens(logits, sampling, generator)
-        nxt = torch.where(done, torch.full_like(nxt, eot_id), nxt)
-        for i in range(B):
-            if not done[i] and nxt[i].item() != eot_id:
-                out[i].append(int(nxt[i]))
-        done |= nxt == eot_id
-        if bool(done.all()):
-            break
-        x = torch.cat([x, nxt[:, None]], 1)
-        attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], 1)
-    return out
+    return x, attn
+
+
+def append_tokens(out: list[list[int]], nxt, done, eot_id: int):
+    """One decoding step's bookkeeping: the next token ``nxt`` (int64 (B,)) of every finished row
+    becomes ``eot_id``, each unfinished row's token is appended to ``out`` unless it is ``eot_id``,
+    and ``done`` (bool (B,)) is updated in place. Returns the masked ``nxt`` (the tokens fed back)."""
+    import torch
+
+    nxt = torch.where(done, torch.full_like(nxt, eot_id), nxt)
+    for i in range(len(out)):
+        if not done[i] and nxt[i].item() != eot_id:
+            out[i].append(int(nxt[i]))
+    done |= nxt == eot_id
+    return nxt
 
 
 def _sampling(temperature: float, top_k: int, top_p: float):

@@ -290,6 +290,20 @@ class Trainer:
             if on_step is not None:
                 on_step(self.step, float(loss.detach()))
 
+    def log_loss(self, loss: float, every: int, last: int, curve: str = "curve") -> Optional[dict]:
+        """The logged training loss, averaged over a window (call from ``on_step``): ``loss`` joins
+        ``history["window"]``; at every ``every``-th step and at step ``last`` the point ``{"step",
+        "loss": the window's mean (nats), "lr": the scheduler's current rate}`` is appended to
+        ``history[curve]``, the window restarts and the point is returned; None between."""
+        h = self.history
+        h["window"].append(loss)
+        if self.step % every and self.step != last:
+            return None
+        point = {"step": self.step, "loss": float(np.mean(h["window"])), "lr": self.scheduler.get_last_lr()[0]}
+        h["window"] = []
+        h[curve].append(point)
+        return point
+
     def evaluate(self, hook: Callable[[Any], Any]) -> Any:
         """``hook(model)`` on the unwrapped model in eval mode without gradients (every rank calls
         it; the hook sums or gathers over ``dp``)."""

@@ -9,7 +9,9 @@ pass over the whole sequence. On the embedded student (a 2,048-token vocabulary,
 prompts, 16 new tokens) the full recomputation spends most of its time in the output layer of
 positions whose logits are thrown away; the evaluation of every post-training checkpoint is
 generation-bound, so this is what keeps three seeds per arm inside the main job's budget. Equality
-with ``ops.lm.generate.generate`` is tested on a real checkpoint (tests/ops/test_posttrain_sft.py).
+with ``ops.lm.generate.generate`` is tested on a real checkpoint (tests/ops/test_posttrain_sft.py);
+the padding and the per-step bookkeeping are ``generate``'s own (``ops.lm.generate.left_pad``,
+``append_tokens``).
 """
 
 from __future__ import annotations
@@ -32,31 +34,23 @@ def greedy_cached(model, prompts: list[list[int]], eot_id: int, max_new_tokens: 
     """
     import torch
 
+    from ops.lm.generate import append_tokens, left_pad
+
     if not 1 <= max_new_tokens < n_positions:
         raise ValueError(f"greedy_cached: max_new_tokens must be in [1, n_positions), got {max_new_tokens} ({n_positions})")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("greedy_cached: an empty prompt")
     if not prompts:
         return []
-    keep = n_positions - max_new_tokens
-    prompts = [p[-keep:] for p in prompts]
-    B, L = len(prompts), max(len(p) for p in prompts)
-    x = torch.full((B, L), eot_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        x[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
-        attn[i, L - len(p):] = 1
+    x, attn = left_pad(prompts, eot_id, max_new_tokens, n_positions)
+    B = len(prompts)
     pos = (attn.cumsum(1) - 1).clamp(min=0)
     step = model(input_ids=x, attention_mask=attn, position_ids=pos, use_cache=True)
     past, logits, last = step.past_key_values, step.logits[:, -1], pos[:, -1]
     done = torch.zeros(B, dtype=torch.bool)
     out: list[list[int]] = [[] for _ in range(B)]
     for k in range(max_new_tokens):
-        nxt = torch.where(done, torch.full((B,), eot_id, dtype=torch.long), logits.argmax(-1))
-        for i in range(B):
-            if not done[i] and nxt[i].item() != eot_id:
-                out[i].append(int(nxt[i]))
-        done |= nxt == eot_id
+        nxt = append_tokens(out, logits.argmax(-1), done, eot_id)
         if bool(done.all()) or k == max_new_tokens - 1:
             break
         attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], 1)

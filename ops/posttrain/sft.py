@@ -232,14 +232,9 @@ class _Sft:
                           history={"curve": [], "window": []}, name=f"sft {key}", log=self.log)
 
         def on_step(done: int, loss: float) -> None:
-            h = trainer.history
-            h["window"].append(loss)
-            if done % plan.log_every == 0 or done == plan.steps:
-                point = {"step": done, "loss": float(np.mean(h["window"])), "lr": sched.get_last_lr()[0]}
-                h["window"] = []
-                h["curve"].append(point)
-                if dp.rank == 0:
-                    self.pipes.report_custom_message({"run": key, **point})
+            point = trainer.log_loss(loss, plan.log_every, plan.steps)
+            if point is not None and dp.rank == 0:
+                self.pipes.report_custom_message({"run": key, **point})
             if done % plan.checkpoint_every == 0 and done < plan.steps:
                 trainer.save()
                 crash_if_asked("CRUCIBLE_SFT_CRASH_AFTER_STEP", done, "steps", f"sft {key}", self.log,

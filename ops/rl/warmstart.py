@@ -249,13 +249,9 @@ def train(spec: WarmStartSpec, out: Path, pipes, dp=None) -> dict:
         now = time.monotonic()
         h["train_s"] += now - mark[0]
         mark[0] = now
-        h["window"].append(loss)
-        if done % spec.log_every == 0 or done == spec.max_steps:
-            point = {"step": done, "loss": float(np.mean(h["window"])), "lr": sched.get_last_lr()[0]}
-            h["window"] = []
-            h["loss_curve"].append(point)
-            if dp.rank == 0:
-                pipes.report_custom_message(point)
+        point = trainer.log_loss(loss, spec.log_every, spec.max_steps, curve="loss_curve")
+        if point is not None and dp.rank == 0:
+            pipes.report_custom_message(point)
         if done % spec.checkpoint_every == 0 and done < spec.max_steps:
             trainer.save()
             crash_if_asked(CRASH_ENV, done, "steps", "warmstart", log, since=trainer.resumed_from or 0)

@@ -65,6 +65,21 @@ def shard_of(ec: EmbeddingCollection) -> tuple[int, int]:
     return (x.rank, x.world) if x is not None else (0, 1)
 
 
+def _rank_world(ec: EmbeddingCollection, rank: int | None, world: int | None, caller: str,
+                verb: str) -> tuple[int, int]:
+    """The (rank, world) a sharded save or load acts as: the given ones, each defaulting to the
+    collection's (``shard_of``). Raises ValueError naming ``caller`` when they contradict a sharded
+    collection's or the rank is outside ``[0, world)``."""
+    mine = shard_of(ec)
+    rank = mine[0] if rank is None else rank
+    world = mine[1] if world is None else world
+    if getattr(ec, "x", None) is not None and (rank, world) != mine:
+        raise ValueError(f"{caller}: the collection is rank {mine[0]} of {mine[1]}, asked to {verb} as rank {rank} of {world}")
+    if not 0 <= rank < world:
+        raise ValueError(f"{caller}: rank {rank} outside [0, {world})")
+    return rank, world
+
+
 def table_layout(ec: EmbeddingCollection) -> dict:
     """Per table: dim, width, dtype, id_dtype, key_bits, features (slot order), optimizer {name,
     params, slots [[name, width], ...]} and step. What a checkpoint records and a load checks."""
@@ -231,13 +246,7 @@ def save_shard(ec: EmbeddingCollection, folder: str | Path, rank: int | None = N
     entry (rank, file, bytes, sha256, per table rows / id_min / id_max / sightings / evicted).
     ``rank``/``world`` default to the collection's (``shard_of``). Raises ValueError when they
     contradict a sharded collection's, or when a table holds a key another rank owns."""
-    mine = shard_of(ec)
-    rank = mine[0] if rank is None else rank
-    world = mine[1] if world is None else world
-    if getattr(ec, "x", None) is not None and (rank, world) != mine:
-        raise ValueError(f"save_shard: the collection is rank {mine[0]} of {mine[1]}, asked to save as rank {rank} of {world}")
-    if not 0 <= rank < world:
-        raise ValueError(f"save_shard: rank {rank} outside [0, {world})")
+    rank, world = _rank_world(ec, rank, world, "save_shard", "save")
     for name, t in ec.tables.items():
         foreign = [k for k in t.row_of if k % world != rank]
         if foreign:
@@ -326,13 +335,7 @@ def load_sharded(ec: EmbeddingCollection, folder: str | Path, rank: int | None =
     SHA-256 not as recorded, truncated, a key another rank owns, step differing) or a table that
     does not match the collection (features, dim, width, optimizer)."""
     folder = Path(folder)
-    mine = shard_of(ec)
-    rank = mine[0] if rank is None else rank
-    world = mine[1] if world is None else world
-    if getattr(ec, "x", None) is not None and (rank, world) != mine:
-        raise ValueError(f"load_sharded: the collection is rank {mine[0]} of {mine[1]}, asked to load as rank {rank} of {world}")
-    if not 0 <= rank < world:
-        raise ValueError(f"load_sharded: rank {rank} outside [0, {world})")
+    rank, world = _rank_world(ec, rank, world, "load_sharded", "load")
     m = read_manifest(folder, prefix)
     W, mpath = m["world_size"], manifest_path(folder, prefix)
     for f in m["files"]:                                   # every file there, at its recorded size

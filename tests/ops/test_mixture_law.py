@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from ops.mixture import law
+from tests.conftest import stack_domains
 
 SIZES = (2e5, 7e5, 2e6)
 RATIOS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -219,11 +220,8 @@ def test_allocate_compute_matches_a_log_grid_search(fits):
 
 def _domains(floors: dict[str, float], seed: int) -> dict[str, np.ndarray]:
     """Domains sharing every L3 parameter except the floor E + F/K^mu."""
-    parts = [probes(ratios=(0.0, 0.25, 0.5, 0.75, 1.0), seed=seed + i,
-                    p_domain={**TRUE_D, "E": phi}) for i, phi in enumerate(floors.values())]
-    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    out["domain"] = np.repeat(list(floors), [len(p["tokens"]) for p in parts])
-    return out
+    return stack_domains({name: probes(ratios=(0.0, 0.25, 0.5, 0.75, 1.0), seed=seed + i, p_domain={**TRUE_D, "E": phi})
+                          for i, (name, phi) in enumerate(floors.items())})
 
 
 def test_cross_domain_law_predicts_an_unseen_domain_from_its_early_checkpoints():

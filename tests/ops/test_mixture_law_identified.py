@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ops.mixture import law
+from tests.conftest import stack_domains
 
 SIZES = (6592.0, 25472.0, 150080.0, 447552.0)
 RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -215,11 +216,8 @@ def test_bootstrap_intervals_cover_the_generating_parameters():
 
 def _domains(floors: dict[str, float], seed: int, noise: float = 0.003):
     """Domains sharing every L3 parameter except the floor."""
-    parts = [points("L3", {**TRUE_L3, "E": phi}, noise=noise, seed=seed + i)
-             for i, phi in enumerate(floors.values())]
-    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    out["domain"] = np.repeat(list(floors), [len(p["tokens"]) for p in parts])
-    return out
+    return stack_domains({name: points("L3", {**TRUE_L3, "E": phi}, noise=noise, seed=seed + i)
+                          for i, (name, phi) in enumerate(floors.items())})
 
 
 def test_cross_domain_k_stays_within_its_bounds_with_an_interval():

@@ -9,13 +9,14 @@ import math
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from ops.rl.reward import (AdaptiveTimeout, LocalRewardTransport, RayRewardTransport, RewardClient, RewardItem,
                             RetryableRewardError, RewardScorer, RewardServiceError, check_failed_fraction,
                             reward_counts, score_one)
+from tests.stub_openai import JSONHandler
 
 
 class FaultyRewardService:
@@ -26,13 +27,7 @@ class FaultyRewardService:
         self.script, self.default, self.hang_s, self.posts = list(script), default, hang_s, 0
         svc = self
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                self._send(200, {"status": "ok"})
-
+        class H(JSONHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 svc.posts += 1
@@ -42,16 +37,6 @@ class FaultyRewardService:
                 if act not in ("ok", "hang"):
                     return self._send(int(act), {"error": "scripted"})
                 self._send(200, {"scores": [{"key": d["key"], "score": 1.0, "status": "verified"} for d in body["items"]]})
-
-            def _send(self, code, obj):
-                data = json.dumps(obj).encode()
-                try:
-                    self.send_response(code)
-                    self.send_header("content-length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.httpd.daemon_threads = True

@@ -8,12 +8,11 @@ embedding and optimizer row identical, evicted IDs absent, and a missing or corr
 import datetime
 import json
 import shutil
-import time
 
 import pytest
 import torch
 
-from tests.conftest import shared_dir
+from tests.conftest import join_or_kill, shared_dir
 
 SPECIAL = [0, 2**40 + 7, 2**63 - 1]
 DIM, STEPS, SAVE_WORLD = 4, 6, 4
@@ -82,12 +81,7 @@ def saved(tmp_path_factory):
     d = tmp_path_factory.mktemp("sparse-reshard")
     ctx = torch.multiprocessing.start_processes(_worker, args=(SAVE_WORLD, str(d / "store"), str(d)), nprocs=SAVE_WORLD,
                                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the 4-process save did not finish in 240 s")
+    join_or_kill(ctx, 240, "the 4-process save")
     refs = [torch.load(d / f"ref{r}.pt") for r in range(SAVE_WORLD)]
     ref = {}
     for r, x in enumerate(refs):

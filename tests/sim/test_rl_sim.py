@@ -1,19 +1,13 @@
 """The statistics and verdicts of benchmarks/rl_sim.py (the simulations themselves: test_des.py)."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 @pytest.fixture(scope="module")
 def rl_sim():
-    spec = importlib.util.spec_from_file_location("rl_sim", ROOT / "benchmarks" / "rl_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import benchmarks.rl_sim as mod
+
     return mod
 
 

@@ -1,20 +1,14 @@
 """The peers section of benchmarks/sparse_bench.py: the Zipf ID stream and the collision count."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("sparse_bench", ROOT / "benchmarks" / "sparse_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import benchmarks.sparse_bench as mod
+
     assert "torchrec" not in sys.modules          # the peer is imported only inside its own process
     return mod
 

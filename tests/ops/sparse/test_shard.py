@@ -2,7 +2,6 @@
 all_gather fallback."""
 
 import datetime
-import time
 
 import polars as pl
 import pytest
@@ -10,6 +9,7 @@ import torch
 
 from ops.sparse.data import feature_columns, movielens_events, time_split
 from ops.sparse.train import CTRModel, TrainConfig, take, tensors
+from tests.conftest import join_or_kill
 
 CFG = TrainConfig(dim=4, hidden=(16,), dropout=0.0, batch_size=128, crosses=["gender*age_bucket"])
 STEPS = 12
@@ -64,12 +64,7 @@ def test_two_process_sharded_run_matches_single_process(mode, single, tmp_path):
 
     ctx = torch.multiprocessing.start_processes(_worker, args=(2, str(tmp_path / "store"), mode, str(tmp_path)), nprocs=2,
                                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"sharded run ({mode}) did not finish in 120 s")
+    join_or_kill(ctx, 120, f"sharded run ({mode})")
     rows, dense = single
     sharded = {}
     for r in range(2):
