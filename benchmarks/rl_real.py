@@ -307,7 +307,8 @@ def main(argv=None) -> int:
         if not args.skip_decode_cost:
             sec["decode_batch_cost"] = decode_batch_cost(args.policy)
         doc["rollpacker"] = sec
-        doc["policy"] = {**policy_summary(sec), "dir": args.policy}
+        kept = {k: v for k, v in doc.get("policy", {}).items() if k == "grpo_120_steps"}  # rl_gain.py's entry
+        doc["policy"] = {**policy_summary(sec), "dir": args.policy, **kept}
         doc["decode_batch_cost"] = sec.get("decode_batch_cost", doc.get("decode_batch_cost"))
         write()                                               # kept even if the rollarc section fails
     rc = 0
