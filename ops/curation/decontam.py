@@ -252,7 +252,7 @@ def informative_ngrams(text: str, n: int, min_words: int) -> set[tuple[str, ...]
 
 
 def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, fraction: float = 0.5,
-                        min_words: int | None = None) -> list[tuple[int, int, float]]:
+                        min_words: int | None = None, forms: list[str] | None = None) -> list[tuple[int, int, float]]:
     """Rows that hold at least ``fraction`` of some item's word ``n``-grams (matching form) — the criterion of
     the ``no_benchmark_overlap`` check and of layer ``half-ngram`` (no SFT row may hold half of a MATH-500
     problem's 8-grams). Every n-gram of each side is hashed (:func:`gram_table`) and the shared ones are
@@ -264,12 +264,14 @@ def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, frac
             informative (holds ``min_words`` natural-language words): a row that shares only
             notation, a quoted textbook identity, is not a copy (case ``decontam-textbook-identity``).
             Every shared n-gram still counts towards the fraction.
+        forms: the problems' matching forms when already computed (``Decontaminator.matching_forms``).
     Returns:
         (row index, item index, fraction of the item's n-grams the row holds), best item per row (the larger
         item index on a tie), in row order.
     """
     itable, icount = gram_table([match_normalize(b["problem"]) for b in items], n)
-    return _half_hits([match_normalize(p) for p in problems], itable, icount, n, fraction, min_words)
+    forms = forms if forms is not None else [match_normalize(p) for p in problems]
+    return _half_hits(forms, itable, icount, n, fraction, min_words)
 
 
 def _half_hits(norm: list[str], itable, icount: np.ndarray, n: int, fraction: float,
@@ -294,6 +296,7 @@ def _half_hits(norm: list[str], itable, icount: np.ndarray, n: int, fraction: fl
 # --- the semantic layer's encoder ---------------------------------------------------------------------------------
 
 _MODELS: dict[int, object] = {}
+_BENCH_NORM: dict[bool, dict[str, str]] = {}  # match_normalization -> benchmark text -> its matching form
 _MODELS_LOCK = threading.Lock()
 
 
@@ -460,7 +463,8 @@ class Decontaminator:
             if not isinstance(b.get("problem"), str) or not b["problem"].strip():
                 raise ValueError(f"benchmark item {b.get('item_id')!r} ({b.get('benchmark')}) has no problem text")
         self._norm = match_normalize if cfg.match_normalization else normalize
-        self.bnorm = [self._norm(b["problem"]) for b in benchmark]
+        self._norm_cache: dict[str, str] = {}  # text -> matching form, kept across layers and run_stable's rounds
+        self.bnorm = self._bench_normed([b["problem"] for b in benchmark])
         self.btoks = [_TOKEN.findall(t) for t in self.bnorm]
         self.exact: dict[str, int] = {}
         self.short: dict[str, int] = {}
@@ -472,7 +476,6 @@ class Decontaminator:
         self._sib = None  # the sibling layer's benchmark gram tables, built on first use
         self._bgrams = None  # the n-gram layer's benchmark gram table, built on first use
         self._half = None  # the half-ngram layer's item gram table, built on first use
-        self._norm_cache: dict[str, str] = {}  # text -> matching form, kept across layers and run_stable's rounds
         self.sem_items = [i for i, b in enumerate(benchmark) if b.get("benchmark") in set(cfg.semantic_benchmarks)]
 
     # -- layers ------------------------------------------------------------------------------------------------
@@ -527,6 +530,23 @@ class Decontaminator:
             stats["seconds"]["half-ngram"] = time.perf_counter() - t0
         return out
 
+    def _bench_normed(self, texts: list[str]) -> list[str]:
+        """Matching forms of benchmark texts, shared by every detector of this process (the asset, its check and the
+        labelled-set evaluation each build one over the same 17k items)."""
+        key = self.cfg.match_normalization
+        cache = _BENCH_NORM.setdefault(key, {})
+        out = []
+        for t in texts:
+            v = cache.get(t)
+            if v is None:
+                v = cache[t] = self._norm(t)
+            out.append(v)
+        return out
+
+    def matching_forms(self, texts: list[str]) -> list[str]:
+        """The matching form of each text, from this detector's cache (what :meth:`run` compared)."""
+        return self._normed(texts)
+
     def _normed(self, texts: list[str]) -> list[str]:
         """The matching form of every text (``match_normalize``, or ``normalize`` when ``match_normalization`` is
         off), each distinct text normalised once per detector."""
@@ -544,7 +564,9 @@ class Decontaminator:
         (:func:`half_ngram_overlaps`' count, the check's own)."""
         if self._half is None:
             idx = [bi for bi, b in enumerate(self.items) if b["benchmark"] in self.cfg.semantic_benchmarks]
-            self._half = (idx, *gram_table([match_normalize(self.items[bi]["problem"]) for bi in idx], HALF_NGRAM_N))
+            forms = [self.bnorm[bi] for bi in idx] if self.cfg.match_normalization else \
+                [match_normalize(self.items[bi]["problem"]) for bi in idx]
+            self._half = (idx, *gram_table(forms, HALF_NGRAM_N))
         idx, itable, icount = self._half
         rest = [i for i in range(len(norm)) if out[i] is None]
         if not idx or not rest:
@@ -648,9 +670,10 @@ class Decontaminator:
 
             cfg = self.cfg
             eligible = np.array([len(t) >= cfg.short_words for t in self.btoks])
-            stems = [self._norm(stem(b["problem"])) if ok else "" for b, ok in zip(self.items, eligible)]
+            plain_stems = self._bench_normed([stem(b["problem"]) for b in self.items])
+            stems = [t if ok else "" for t, ok in zip(plain_stems, eligible)]
             masked, mcount = gram_table(stems, cfg.ngram, cfg.min_words, mask=True)
-            plain, pcount = gram_table([self._norm(stem(b["problem"])) for b in self.items], cfg.ngram, cfg.min_words)
+            plain, pcount = gram_table(plain_stems, cfg.ngram, cfg.min_words)
             masked = masked.with_columns(df=pl.len().over("gram"))
             plain = plain.with_columns(df=pl.len().over("gram"))
             self._sib = (masked, mcount, plain, pcount)
@@ -713,8 +736,17 @@ class Decontaminator:
         pairs = []
         for s0 in range(0, len(rows), block):
             sim = (xt[s0 : s0 + block] @ xb).toarray()
-            order = np.argsort(-sim, axis=1, kind="stable")[:, : k + 1]
-            top = np.take_along_axis(sim, order, axis=1)
+            if k == 1:  # = the stable argsort's first two columns: the first maximum, then the largest of the rest
+                first = sim.argmax(axis=1)
+                r_ = np.arange(sim.shape[0])
+                v1 = sim[r_, first]
+                sim[r_, first] = -np.inf
+                second = sim.argmax(axis=1) if sim.shape[1] > 1 else first
+                order = np.stack([first, second], axis=1)[:, : min(2, sim.shape[1])]
+                top = np.stack([v1, sim[r_, second]], axis=1)[:, : order.shape[1]]
+            else:
+                order = np.argsort(-sim, axis=1, kind="stable")[:, : k + 1]
+                top = np.take_along_axis(sim, order, axis=1)
             nxt = np.concatenate([top[:, 1:], np.zeros((top.shape[0], 1), dtype=top.dtype)], axis=1)
             keep = (top >= cfg.semantic_prefilter) | ((top >= cfg.semantic_floor) & (top >= cfg.semantic_margin * nxt))
             for r, c in zip(*np.nonzero(keep[:, :k])):

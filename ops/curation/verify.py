@@ -13,7 +13,7 @@ module adds what its 0.9.0 release gets wrong on real data:
 * two equations are equal only if ``lhs - rhs`` are proportional (``verify-distinct-equations``).
 
 math-verify uses SIGALRM, which fails outside a process's main thread: every call here runs in the
-main thread of a worker process, with an outer wall-clock timeout from Pebble.
+main thread of a worker process, with an outer wall-clock timeout per item kept by the parent (:func:`verify_many`).
 """
 
 from __future__ import annotations
@@ -297,17 +297,21 @@ def _worker_init() -> None:
 
 
 def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int = 2, chunk: int | None = None,
-                log=None) -> list[dict]:
-    """Verify items in a Pebble process pool; order of results follows ``items``.
+                log=None, batch: int = 64) -> list[dict]:
+    """Verify items in worker processes; order of results follows ``items``.
 
-    Every item is its own pool task with its own wall-clock limit ``timeout_s``, counted from the
-    moment a worker starts it, so an item never costs more than ``timeout_s`` plus a fixed overhead
-    (killing and replacing the worker), whether it is alone or among others (case
-    ``verify-huge-power-timeout``: before, items went in chunks limited to ``timeout_s * len(chunk)`` and
-    a timed-out chunk was retried item by item, which charged one slow item up to (chunk + 1) times its
-    timeout). An item past its limit gets status ``timeout`` and a worker crash gives ``error`` —
-    neither is ever counted as verified or wrong. Workers import math-verify when they start
-    (:func:`_worker_init`), not inside an item's time.
+    Every item has its own wall-clock limit ``timeout_s``, counted from the moment its worker starts it, so
+    an item never costs more than ``timeout_s`` plus a fixed overhead (killing and replacing the worker),
+    whether it is alone or among others (case ``verify-huge-power-timeout``: before, items went in chunks
+    limited to ``timeout_s * len(chunk)`` and a timed-out chunk was retried item by item, which charged one
+    slow item up to (chunk + 1) times its timeout). An item past its limit gets status ``timeout`` and a
+    worker crash gives ``error`` — neither is ever counted as verified or wrong. Workers import math-verify
+    when they start (:func:`_worker_init`), not inside an item's time.
+
+    Items travel to a worker ``batch`` at a time and their results come back one by one; the parent starts
+    an item's clock when the previous result (or the batch) has passed, kills a worker whose item overruns,
+    and hands the rest of its batch to a fresh worker. (One pool task per item, as Pebble ran them, cost
+    about 1 ms of scheduling per item: more than a gold check.)
 
     Work is not repeated: items with the same answer, solution, prediction and answer type are verified
     once and share the result (each under its own key); a million generated problems hold far fewer
@@ -319,19 +323,18 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
         workers: worker processes (>= 1).
         chunk: ignored (kept for callers of the former chunked API).
         log: optional ``log(str)`` for progress lines (items done / total, rate, ETA).
+        batch: items sent to a worker at once (>= 1).
     Raises:
-        ValueError: timeout_s <= 0 or workers < 1.
+        ValueError: timeout_s <= 0, workers < 1 or batch < 1.
     """
     if timeout_s <= 0:
         raise ValueError(f"verify.timeout_s must be > 0, got {timeout_s}")
     if workers < 1:
         raise ValueError(f"verify.workers must be >= 1, got {workers}")
+    if batch < 1:
+        raise ValueError(f"verify.batch must be >= 1, got {batch}")
     if not items:
         return []
-    from concurrent.futures import TimeoutError as FutureTimeout
-
-    from pebble import ProcessPool
-
     from ops.progress import Progress
 
     def work(it: VerifyItem) -> tuple:
@@ -349,14 +352,120 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
             pooled.append((w, it))
     tracker = Progress(len(pooled), "verify", log or (lambda _line: None), every_s=10.0)
     if pooled:
-        with ProcessPool(max_workers=workers, initializer=_worker_init) as pool:
-            futures = [(w, it, pool.schedule(verify_one, args=(it,), timeout=timeout_s)) for w, it in pooled]
-            for w, it, fut in futures:
-                try:
-                    done[w] = fut.result()
-                except FutureTimeout:
-                    done[w] = {"key": it.key, "status": "timeout", "gold_source": None}
-                except Exception as e:  # noqa: BLE001 - a crashed worker is an error, never a verdict
-                    done[w] = {"key": it.key, "status": "error", "gold_source": None, "error": repr(e)[:300]}
-                tracker.update()
+        results = _run_batched([it for _, it in pooled], timeout_s, min(workers, len(pooled)), batch, tracker.update)
+        done.update((w, r) for (w, _), r in zip(pooled, results))
     return [{**done[work(it)], "key": it.key} for it in items]
+
+
+def _batch_worker(conn) -> None:
+    """A verification worker: import math-verify, say ready, then verify every item of every batch received,
+    sending each result as soon as it is known; ``None`` ends it."""
+    _worker_init()
+    conn.send(("ready", None))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        for idx, item in msg:
+            try:
+                res = verify_one(item)
+            except Exception as e:  # noqa: BLE001 - an error is reported, never a verdict
+                res = {"key": item.key, "status": "error", "gold_source": None, "error": repr(e)[:300]}
+            conn.send((idx, res))
+
+
+class _Worker:
+    """One worker process, its pipe and the batch it holds (``pos``: the item it is on; ``started``: when
+    that item's clock started, None while the worker is starting up)."""
+
+    def __init__(self, ctx, rest: list | None = None):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_batch_worker, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.batch: list = rest or []
+        self.pos = 0
+        self.started: float | None = None
+
+    def send_batch(self, now: float) -> None:
+        self.conn.send(self.batch)
+        self.pos, self.started = 0, now
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+
+def _run_batched(items: list[VerifyItem], timeout_s: float, workers: int, batch: int, on_result) -> list[dict]:
+    import multiprocessing as mp
+    import time
+    from collections import deque
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("fork")  # as Pebble did on Linux: a worker sees this module as the parent has it
+    out: list[dict | None] = [None] * len(items)
+    batch = max(1, min(batch, len(items) // (4 * workers)))  # small inputs: spread over the workers
+    indexed = list(enumerate(items))
+    pending = deque([indexed[i : i + batch] for i in range(0, len(items), batch)])
+    pool = [_Worker(ctx) for _ in range(workers)]
+    left = len(items)
+
+    def give(w: _Worker, now: float) -> None:
+        if not w.batch and pending:
+            w.batch = pending.popleft()
+        if w.batch:
+            w.send_batch(now)
+
+    def replace(w: _Worker, status: str, error: str | None = None) -> _Worker:
+        nonlocal left
+        idx, item = w.batch[w.pos]
+        out[idx] = {"key": item.key, "status": status, "gold_source": None, **({"error": error} if error else {})}
+        left -= 1
+        on_result()
+        w.kill()
+        return _Worker(ctx, w.batch[w.pos + 1 :])
+
+    try:
+        while left:
+            now = time.monotonic()
+            busy = [w.started + timeout_s - now for w in pool if w.batch and w.started is not None]
+            ready = wait([w.conn for w in pool], timeout=max(0.0, min(busy)) if busy else None)
+            now = time.monotonic()
+            for k, w in enumerate(pool):
+                if w.conn not in ready:
+                    continue
+                try:
+                    tag, res = w.conn.recv()
+                except (EOFError, OSError):  # the worker died (crash, out of memory): its item is an error
+                    if w.batch and w.started is not None:
+                        pool[k] = replace(w, "error", "worker process died")
+                    else:
+                        w.kill()
+                        pool[k] = _Worker(ctx, w.batch)
+                    continue
+                if tag == "ready":
+                    w.ready = True
+                    give(w, now)
+                    continue
+                out[tag] = res
+                left -= 1
+                on_result()
+                w.pos += 1
+                w.started = now
+                if w.pos == len(w.batch):
+                    w.batch = []
+                    give(w, now)
+            now = time.monotonic()
+            for k, w in enumerate(pool):
+                if w.batch and w.started is not None and now - w.started > timeout_s:
+                    pool[k] = replace(w, "timeout")
+    finally:
+        for w in pool:
+            try:
+                w.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            w.kill()
+    return out  # type: ignore[return-value]

@@ -85,3 +85,34 @@ def test_verify_many_times_out_and_never_counts_as_verified(monkeypatch):
 def test_verify_many_rejects_bad_parameters(kw):
     with pytest.raises(ValueError):
         V.verify_many([], **kw)
+
+
+_REAL_VERIFY_ONE = V.verify_one
+
+
+def _crash_on_boom(item):  # module-level: the forked worker calls it through the patched module
+    import os
+
+    if item.key == "boom":
+        os._exit(3)
+    return _REAL_VERIFY_ONE(item)
+
+
+def test_a_worker_that_dies_costs_only_its_item_and_the_rest_of_its_batch_still_runs(monkeypatch):
+    monkeypatch.setattr(V, "verify_one", _crash_on_boom)
+    items = [V.VerifyItem(str(i), str(i), None, f"$\\boxed{{{i}}}$") for i in range(40)]
+    items.insert(17, V.VerifyItem("boom", "12345", None, "$\\boxed{12345}$"))  # its own work (no twin)
+    res = V.verify_many(items, timeout_s=20, workers=2, batch=16)
+    assert [r["key"] for r in res] == [it.key for it in items]
+    assert res[17]["status"] == "error" and "died" in res[17]["error"]
+    assert [r["status"] for k, r in enumerate(res) if k != 17] == ["verified"] * 40
+
+
+def test_identical_items_are_verified_once_and_reported_under_each_key(monkeypatch):
+    calls = []
+    real = V.verify_one
+    monkeypatch.setattr(V, "verify_one", lambda it: calls.append(it.key) or real(it))
+    items = [V.VerifyItem(f"k{i}", "Paris", None, None, "text") for i in range(5)]   # string-only gold check
+    res = V.verify_many(items, timeout_s=5, workers=1)
+    assert [r["key"] for r in res] == [f"k{i}" for i in range(5)] and {r["status"] for r in res} == {"gold_ok"}
+    assert calls == ["k0"]  # in this process, once
