@@ -466,6 +466,7 @@ def score(work: Path) -> dict:
     raw = pl.concat([pl.read_parquet(lake / "raw_problems" / k / "data.parquet").select("problem_id", "source", "record", "problem")
                      for k in BUILTIN + USER_SOURCES])
     ids = raw.select("source", "record", "problem_id")
+    valid = set(pl.read_parquet(lake / "annotated_problems" / "data.parquet").filter(pl.col("is_valid"))["problem_id"].to_list())
     clusters = pl.read_parquet(lake / "dedup_clusters" / "data.parquet")
     removed = clusters.filter(~pl.col("is_survivor")).select("problem_id", "cluster_id", "stage")
     near_kept = set(pl.read_parquet(lake / "near_deduped_problems" / "data.parquet")["problem_id"].to_list())
@@ -489,12 +490,17 @@ def score(work: Path) -> dict:
     same = np.array([normalize(a) == normalize(b) for a, b in zip(d["problem"].to_list(), d["origin_problem"].to_list())])
     d = d.with_columns(jaccard=pl.Series(jac), identical=pl.Series(same))
     d = d.join(removed, on="problem_id", how="left")
-    d = d.with_columns(detectable=pl.col("identical") | (pl.col("jaccard") >= THRESHOLD - 1e-12),
+    both_valid = [p in valid and o in valid for p, o in zip(d["problem_id"].to_list(), d["origin_id"].to_list())]
+    d = d.with_columns(both_valid=pl.Series(both_valid))
+    # detectable: both rows reach dedup (annotation drops invalid rows, e.g. MMLU subjects outside STEM) and the copy
+    # is within the near-dedup threshold of its origin
+    d = d.with_columns(detectable=pl.col("both_valid") & (pl.col("identical") | (pl.col("jaccard") >= THRESHOLD - 1e-12)),
                        caught=pl.col("stage").is_not_null())
     det = d.filter(pl.col("detectable"))
     out["duplicates"] = {
         "planted": m,
-        "detectable (normalised copy or shingle Jaccard >= 0.8 with the origin)": det.height,
+        "copy_or_origin_invalid (dropped by annotation, never reach dedup)": int((~d["both_valid"]).sum()),
+        "detectable (both valid; normalised copy or shingle Jaccard >= 0.8 with the origin)": det.height,
         "removed_by_dedup": int(d["caught"].sum()),
         "recall_on_detectable": round(float(det["caught"].mean()), 4) if det.height else None,
         "removed_by_stage": dict(d.filter(pl.col("caught")).group_by("stage").len().rows()),
@@ -506,12 +512,14 @@ def score(work: Path) -> dict:
     # -- contaminants: leak = the row, or the survivor that absorbed it, reached decontaminated_problems
     c = t.filter(pl.col("kind") != "near_dup").join(fate.select("problem_id", "stage", "cluster_id", "survivor_layer"),
                                                      on="problem_id", how="left")
-    c = c.join(report, on="problem_id", how="left")
+    c = c.join(report, on="problem_id", how="left").with_columns(
+        valid=pl.col("problem_id").is_in(pl.Series(list(valid), dtype=pl.String).implode()))
     kept = set(decon_kept["problem_id"].to_list())
     leaked = [(pid in kept) or (cid is not None and cid in kept) for pid, cid in zip(c["problem_id"].to_list(), c["cluster_id"].to_list())]
     c = c.with_columns(leaked=pl.Series(leaked),
                        caught_by=pl.coalesce(pl.col("layer"), pl.when(pl.col("survivor_layer").is_not_null())
-                                             .then(pl.lit("dedup->") + pl.col("survivor_layer"))))
+                                             .then(pl.lit("dedup->") + pl.col("survivor_layer")),
+                                             pl.when(~pl.col("valid")).then(pl.lit("invalid (annotation)"))))
     per = (c.group_by("benchmark", "kind").agg(planted=pl.len(), leaked=pl.col("leaked").sum())
            .with_columns(recall=(1 - pl.col("leaked") / pl.col("planted")).round(4)).sort("benchmark", "kind"))
     out["contaminants"] = {
@@ -551,7 +559,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="default benchmarks/.work/curation_scale/n<N>")
     ap.add_argument("--out", default=str(BENCH / "results" / "curation_scale.json"), help="'' = do not write")
     ap.add_argument("--procs", type=int, default=2, help="parallel generator processes")
-    ap.add_argument("--stages", default="all", help="comma-separated subset of: sources," + ",".join(s for s, _ in STAGES))
+    ap.add_argument("--stages", default="all", help="comma-separated subset of: sources," + ",".join(s for s, _ in STAGES) + "; or score (rescore the lake)")
     ap.add_argument("--worker", choices=["gen", "stage"], help=argparse.SUPPRESS)
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -565,11 +573,15 @@ def main() -> int:
     work = (args.work or BENCH / ".work" / "curation_scale" / f"n{args.n}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     wanted = [s.strip() for s in args.stages.split(",")] if args.stages != "all" else ["sources"] + [s for s, _ in STAGES]
-    result = {"command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]), "machine": machine(),
-              "target": {"curation_group_wall_s": 900, "peak_memory_gb": 8}}
+    score_only = wanted == ["score"]
+    if score_only:
+        wanted = []
+    command = ".venv/bin/python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])
+    result = {"commands": [command], "machine": machine(), "target": {"curation_group_wall_s": 900, "peak_memory_gb": 8}}
     prev = work / "result.json"
-    if prev.exists() and args.stages != "all":
-        result = {**json.loads(prev.read_text()), **{k: result[k] for k in ("command", "machine")}}
+    if prev.exists() and args.stages != "all":  # a partial run adds to the previous one's record
+        old = json.loads(prev.read_text())
+        result = {**old, "machine": result["machine"], "commands": old.get("commands", []) + [command]}
     if "sources" in wanted:
         result["corpus"] = build_corpus(args.n, args.seed, work, args.procs)
         _log(f"corpus: {json.dumps({k: v for k, v in result['corpus'].items() if not isinstance(v, (dict, list))})}")
