@@ -297,6 +297,8 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
                             teacher: TeacherResource):
     import time
 
+    import numpy as np
+
     from ops.curation.decontam import DecontamConfig, Decontaminator, MiniLMEmbedder, ground_truth_scores, layer_counts
     from ops.curation.text import normalize
 
@@ -324,7 +326,8 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
     # ground truth: MATH-500 is a verbatim subset of the MATH test set
     m500 = set(normalize(p) for p in bench.filter(pl.col("benchmark") == "math500")["problem"].to_list())
     is_math = (df["source"] == "math_test").to_numpy()
-    truth = pl.Series([normalize(p) in m500 for p in df["problem"].to_list()]).to_numpy() & is_math
+    truth = np.zeros(df.height, dtype=bool)
+    truth[is_math] = [normalize(p) in m500 for p in df.filter(pl.Series(is_math))["problem"].to_list()]
     removed_m500 = pl.Series([bool(f) and f["benchmark"] == "math500" for f in flags]).to_numpy()
     scores = ground_truth_scores(removed_m500[is_math], truth[is_math])
     near_dups = report.filter((pl.col("source") == "math_test") & (pl.col("benchmark") == "math500")).filter(

@@ -35,7 +35,8 @@ def no_benchmark_overlap(lake: LakeResource) -> dg.AssetCheckResult:
     flags = det.run(problems)
     hits = [(pid, f["benchmark"], f["item_id"], f["layer"]) for pid, f in zip(ids, flags) if f]
     m500 = bench.filter(pl.col("benchmark") == "math500").to_dicts()
-    half = half_ngram_overlaps(problems, m500, n=HALF_NGRAM_N, fraction=0.5, min_words=cfg.min_words)
+    forms = det.matching_forms(problems) if cfg.match_normalization else None  # normalised once, by the detector
+    half = half_ngram_overlaps(problems, m500, n=HALF_NGRAM_N, fraction=0.5, min_words=cfg.min_words, forms=forms)
     half_rows = [(ids[i], m500[b]["item_id"], round(frac, 3)) for i, b, frac in half]
     return dg.AssetCheckResult(
         passed=not hits and not half_rows,

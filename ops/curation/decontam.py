@@ -59,7 +59,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -171,7 +171,7 @@ def stem(text: str) -> str:
     return _CHOICE_LINES.sub("", text)
 
 
-def gram_table(texts: list[str], n: int, min_words: int = 0, mask: bool = False):
+def gram_table(texts: list[str], n: int, min_words: int = 0, mask: bool = False, chunk: int = 200_000):
     """Distinct word ``n``-grams of every text as 64-bit hashes, computed in Polars and numpy.
 
     Args:
@@ -179,10 +179,20 @@ def gram_table(texts: list[str], n: int, min_words: int = 0, mask: bool = False)
         n: n-gram length in tokens (tokens as :data:`ops.curation.text.TOKEN_PATTERN`).
         min_words: an n-gram is ``informative`` when it holds at least this many natural-language words.
         mask: replace every digit run by ``0`` first (:func:`ops.curation.text.mask_numbers`).
+        chunk: texts per batch (grams are distinct per text, so batching changes nothing but the peak memory).
     Returns:
         (table, grams_per_text): a Polars frame with columns ``doc`` (u32 text index), ``gram`` (u64),
         ``informative`` (bool), one row per distinct (doc, gram); and shape (len(texts),) int64 counts.
     """
+    import polars as pl
+
+    parts = [_gram_table_part(texts[s0 : s0 + chunk], s0, n, min_words, mask) for s0 in range(0, len(texts), chunk)]
+    table = pl.concat(parts) if parts else _gram_table_part([], 0, n, min_words, mask)
+    counts = np.bincount(table["doc"].to_numpy(), minlength=len(texts)).astype(np.int64)
+    return table, counts
+
+
+def _gram_table_part(texts: list[str], offset: int, n: int, min_words: int, mask: bool):
     import polars as pl
 
     s = pl.Series(texts, dtype=pl.String)
@@ -201,10 +211,34 @@ def gram_table(texts: list[str], n: int, min_words: int = 0, mask: bool = False)
     doc = np.repeat(np.arange(len(texts)), lengths)[:m]
     valid = (np.arange(m) - offsets[:-1][doc]) <= lengths[doc] - n
     inf = (words[n : n + m] - words[:m]) >= min_words
-    table = pl.DataFrame({"doc": doc[valid].astype(np.uint32), "gram": g[valid], "informative": inf[valid]})
-    table = table.group_by("doc", "gram").agg(pl.col("informative").max())
-    counts = np.bincount(table["doc"].to_numpy(), minlength=len(texts)).astype(np.int64)
-    return table, counts
+    table = pl.DataFrame({"doc": (doc[valid] + offset).astype(np.uint32), "gram": g[valid], "informative": inf[valid]},
+                         schema={"doc": pl.UInt32, "gram": pl.UInt64, "informative": pl.Boolean})
+    return table.group_by("doc", "gram").agg(pl.col("informative").max())
+
+
+def _uni_bigram_counts(texts: list[str]):
+    """Shape (len(texts), V) float32 CSR counts of every text's unigrams and bigrams of its tokens
+    (:data:`ops.curation.text.TOKEN_PATTERN`) that start with a letter, a digit or a backslash; columns are
+    the features in sorted order, as scikit-learn's ``CountVectorizer`` numbers them (vectorised in Polars:
+    the semantic prefilter's TF-IDF over a million rows)."""
+    import polars as pl
+    from scipy import sparse
+
+    n = len(texts)
+    toks = (pl.DataFrame({"tok": pl.Series(texts, dtype=pl.String).str.extract_all(TOKEN_PATTERN)})
+            .with_row_index("doc").explode("tok").drop_nulls("tok")
+            .filter(pl.col("tok").str.contains(r"^[\p{L}\p{N}\\]")))
+    nxt = pl.col("tok").shift(-1).over("doc")
+    feats = pl.concat([toks.select("doc", feat="tok"),
+                       toks.select("doc", feat=pl.col("tok") + " " + nxt).drop_nulls("feat")])
+    counts = feats.group_by("doc", "feat").agg(c=pl.len()).with_columns(j=pl.col("feat").rank("dense") - 1)
+    if not counts.height:
+        return sparse.csr_matrix((n, 0), dtype=np.float32)
+    x = sparse.csr_matrix((counts["c"].to_numpy().astype(np.float32),
+                           (counts["doc"].to_numpy().astype(np.int64), counts["j"].to_numpy().astype(np.int64))),
+                          shape=(n, int(counts["j"].max()) + 1))
+    x.sort_indices()
+    return x
 
 
 def all_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
@@ -218,10 +252,11 @@ def informative_ngrams(text: str, n: int, min_words: int) -> set[tuple[str, ...]
 
 
 def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, fraction: float = 0.5,
-                        min_words: int | None = None) -> list[tuple[int, int, float]]:
-    """Rows that hold at least ``fraction`` of some item's word ``n``-grams (matching form), found by
-    brute force over an inverted index — the criterion of the ``no_benchmark_overlap`` check and of
-    layer ``half-ngram`` (no SFT row may hold half of a MATH-500 problem's 8-grams).
+                        min_words: int | None = None, forms: list[str] | None = None) -> list[tuple[int, int, float]]:
+    """Rows that hold at least ``fraction`` of some item's word ``n``-grams (matching form) — the criterion of
+    the ``no_benchmark_overlap`` check and of layer ``half-ngram`` (no SFT row may hold half of a MATH-500
+    problem's 8-grams). Every n-gram of each side is hashed (:func:`gram_table`) and the shared ones are
+    counted by a join, so a million rows cost a few Polars joins, not a Python loop.
 
     Args:
         problems: training texts; items: dicts with ``problem``.
@@ -229,33 +264,39 @@ def half_ngram_overlaps(problems: list[str], items: list[dict], n: int = 8, frac
             informative (holds ``min_words`` natural-language words): a row that shares only
             notation, a quoted textbook identity, is not a copy (case ``decontam-textbook-identity``).
             Every shared n-gram still counts towards the fraction.
+        forms: the problems' matching forms when already computed (``Decontaminator.matching_forms``).
     Returns:
-        (row index, item index, fraction of the item's n-grams the row holds), best item per row.
+        (row index, item index, fraction of the item's n-grams the row holds), best item per row (the larger
+        item index on a tie), in row order.
     """
-    grams = [_grams(_TOKEN.findall(match_normalize(b["problem"])), n) for b in items]
-    index: dict[tuple, list[int]] = defaultdict(list)
-    for bi, gs in enumerate(grams):
-        for g in gs:
-            index[g].append(bi)
-    out = []
-    for i, p in enumerate(problems):
-        hits, informative = Counter(), set()
-        toks = _TOKEN.findall(match_normalize(p))
-        inf = _informative(toks, n, min_words) if min_words is not None else None
-        for g in _grams(toks, n):
-            its = index.get(g, ())
-            hits.update(its)
-            if inf is not None and g in inf:
-                informative.update(its)
-        best = max(((c / len(grams[bi]), bi) for bi, c in hits.items() if inf is None or bi in informative), default=None)
-        if best and best[0] >= fraction:
-            out.append((i, best[1], best[0]))
-    return out
+    itable, icount = gram_table([match_normalize(b["problem"]) for b in items], n)
+    forms = forms if forms is not None else [match_normalize(p) for p in problems]
+    return _half_hits(forms, itable, icount, n, fraction, min_words)
+
+
+def _half_hits(norm: list[str], itable, icount: np.ndarray, n: int, fraction: float,
+               min_words: int | None) -> list[tuple[int, int, float]]:
+    """:func:`half_ngram_overlaps` on texts already in matching form, against an item gram table."""
+    import polars as pl
+
+    if not norm or not itable.height:
+        return []
+    rows, _ = gram_table(norm, n, min_words or 0)
+    hits = (rows.join(itable.select("gram", item="doc"), on="gram")
+            .group_by("doc", "item").agg(shared=pl.len(), informative=pl.col("informative").any()))
+    if min_words is not None:
+        hits = hits.filter(pl.col("informative"))
+    total = pl.DataFrame({"item": np.arange(len(icount), dtype=np.uint32), "total": icount})
+    hits = (hits.join(total, on="item").with_columns(frac=pl.col("shared") / pl.col("total"))
+            .sort("frac", "item", descending=[True, True]).unique("doc", keep="first")
+            .filter(pl.col("frac") >= fraction).sort("doc"))
+    return [(int(d), int(b), float(f)) for d, b, f in hits.select("doc", "item", "frac").iter_rows()]
 
 
 # --- the semantic layer's encoder ---------------------------------------------------------------------------------
 
 _MODELS: dict[int, object] = {}
+_BENCH_NORM: dict[bool, dict[str, str]] = {}  # match_normalization -> benchmark text -> its matching form
 _MODELS_LOCK = threading.Lock()
 
 
@@ -408,6 +449,9 @@ class Decontaminator:
     #: the plain half-of-the-n-grams rule skips n-grams found in this many benchmark items or more (boilerplate such
     #: as MMLU's option lists), to bound its join; they still count in an item's total, so skipping never helps a row
     SIBLING_MAX_DF = 50
+    #: layers whose verdict on a row depends on that row alone, never on the other rows (no training-side
+    #: statistics): a row they passed once passes them again, so run_stable's later rounds skip them
+    ROW_LOCAL = ("exact", "minhash", "half-ngram")
 
     def __init__(self, benchmark: list[dict], config: DecontamConfig | None = None, embedder=None,
                  judge: Judge | None = None):
@@ -419,7 +463,8 @@ class Decontaminator:
             if not isinstance(b.get("problem"), str) or not b["problem"].strip():
                 raise ValueError(f"benchmark item {b.get('item_id')!r} ({b.get('benchmark')}) has no problem text")
         self._norm = match_normalize if cfg.match_normalization else normalize
-        self.bnorm = [self._norm(b["problem"]) for b in benchmark]
+        self._norm_cache: dict[str, str] = {}  # text -> matching form, kept across layers and run_stable's rounds
+        self.bnorm = self._bench_normed([b["problem"] for b in benchmark])
         self.btoks = [_TOKEN.findall(t) for t in self.bnorm]
         self.exact: dict[str, int] = {}
         self.short: dict[str, int] = {}
@@ -427,21 +472,20 @@ class Decontaminator:
             self.exact.setdefault(" ".join(toks) if cfg.match_normalization else t, i)
             if len(toks) < cfg.short_words:
                 self.short.setdefault(compact(t), i)
-        self.grams = [_informative(toks, cfg.ngram, cfg.min_words) for toks in self.btoks]
-        self.index: dict[tuple, list[int]] = defaultdict(list)
-        for i, gs in enumerate(self.grams):
-            for g in gs:
-                self.index[g].append(i)
         self.stats: dict = {}
         self._sib = None  # the sibling layer's benchmark gram tables, built on first use
+        self._bgrams = None  # the n-gram layer's benchmark gram table, built on first use
+        self._half = None  # the half-ngram layer's item gram table, built on first use
         self.sem_items = [i for i, b in enumerate(benchmark) if b.get("benchmark") in set(cfg.semantic_benchmarks)]
 
     # -- layers ------------------------------------------------------------------------------------------------
 
-    def run(self, problems: list[str]) -> list[dict | None]:
+    def run(self, problems: list[str], skip: Sequence[str] = ()) -> list[dict | None]:
         """One result per problem: None when clean, else a dict with ``benchmark``, ``item_id``,
         ``layer`` (one of :data:`LAYERS`), ``score`` (containment, Jaccard, cosine; 1.0 for exact),
         ``needs_review`` (True only for ``llm-judge-fail-closed``) and ``judge_reply``.
+
+        ``skip``: layers of :attr:`ROW_LOCAL` not to run, for rows known to pass them (:meth:`run_stable`).
 
         ``self.stats`` then holds the seconds per layer, the semantic layer's prefiltered pairs and
         embedded texts, and the judge's counts (asked, yes, no, unparseable, failed, over_budget).
@@ -456,21 +500,21 @@ class Decontaminator:
                       "needs_review": False, "judge_reply": None, **extra}
 
         t0 = time.perf_counter()
-        norm = [self._norm(p) for p in problems]
-        toks = [_TOKEN.findall(t) for t in norm]
+        norm = self._normed(problems)
         # layer 1: exact and short-item keys
-        for i, (t, tk) in enumerate(zip(norm, toks)):
-            bi = self.exact.get(" ".join(tk) if cfg.match_normalization else t)
+        for i, t in enumerate(norm if "exact" not in skip else ()):
+            bi = self.exact.get(" ".join(_TOKEN.findall(t)) if cfg.match_normalization else t)
             if bi is None:
                 bi = self.short.get(compact(t))
             if bi is not None:
                 flag(i, bi, "exact", 1.0)
         stats["seconds"]["exact"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._ngram_layer(toks, out, flag)
+        self._ngram_layer(norm, out, flag)
         stats["seconds"]["ngram"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._minhash_layer(norm, out, flag)
+        if "minhash" not in skip:
+            self._minhash_layer(norm, out, flag)
         stats["seconds"]["minhash"] = time.perf_counter() - t0
         if "sibling" in cfg.layers:
             t0 = time.perf_counter()
@@ -480,21 +524,56 @@ class Decontaminator:
             t0 = time.perf_counter()
             self._semantic_layer(norm, problems, out, flag)
             stats["seconds"]["semantic"] = time.perf_counter() - t0
-        if "half-ngram" in cfg.layers:
+        if "half-ngram" in cfg.layers and "half-ngram" not in skip:
             t0 = time.perf_counter()
-            self._half_ngram_layer(problems, out, flag)
+            self._half_ngram_layer(norm, problems, out, flag)
             stats["seconds"]["half-ngram"] = time.perf_counter() - t0
         return out
 
-    def _half_ngram_layer(self, problems, out, flag):
+    def _bench_normed(self, texts: list[str]) -> list[str]:
+        """Matching forms of benchmark texts, shared by every detector of this process (the asset, its check and the
+        labelled-set evaluation each build one over the same 17k items)."""
+        key = self.cfg.match_normalization
+        cache = _BENCH_NORM.setdefault(key, {})
+        out = []
+        for t in texts:
+            v = cache.get(t)
+            if v is None:
+                v = cache[t] = self._norm(t)
+            out.append(v)
+        return out
+
+    def matching_forms(self, texts: list[str]) -> list[str]:
+        """The matching form of each text, from this detector's cache (what :meth:`run` compared)."""
+        return self._normed(texts)
+
+    def _normed(self, texts: list[str]) -> list[str]:
+        """The matching form of every text (``match_normalize``, or ``normalize`` when ``match_normalization`` is
+        off), each distinct text normalised once per detector."""
+        cache, norm = self._norm_cache, self._norm
+        out = []
+        for t in texts:
+            v = cache.get(t)
+            if v is None:
+                v = cache[t] = norm(t)
+            out.append(v)
+        return out
+
+    def _half_ngram_layer(self, norm, problems, out, flag):
         """Rows still clean that hold >= half of a ``semantic_benchmarks`` item's word 8-grams
-        (:func:`half_ngram_overlaps`, the check's own count)."""
-        idx = [bi for bi, b in enumerate(self.items) if b["benchmark"] in self.cfg.semantic_benchmarks]
-        rest = [i for i in range(len(problems)) if out[i] is None]
+        (:func:`half_ngram_overlaps`' count, the check's own)."""
+        if self._half is None:
+            idx = [bi for bi, b in enumerate(self.items) if b["benchmark"] in self.cfg.semantic_benchmarks]
+            forms = [self.bnorm[bi] for bi in idx] if self.cfg.match_normalization else \
+                [match_normalize(self.items[bi]["problem"]) for bi in idx]
+            self._half = (idx, *gram_table(forms, HALF_NGRAM_N))
+        idx, itable, icount = self._half
+        rest = [i for i in range(len(norm)) if out[i] is None]
         if not idx or not rest:
             return
-        hits = half_ngram_overlaps([problems[i] for i in rest], [self.items[bi] for bi in idx], n=HALF_NGRAM_N,
-                                   fraction=0.5, min_words=self.cfg.min_words)
+        # the check's form is match_normalize whatever the policy's normalisation
+        rnorm = [norm[i] if self.cfg.match_normalization else match_normalize(problems[i]) for i in rest]
+        hits = _half_hits(rnorm, itable, icount, HALF_NGRAM_N, 0.5, self.cfg.min_words)
         for r, b, frac in hits:
             flag(rest[r], idx[b], "half-ngram", frac)
 
@@ -504,7 +583,8 @@ class Decontaminator:
         Two statistics depend on the set of rows — the training-side frequency caps (``max_train_df``) and the
         TF-IDF prefilter's IDF — so a row can look different once its neighbours are gone; the
         ``no_benchmark_overlap`` check re-runs the detector on the output, and this makes the output a fixed
-        point of it. ``self.stats`` holds the first round's figures plus ``rounds`` and the seconds of all rounds.
+        point of it. Rounds after the first skip the :attr:`ROW_LOCAL` layers (their verdicts cannot change).
+        ``self.stats`` holds the first round's figures plus ``rounds`` and the seconds of all rounds.
         """
         out = self.run(problems)
         first = self.stats
@@ -512,7 +592,7 @@ class Decontaminator:
         rounds = 1
         while rounds < max_rounds:
             rest = [i for i, f in enumerate(out) if f is None]
-            more = self.run([problems[i] for i in rest])
+            more = self.run([problems[i] for i in rest], skip=self.ROW_LOCAL)
             for k, v in self.stats["seconds"].items():
                 total[k] = total.get(k, 0.0) + v
             rounds += 1
@@ -524,33 +604,43 @@ class Decontaminator:
         self.stats = {**first, "seconds": total, "rounds": rounds}
         return out
 
-    def _ngram_layer(self, toks, out, flag):
+    def _bench_grams(self):
+        """The n-gram layer's benchmark side: every item's word n-grams (``informative`` flagged) and their counts."""
+        if self._bgrams is None:
+            self._bgrams = gram_table(self.bnorm, self.cfg.ngram, self.cfg.min_words)
+        return self._bgrams
+
+    def _ngram_layer(self, norm, out, flag):
+        """Layer 2 as Polars joins over hashed n-grams (:func:`gram_table`): candidates through informative n-grams
+        rare on both sides (fewer than ``max_benchmark_df`` items and ``max_train_df`` rows, counted over every
+        row), then containment of all n-grams over the smaller set; the best item per row (the smaller item index
+        on a tie)."""
+        import polars as pl
+
         cfg = self.cfg
-        train_grams = [_informative(tk, cfg.ngram, cfg.min_words) for tk in toks]
-        train_df = Counter(g for gs in train_grams for g in gs if g in self.index)
-        bench_all: dict[int, set] = {}
-        for i, gs in enumerate(train_grams):
-            if out[i] is not None or not gs:
-                continue
-            cands: set[int] = set()
-            for g in gs:
-                hits = self.index.get(g)
-                if not hits or len(hits) >= cfg.max_benchmark_df or train_df[g] >= cfg.max_train_df:
-                    continue
-                cands.update(hits)
-            if not cands:
-                continue
-            tg = _grams(toks[i], cfg.ngram)
-            best = None
-            for bi in cands:
-                bg = bench_all.get(bi)
-                if bg is None:
-                    bg = bench_all[bi] = _grams(self.btoks[bi], cfg.ngram)
-                cont = len(bg & tg) / max(min(len(bg), len(tg)), 1)
-                if cont >= cfg.containment and (best is None or cont > best[1]):
-                    best = (bi, cont)
-            if best:
-                flag(i, best[0], "ngram", best[1])
+        rows, rcount = gram_table(norm, cfg.ngram, cfg.min_words)
+        bench, bcount = self._bench_grams()
+        binf = bench.filter(pl.col("informative")).select("gram", item="doc")
+        bdf = binf.group_by("gram").agg(bdf=pl.len())
+        rinf = rows.filter(pl.col("informative")).select("doc", "gram").join(bdf, on="gram")
+        tdf = rinf.group_by("gram").agg(tdf=pl.len())
+        rare = bdf.join(tdf, on="gram").filter((pl.col("bdf") < cfg.max_benchmark_df) & (pl.col("tdf") < cfg.max_train_df))
+        clean = pl.DataFrame({"doc": np.array([i for i, f in enumerate(out) if f is None], dtype=np.uint32)})
+        cand = (rinf.join(clean, on="doc", how="semi").join(rare.select("gram"), on="gram", how="semi")
+                .join(binf, on="gram").select("doc", "item").unique())
+        if not cand.height:
+            return
+        shared = (cand.join(rows.select("doc", "gram"), on="doc")
+                  .join(bench.select("gram", item="doc"), on=["item", "gram"], how="semi")
+                  .group_by("doc", "item").agg(shared=pl.len()))
+        sizes_b = pl.DataFrame({"item": np.arange(len(bcount), dtype=np.uint32), "bn": bcount})
+        sizes_t = pl.DataFrame({"doc": np.arange(len(rcount), dtype=np.uint32), "tn": rcount})
+        best = (shared.join(sizes_b, on="item").join(sizes_t, on="doc")
+                .with_columns(cont=pl.col("shared") / pl.max_horizontal(pl.min_horizontal("bn", "tn"), pl.lit(1)))
+                .filter(pl.col("cont") >= cfg.containment)
+                .sort("cont", "item", descending=[True, False]).unique("doc", keep="first"))
+        for d, bi, cont in best.select("doc", "item", "cont").iter_rows():
+            flag(int(d), int(bi), "ngram", cont)
 
     def _minhash_layer(self, norm, out, flag):
         cfg = self.cfg
@@ -580,9 +670,10 @@ class Decontaminator:
 
             cfg = self.cfg
             eligible = np.array([len(t) >= cfg.short_words for t in self.btoks])
-            stems = [self._norm(stem(b["problem"])) if ok else "" for b, ok in zip(self.items, eligible)]
+            plain_stems = self._bench_normed([stem(b["problem"]) for b in self.items])
+            stems = [t if ok else "" for t, ok in zip(plain_stems, eligible)]
             masked, mcount = gram_table(stems, cfg.ngram, cfg.min_words, mask=True)
-            plain, pcount = gram_table([self._norm(stem(b["problem"])) for b in self.items], cfg.ngram, cfg.min_words)
+            plain, pcount = gram_table(plain_stems, cfg.ngram, cfg.min_words)
             masked = masked.with_columns(df=pl.len().over("gram"))
             plain = plain.with_columns(df=pl.len().over("gram"))
             self._sib = (masked, mcount, plain, pcount)
@@ -596,7 +687,7 @@ class Decontaminator:
         if not rest:
             return
         bmasked, mcount, bplain, pcount = self._sibling_tables()
-        stems = [self._norm(stem(problems[i])) for i in rest]
+        stems = self._normed([stem(problems[i]) for i in rest])
         tmasked, _ = gram_table(stems, cfg.ngram, cfg.min_words, mask=True)
         tplain, _ = gram_table(stems, cfg.ngram, cfg.min_words)
         # masked: shared stem n-grams / the item's, counting only n-grams that are rare on both sides (fewer than
@@ -630,27 +721,32 @@ class Decontaminator:
         """(row, benchmark item, TF-IDF cosine) pairs: of each row's ``semantic_top_k`` nearest semantic items,
         those with cosine >= ``semantic_prefilter``, or >= ``semantic_floor`` and ``semantic_margin`` times the
         next item's (a rephrasing shares few exact words with its item, but far more than with any other)."""
-        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.feature_extraction.text import TfidfTransformer
 
         cfg = self.cfg
         items = self.sem_items
-
-        def analyzer(text):
-            tk = [t for t in _TOKEN.findall(text) if t[0].isalnum() or t[0] == "\\"]
-            return tk + [a + " " + b for a, b in zip(tk, tk[1:])]
-
-        vec = TfidfVectorizer(analyzer=analyzer, sublinear_tf=True, dtype=np.float32)
         btext = [self._sem_text(b) for b in items]
-        vec.fit([norm[i] for i in rows] + btext)
-        xt = vec.transform([norm[i] for i in rows])
-        xb = vec.transform(btext).T.tocsc()
+        # = TfidfVectorizer(analyzer=word uni- and bigrams of tokens starting with a letter, a digit or "\\",
+        # sublinear_tf=True, dtype=float32).fit_transform: the counts in Polars, the weights by scikit-learn
+        x = TfidfTransformer(sublinear_tf=True).fit_transform(_uni_bigram_counts([norm[i] for i in rows] + btext))
+        xt = x[: len(rows)]
+        xb = x[len(rows) :].T.tocsc()
         k = min(cfg.semantic_top_k, len(items))
         block = max(1, int(2e7 // max(len(items), 1)))
         pairs = []
         for s0 in range(0, len(rows), block):
             sim = (xt[s0 : s0 + block] @ xb).toarray()
-            order = np.argsort(-sim, axis=1, kind="stable")[:, : k + 1]
-            top = np.take_along_axis(sim, order, axis=1)
+            if k == 1:  # = the stable argsort's first two columns: the first maximum, then the largest of the rest
+                first = sim.argmax(axis=1)
+                r_ = np.arange(sim.shape[0])
+                v1 = sim[r_, first]
+                sim[r_, first] = -np.inf
+                second = sim.argmax(axis=1) if sim.shape[1] > 1 else first
+                order = np.stack([first, second], axis=1)[:, : min(2, sim.shape[1])]
+                top = np.stack([v1, sim[r_, second]], axis=1)[:, : order.shape[1]]
+            else:
+                order = np.argsort(-sim, axis=1, kind="stable")[:, : k + 1]
+                top = np.take_along_axis(sim, order, axis=1)
             nxt = np.concatenate([top[:, 1:], np.zeros((top.shape[0], 1), dtype=top.dtype)], axis=1)
             keep = (top >= cfg.semantic_prefilter) | ((top >= cfg.semantic_floor) & (top >= cfg.semantic_margin * nxt))
             for r, c in zip(*np.nonzero(keep[:, :k])):
