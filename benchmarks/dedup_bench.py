@@ -1,4 +1,4 @@
-"""Side-by-side near-duplicate detection benchmark: Crucible vs datasketch loop vs datatrove.
+"""Side-by-side near-duplicate detection benchmark: Crucible vs rensa, datasketch and datatrove.
 
 Run from the repository root:
 
@@ -15,8 +15,15 @@ What it does (details in benchmarks/README.md):
    * Crucible's stage ``ops.curation.dedup.near_dedup`` (shingling + signatures + banding + verification),
    * a plain per-document ``datasketch.MinHash`` + ``MinHashLSH`` loop,
    * datatrove 0.10.1's four-stage MinHash pipeline on a ``LocalPipelineExecutor`` (tasks/workers = 2),
-     run with ``.venv-bench/bin/python`` (see ``benchmarks/datatrove_runner.py``);
-4. scores every method against the ground truth and writes one JSON file.
+     run with ``.venv-bench/bin/python`` (see ``benchmarks/datatrove_runner.py``), and its clusters
+     checked by exact Jaccard,
+   * rensa 0.5.0 used as its README shows: its streaming ``RMinHashDeduplicator`` (batch ``add_pairs``)
+     and its batch LSH (``RMinHash.from_token_sets`` + ``RMinHashLSH.insert_many`` + ``query_all``),
+   * datasketch used idiomatically: ``MinHash.bulk`` + ``MinHashLSH.insertion_session`` + ``query``,
+   every peer with and without verification (raw candidates, the MinHash estimate, exact Jaccard),
+   on the same plain-Python shingles (``ops.curation.text.shingles``), whose time counts in its end to end;
+4. scores every method against the ground truth and writes one JSON file, whose ``summary`` holds
+   ``speedup_vs_fastest_peer`` (Crucible's end to end against the fastest peer row's).
 
 Nothing under ops/ is modified; intermediate files go to ``benchmarks/.work/`` (git-ignored).
 """
@@ -498,14 +505,20 @@ def _load_texts(path: Path) -> list[str]:
 
 
 def worker_crucible(corpus: Path, result: Path, repeats: int, bands_rows: str = "") -> None:
-    """Time ``near_dedup`` end to end ``repeats`` times in this fresh process, then once more with
-    timing wrappers around the ``minhash`` functions it calls, for a breakdown of the same run.
+    """Time ``near_dedup`` end to end ``repeats`` times in this fresh process (after one untimed
+    warm-up call, whose time is kept as ``first_call_seconds``: it loads the compiled kernels), then
+    once more with timing wrappers around the ``minhash`` functions it calls, for a breakdown.
 
     ``bands_rows`` ("16x8") is for the what-if runs only: it replaces ``minhash.lsh_params`` in this
     process (no file under ops/ changes); empty = Crucible as shipped.
     """
+    t_imp = time.perf_counter()
     from ops.curation import dedup, minhash
 
+    minhash._native()  # import Numba and the kernel module once, outside the timer
+    import numba
+
+    import_seconds = time.perf_counter() - t_imp
     texts = _load_texts(corpus)
     n = len(texts)
     rank = np.arange(n, dtype=np.int64)
@@ -514,6 +527,9 @@ def worker_crucible(corpus: Path, result: Path, repeats: int, bands_rows: str = 
         minhash.lsh_params = lambda threshold, num_perm, **kw: (b, r)
     minhash.lsh_params(THRESHOLD, NUM_PERM)  # import datasketch once, outside the timer (the loop does too)
     base_rss = _rss_mb("VmRSS")
+    t0 = time.perf_counter()
+    dedup.near_dedup(texts, rank, threshold=THRESHOLD, num_perm=NUM_PERM, seed=SEED)
+    first_call = time.perf_counter() - t0
     times, cpu = [], []
     res = None
     for _ in range(repeats):
@@ -525,9 +541,8 @@ def worker_crucible(corpus: Path, result: Path, repeats: int, bands_rows: str = 
     peak = _rss_mb("VmHWM")
     # breakdown: wrap the module functions near_dedup looks up at call time
     spent: dict[str, float] = {}
-    calls: dict[str, int] = {}
 
-    def wrap(name: str, label: str) -> None:
+    def wrap(name: str) -> None:
         fn = getattr(minhash, name)
 
         def timed(*a, **k):
@@ -535,37 +550,200 @@ def worker_crucible(corpus: Path, result: Path, repeats: int, bands_rows: str = 
             try:
                 return fn(*a, **k)
             finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
-                calls[label] = calls.get(label, 0) + 1
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
 
         setattr(minhash, name, timed)
 
-    wrap("token_hashes", "tokenise+hash (polars)")
-    wrap("shingle_batch", "shingling total")
-    wrap("signatures", "signatures")
-    wrap("band_candidates", "banding")
-    wrap("jaccard", "verification: exact jaccard calls")
+    for name in ("encode_texts", "shingle_batch", "signatures", "band_candidates", "estimated_jaccard",
+                 "pair_jaccard", "star_clusters"):
+        wrap(name)
     t0 = time.perf_counter()
     dedup.near_dedup(texts, rank, threshold=THRESHOLD, num_perm=NUM_PERM, seed=SEED)
     total = time.perf_counter() - t0
     prof = {
         "end_to_end": total,
-        "shingling: tokenise+hash (polars)": spent["tokenise+hash (polars)"],
-        "shingling: n-grams + char shingles (numpy/python)": spent["shingling total"] - spent["tokenise+hash (polars)"],
-        "signatures": spent["signatures"],
-        "banding (band_candidates)": spent["banding"],
-        "verification: exact jaccard calls": spent.get("verification: exact jaccard calls", 0.0),
+        "shingling: text -> UTF-8 buffer (python: isascii, NFKC + lower of non-ASCII texts, encode)": spent["encode_texts"],
+        "shingling: tokenise + hash + n-grams (compiled)": spent["shingle_batch"] - spent["encode_texts"],
+        "signatures (compiled)": spent["signatures"],
+        "banding (compiled, + one sort)": spent["band_candidates"],
+        "estimate screen (compiled)": spent["estimated_jaccard"],
+        "verification: exact jaccard (compiled)": spent["pair_jaccard"],
+        "star clustering (compiled)": spent["star_clusters"],
     }
-    prof["verification: python star-clustering loop (rest)"] = total - sum(v for k, v in prof.items() if k != "end_to_end")
+    prof["rest (python glue in near_dedup)"] = total - sum(v for k, v in prof.items() if k != "end_to_end")
     np.savez(
         result,
         keep=res.keep,
         survivor=res.survivor,
         similarity=res.similarity,
         times=np.array(times),
-        meta=np.array(json.dumps({"stats": res.stats, "profile_seconds": prof, "cpu_seconds": cpu, "jaccard_calls": calls.get("verification: exact jaccard calls", 0),
+        meta=np.array(json.dumps({"stats": res.stats, "profile_seconds": prof, "cpu_seconds": cpu,
+                                  "first_call_seconds": first_call, "import_seconds": import_seconds,
+                                  "numba_threads": numba.get_num_threads(), "numba_version": numba.__version__,
                                   "base_rss_mb": base_rss, "peak_rss_mb": peak})),
     )
+
+
+# ------------------------------------------------------------------------------------------ peers
+#
+# Every peer gets the same shingles, built the plain-Python way a user of the library would write
+# (ops.curation.text.shingles: word 5-grams of the normalised tokens, char 3-grams below 5 tokens,
+# the definition the ground truth uses), timed as part of the peer's end to end. Verification, where
+# a row has it, is the same plain-Python step for every peer: exact Jaccard of those shingle sets,
+# checked lazily during star clustering in input (= rank) order.
+
+
+def _peer_shingles(texts: list[str]) -> tuple[list[set], list[list[str]], float]:
+    from ops.curation.text import shingles
+
+    t0 = time.perf_counter()
+    sets = [shingles(t, word_n=WORD_N) for t in texts]
+    lists = [list(s) for s in sets]
+    return sets, lists, time.perf_counter() - t0
+
+
+def _exact_j(a: set, b: set) -> float:
+    inter = len(a & b)
+    return inter / (len(a) + len(b) - inter)
+
+
+def _star(cands: list, accept=None) -> tuple[np.ndarray, np.ndarray]:
+    """Star clustering over candidate lists in input order: an unassigned doc becomes a survivor and
+    absorbs every unassigned candidate ``c`` with ``accept(d, c)`` (None: every candidate). Returns
+    (keep, removed_to)."""
+    n = len(cands)
+    removed_to = np.full(n, -1, dtype=np.int64)
+    assigned = bytearray(n)
+    for d in range(n):
+        if assigned[d]:
+            continue
+        assigned[d] = 1
+        for c in cands[d]:
+            if not assigned[c] and (accept is None or accept(d, c)):
+                assigned[c] = 1
+                removed_to[c] = d
+    return removed_to < 0, removed_to
+
+
+def worker_peers(corpus: Path, result: Path, family: str, limit: int = 0) -> None:
+    """Run one peer library's variants on the corpus in this fresh process; writes ``result`` (.json).
+
+    rensa 0.5.0 (Rust): ``RMinHashDeduplicator.add_pairs`` (its own streaming deduplicator: a doc is
+    a duplicate when an LSH candidate's MinHash *estimate* is >= threshold), at its default bands
+    for t = 0.8 (8) and at 16 bands, each also followed by an exact check of its hits; and
+    ``RMinHash.from_token_sets`` + ``RMinHashLSH(num_bands=16).insert_many`` + ``query_all`` (its
+    batch API) clustered on raw candidates, on the MinHash estimate (its README's dataset example),
+    or on exact Jaccard. datasketch 2.0: ``MinHash.bulk`` + ``MinHashLSH.insertion_session`` +
+    ``query`` at its own (9, 13) and at Crucible's (16, 8), clustered the same three ways.
+    """
+    texts = _load_texts(corpus)
+    if limit:
+        texts = texts[:limit]
+    n = len(texts)
+    cpu0 = time.process_time()
+    sets, lists, t_sh = _peer_shingles(texts)
+    cpu_sh = time.process_time() - cpu0
+    rows: dict[str, dict] = {}
+
+    def record(name: str, keep: np.ndarray, pairs: list[tuple[int, int]], secs: float, what: str, parts: dict):
+        rows[name] = {"keep": keep.tolist(), "pairs": pairs, "peer_seconds": secs, "what": what,
+                      "seconds_parts": {"shingling (python, shared)": t_sh, **parts}}
+
+    def from_removed_to(rt: np.ndarray) -> list[tuple[int, int]]:
+        idx = np.flatnonzero(rt >= 0)
+        return list(zip(idx.tolist(), rt[idx].tolist()))
+
+    if family == "rensa":
+        from rensa import RMinHash, RMinHashDeduplicator, RMinHashLSH
+
+        keys = [str(i) for i in range(n)]
+        for bands in (None, 16):
+            label = f"rensa_dedup_b{bands or 8}"
+            t0 = time.perf_counter()
+            ded = RMinHashDeduplicator(threshold=THRESHOLD, num_perm=NUM_PERM, use_lsh=True, num_bands=bands, seed=42)
+            added = np.array(ded.add_pairs(zip(keys, lists)), dtype=bool)
+            t_add = time.perf_counter() - t0
+            removed = np.flatnonzero(~added)
+            # who each removed doc matched (estimate >= t among the kept docs)
+            t0 = time.perf_counter()
+            hits = ded.get_duplicate_sets([lists[i] for i in removed.tolist()])
+            t_hits = time.perf_counter() - t0
+            pairs = [(int(r), int(k)) for r, h in zip(removed.tolist(), hits) for k in h]
+            record(label, added, pairs, t_add,
+                   f"RMinHashDeduplicator(threshold=0.8, num_perm=128, use_lsh=True, num_bands={bands}, seed=42)"
+                   ".add_pairs(zip(keys, shingle lists)): a doc is dropped when an LSH candidate among the kept docs "
+                   "has MinHash estimate >= 0.8 (no exact check)", {"add_pairs": t_add})
+            # the same, then every hit checked exactly (a removed doc with no exact match is kept)
+            t0 = time.perf_counter()
+            keep_v = added.copy()
+            pairs_v = []
+            for r, h in zip(removed.tolist(), hits):
+                good = [int(k) for k in h if _exact_j(sets[r], sets[int(k)]) >= THRESHOLD]
+                if good:
+                    pairs_v.extend((r, k) for k in good)
+                else:
+                    keep_v[r] = True
+            t_ver = time.perf_counter() - t0
+            record(label + "+verify", keep_v, pairs_v, t_add + t_hits + t_ver,
+                   f"{label}, then get_duplicate_sets for the dropped docs and an exact Jaccard check of each hit "
+                   "(python sets); a dropped doc with no hit at J >= 0.8 is put back",
+                   {"add_pairs": t_add, "get_duplicate_sets": t_hits, "exact check (python)": t_ver})
+        t0 = time.perf_counter()
+        mhs = RMinHash.from_token_sets(lists, num_perm=NUM_PERM, seed=42)
+        t_mh = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        lsh = RMinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, num_bands=16)
+        lsh.insert_many(mhs)
+        cands = lsh.query_all(mhs)
+        t_lsh = time.perf_counter() - t0
+        base = {"RMinHash.from_token_sets": t_mh, "RMinHashLSH insert_many + query_all": t_lsh}
+        for how, accept in (("", None),
+                            ("+estimate", lambda d, c: mhs[d].jaccard(mhs[c]) >= THRESHOLD),
+                            ("+verify", lambda d, c: _exact_j(sets[d], sets[c]) >= THRESHOLD)):
+            t0 = time.perf_counter()
+            keep, rt = _star(cands, accept)
+            t_cl = time.perf_counter() - t0
+            record("rensa_lsh_b16" + how, keep, from_removed_to(rt), t_mh + t_lsh + t_cl,
+                   "RMinHash.from_token_sets(shingle lists, num_perm=128, seed=42); RMinHashLSH(threshold=0.8, "
+                   "num_perm=128, num_bands=16).insert_many + query_all; star clustering in input order over "
+                   + {"": "raw LSH candidates", "+estimate": "candidates with MinHash estimate >= 0.8 (rensa README)",
+                       "+verify": "candidates with exact Jaccard >= 0.8 (python sets)"}[how],
+                   {**base, "star clustering (python)": t_cl})
+    elif family == "datasketch":
+        from datasketch import MinHash, MinHashLSH
+
+        t0 = time.perf_counter()
+        mhs = MinHash.bulk([[s.encode("utf-8") for s in toks] for toks in lists], num_perm=NUM_PERM, seed=SEED)
+        t_mh = time.perf_counter() - t0
+        for params in (None, (16, 8)):
+            t0 = time.perf_counter()
+            lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, params=params)
+            with lsh.insertion_session() as session:
+                for i, m in enumerate(mhs):
+                    session.insert(i, m, check_duplication=False)
+            cands = [lsh.query(m) for m in mhs]
+            t_lsh = time.perf_counter() - t0
+            label = f"datasketch_bulk_{lsh.b}x{lsh.r}"
+            base = {"MinHash.bulk (shared)": t_mh, "MinHashLSH insertion_session + query": t_lsh}
+            for how, accept in (("", None),
+                                ("+estimate", lambda d, c: mhs[d].jaccard(mhs[c]) >= THRESHOLD),
+                                ("+verify", lambda d, c: _exact_j(sets[d], sets[c]) >= THRESHOLD)):
+                t0 = time.perf_counter()
+                keep, rt = _star([sorted(c) for c in cands], accept)
+                t_cl = time.perf_counter() - t0
+                record(label + how, keep, from_removed_to(rt), t_mh + t_lsh + t_cl,
+                       "datasketch MinHash.bulk(utf-8 shingle lists, num_perm=128, seed=1); MinHashLSH(threshold=0.8, "
+                       f"num_perm=128{', params=(16, 8)' if params else ''}) filled in one insertion_session, "
+                       "query per doc; star clustering in input order over "
+                       + {"": "raw LSH candidates", "+estimate": "candidates with MinHash estimate >= 0.8",
+                           "+verify": "candidates with exact Jaccard >= 0.8 (python sets)"}[how],
+                       {**base, "star clustering (python)": t_cl})
+    else:
+        raise SystemExit(f"unknown peer family {family!r}")
+    import importlib.metadata as md
+
+    result.write_text(json.dumps({"rows": rows, "docs": n, "shingling_seconds": t_sh, "shingling_cpu_seconds": cpu_sh,
+                                  "version": md.version(family), "peak_rss_mb": _rss_mb("VmHWM")}))
 
 
 def worker_datasketch(corpus: Path, result: Path, limit: int, bands_rows: str = "") -> None:
@@ -657,7 +835,7 @@ def machine_info() -> dict:
     import importlib.metadata as md
 
     vers = {}
-    for p in ("datasketch", "polars", "numpy", "scipy"):
+    for p in ("datasketch", "polars", "numpy", "scipy", "numba", "rensa"):
         try:
             vers[p] = md.version(p)
         except md.PackageNotFoundError:
@@ -684,6 +862,7 @@ def machine_info() -> dict:
         "python": sys.version.split()[0],
         "versions": vers,
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -761,7 +940,9 @@ def main() -> None:
     ap.add_argument("--datatrove-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
     ap.add_argument("--datatrove-defaults", action=argparse.BooleanOptionalAction, default=True,
                     help="also run datatrove with its own defaults (spaCy words, 14x8, numbers->0, no punctuation)")
-    ap.add_argument("--worker", choices=["crucible", "datasketch", "mathgen"], help=argparse.SUPPRESS)
+    ap.add_argument("--skip-peers", action="store_true", help="skip the rensa and idiomatic datasketch rows")
+    ap.add_argument("--worker", choices=["crucible", "datasketch", "mathgen", "peers"], help=argparse.SUPPRESS)
+    ap.add_argument("--family", default="", help=argparse.SUPPRESS)
     ap.add_argument("--part", default="0/1", help=argparse.SUPPRESS)
     ap.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -776,6 +957,8 @@ def main() -> None:
         return worker_crucible(args.corpus, args.result, args.crucible_repeats, args.bands_rows)
     if args.worker == "datasketch":
         return worker_datasketch(args.corpus, args.result, args.limit, args.bands_rows)
+    if args.worker == "peers":
+        return worker_peers(args.corpus, args.result, args.family, args.limit)
     if args.worker == "mathgen":
         part, procs = map(int, args.part.split("/"))
         return worker_mathgen(args.result, args.limit, args.seed, part, procs)
@@ -812,6 +995,8 @@ def main() -> None:
     _log(f"corpus: {cinfo['real_distinct']} real, {cinfo['generated']} generated, {cinfo['planted']} planted")
 
     # ---- ground truth
+    from ops.curation.text import tokens
+
     t0 = time.perf_counter()
     batch = minhash.shingle_batch(texts)
     ss = ShingleSets(batch.values, batch.offsets)
@@ -844,7 +1029,7 @@ def main() -> None:
         "pairs_by_kind": pair_kinds,
         "shingle_sets": {"total": int(len(ss.tok)), "distinct_shingles": int(ss.ntok),
                          "mean_set_size": round(float(ss.size.mean()), 1),
-                         "docs_with_char_shingles(<5 tokens)": int((np.diff(minhash.token_hashes(texts)[1]) < WORD_N).sum())},
+                         "docs_with_char_shingles(<5 tokens)": int(sum(len(tokens(t)) < WORD_N for t in texts))},
         "join_stats": jstats,
         "seconds_total_incl_shingling": round(t_gt, 2),
         "seconds_join_only": round(t_join, 2),
@@ -887,14 +1072,19 @@ def main() -> None:
             "docs_timed": n,
             "wall_seconds": round(sec, 3),
             "wall_seconds_runs": [round(x, 3) for x in times],
-            "timing": f"median of {len(times)} run(s) in one fresh process; end-to-end (shingling, signatures, banding, verification)",
+            "timing": f"median of {len(times)} run(s) in one fresh process after one untimed warm-up call; end-to-end "
+                      "(shingling, signatures, banding, screening, exact verification, clustering)",
+            "first_call_seconds": round(meta["first_call_seconds"], 3),
+            "first_call_note": "the warm-up call: loads the cached compiled kernels and starts Numba's thread pool "
+                               "(a cold cache, e.g. the first run on a machine, compiles them: tens of seconds, once)",
+            "import_seconds (numba + kernels, untimed)": round(meta["import_seconds"], 3),
+            "threads": f"numba {meta['numba_version']}, {meta['numba_threads']} threads",
             "throughput_per_s": round(n / sec, 1),
             "peak_rss_mb": meta["peak_rss_mb"],
             "rss_before_mb": meta["base_rss_mb"],
             "stats": meta["stats"],
             "lsh_candidate_probability": lsh_curve(b_, r_),
             "profile_seconds (one extra instrumented run)": {k: round(v, 3) for k, v in meta["profile_seconds"].items()},
-            "jaccard_calls": meta["jaccard_calls"],
             "cpu_seconds_runs (process user+sys, all threads)": [round(x, 3) for x in meta["cpu_seconds"]],
             "machine_state": dict(LAST_MACHINE),
             **score(keep, mapped, ss, gt),
@@ -985,24 +1175,171 @@ def main() -> None:
                 **score(keep, mapped, ss, gt),
             }
             _log(f"{name}: {sec:.1f}s  P={methods[name]['precision']:.4f} R={methods[name]['recall']:.4f}")
+            # the same clusters checked exactly: each cluster split star-wise (input order) on exact Jaccard
+            t0 = time.perf_counter()
+            members: dict[int, list[int]] = {}
+            for doc, c in sorted(cluster_of.items()):
+                members.setdefault(c, []).append(doc)
+            from ops.curation.text import shingles
+
+            sets = {doc: shingles(texts[doc], word_n=WORD_N) for doc in cluster_of}
+            keep_v = np.ones(n, dtype=bool)
+            mapped_v: dict[int, list[int]] = {}
+            for group in members.values():
+                done: set[int] = set()
+                for x, d in enumerate(group):
+                    if d in done:
+                        continue
+                    done.add(d)
+                    for c in group[x + 1:]:
+                        if c not in done and _exact_j(sets[d], sets[c]) >= THRESHOLD:
+                            done.add(c)
+                            keep_v[c] = False
+                            mapped_v[c] = [d]
+            t_ver = time.perf_counter() - t0
+            methods[name + "+verify"] = {
+                "what": f"{name}'s clusters (MinhashDedupCluster save_cluster_id), each split star-wise in input order "
+                        "on exact Jaccard >= 0.8 of ops.curation.text.shingles sets (python; shingling of the "
+                        "clustered docs included)",
+                "docs_timed": n,
+                "wall_seconds": round(sec + t_ver, 3),
+                "seconds_parts": {"datatrove pipeline": round(sec, 3), "exact check (python)": round(t_ver, 3)},
+                "throughput_per_s": round(n / (sec + t_ver), 1),
+                "verified": "exact",
+                "machine_state": dict(LAST_MACHINE),
+                **score(keep_v, mapped_v, ss, gt),
+            }
+            _log(f"{name}+verify: {sec + t_ver:.1f}s  P={methods[name + '+verify']['precision']:.4f} "
+                 f"R={methods[name + '+verify']['recall']:.4f}")
+
+    # ---- peers used idiomatically: rensa (deduplicator and LSH) and datasketch (bulk + insertion_session)
+    for family in ([] if args.skip_peers else ["rensa", "datasketch"]):
+        _log(f"peers: {family}")
+        res_path = work / f"peers_{family}.json"
+        rc, wall, out = run_sub([sys.executable, str(BENCH / "dedup_bench.py"), "--worker", "peers", "--family", family,
+                                 "--corpus", str(corpus_path), "--result", str(res_path)], timeout=1200)
+        if rc != 0 or not res_path.exists():
+            methods[f"{family}_peers"] = {"error": f"exit {rc}: {out}"}
+            continue
+        d = json.loads(res_path.read_text())
+        for name, row in d["rows"].items():
+            keep = np.array(row["keep"], dtype=bool)
+            mapped: dict[int, list[int]] = {}
+            for r_, m_ in row["pairs"]:
+                mapped.setdefault(int(r_), []).append(int(m_))
+            sec = d["shingling_seconds"] + row["peer_seconds"]
+            methods[name] = {
+                "what": row["what"],
+                "library": f"{family} {d['version']}",
+                "docs_timed": d["docs"],
+                "wall_seconds": round(sec, 3),
+                "timing": "one run in a fresh process (one process per library, its shingling shared by its rows): "
+                          "python shingling + the library's sketching, indexing, querying + clustering (+ verification)",
+                "seconds_parts": {k: round(v, 3) for k, v in row["seconds_parts"].items()},
+                "shingling_cpu_seconds (process user+sys)": round(d["shingling_cpu_seconds"], 3),
+                "throughput_per_s": round(d["docs"] / sec, 1),
+                "verified": "exact" if name.endswith("+verify") else ("minhash estimate" if (
+                    name.endswith("+estimate") or name.startswith("rensa_dedup")) else "no"),
+                "peak_rss_mb (whole process, all rows)": d["peak_rss_mb"],
+                "machine_state": dict(LAST_MACHINE),
+                **score(keep, mapped, ss, gt),
+            }
+            _log(f"{name}: {sec:.2f}s  P={methods[name]['precision']:.4f} R={methods[name]['recall']:.4f}")
+
+    # ---- Crucible once more, after the peers: the machine's load drifts, so the summary takes the slower
+    # of the two Crucible timings (the outputs must be identical: the stage is deterministic)
+    if "wall_seconds" in methods.get("crucible", {}) and not args.skip_peers:
+        _log("crucible again (after the peers)")
+        got = _worker_result(methods, "crucible_after_peers", work, ["--worker", "crucible", "--corpus", str(corpus_path),
+                                                                   "--crucible-repeats", str(args.crucible_repeats)], 600)
+        if got is not None:
+            r, meta = got
+            first = np.load(work / "crucible.npz")
+            times = r["times"].tolist()
+            methods["crucible_after_peers"] = {
+                "what": "the 'crucible' row re-timed in a fresh process after all peer rows (timing only)",
+                "wall_seconds": round(float(np.median(times)), 3),
+                "wall_seconds_runs": [round(x, 3) for x in times],
+                "first_call_seconds": round(meta["first_call_seconds"], 3),
+                "cpu_seconds_runs (process user+sys, all threads)": [round(x, 3) for x in meta["cpu_seconds"]],
+                "profile_seconds (one extra instrumented run)": {k: round(v, 3) for k, v in meta["profile_seconds"].items()},
+                "outputs_identical_to_first_run": bool(np.array_equal(first["keep"], r["keep"])
+                                                       and np.array_equal(first["survivor"], r["survivor"])),
+                "machine_state": dict(LAST_MACHINE),
+            }
+            _log(f"crucible_after_peers: {methods['crucible_after_peers']['wall_seconds']}s")
 
     # ---- summary
     report["methods"] = methods
-    cru = methods.get("crucible", {})
+    cru = dict(methods.get("crucible", {}))
+    again = methods.get("crucible_after_peers", {})
+    if "wall_seconds" in cru and "wall_seconds" in again and again["wall_seconds"] > cru["wall_seconds"]:
+        cru["wall_seconds"] = again["wall_seconds"]
+        cru["cpu_seconds_runs (process user+sys, all threads)"] = again["cpu_seconds_runs (process user+sys, all threads)"]
     summary = {}
     if "wall_seconds" in cru:
-        for peer in [k for k in methods if k != "crucible" and not k.startswith("whatif")]:
-            if "wall_seconds" in methods.get(peer, {}):
-                summary[f"speedup_vs_{peer}"] = round(methods[peer]["wall_seconds"] / cru["wall_seconds"], 2)
+        peers = {k: m for k, m in methods.items()
+                 if not k.startswith("crucible") and not k.startswith("whatif") and "wall_seconds" in m}
+        for peer, m in peers.items():
+            summary[f"speedup_vs_{peer}"] = round(m["wall_seconds"] / cru["wall_seconds"], 2)
+        if peers:
+            fastest = min(peers, key=lambda k: peers[k]["wall_seconds"])
+            summary["fastest_peer"] = {"method": fastest, "wall_seconds": peers[fastest]["wall_seconds"],
+                                       "precision": round(peers[fastest]["precision"], 4),
+                                       "recall": round(peers[fastest]["recall"], 4)}
+            summary["speedup_vs_fastest_peer"] = round(peers[fastest]["wall_seconds"] / cru["wall_seconds"], 2)
+            good = {k: m for k, m in peers.items() if m["precision"] >= 0.99 and m["recall"] >= 0.99}
+            if good:
+                fg = min(good, key=lambda k: good[k]["wall_seconds"])
+                summary["fastest_peer_at_precision_and_recall_>=0.99"] = {"method": fg, "wall_seconds": good[fg]["wall_seconds"]}
+                summary["speedup_vs_fastest_peer_at_precision_and_recall_>=0.99"] = round(good[fg]["wall_seconds"] / cru["wall_seconds"], 2)
+            else:
+                summary["fastest_peer_at_precision_and_recall_>=0.99"] = "none of the peer rows reaches both"
+        lib = {k: m["wall_seconds"] - m["seconds_parts"]["shingling (python, shared)"] for k, m in peers.items()
+               if "shingling (python, shared)" in m.get("seconds_parts", {})}
+        if lib:
+            fl = min(lib, key=lib.get)
+            summary["fastest_peer_library_only"] = {
+                "method": fl, "seconds_without_its_python_shingling": round(lib[fl], 3),
+                "precision": round(peers[fl]["precision"], 4), "recall": round(peers[fl]["recall"], 4),
+                "note": "the peer row's time less the plain-Python shingling it needs first; Crucible's time "
+                        "still includes its own shingling"}
+            summary["speedup_vs_fastest_peer_library_only"] = round(lib[fl] / cru["wall_seconds"], 2)
+            lib_good = {k: v for k, v in lib.items() if peers[k]["precision"] >= 0.99 and peers[k]["recall"] >= 0.99}
+            if lib_good:
+                fg = min(lib_good, key=lib_good.get)
+                summary["speedup_vs_fastest_peer_library_only_at_precision_and_recall_>=0.99"] = {
+                    "method": fg, "seconds_without_its_python_shingling": round(lib_good[fg], 3),
+                    "speedup": round(lib_good[fg] / cru["wall_seconds"], 2)}
+        cpu_runs = cru.get("cpu_seconds_runs (process user+sys, all threads)", [])
+        sh_cpu = [m["shingling_cpu_seconds (process user+sys)"] for m in peers.values()
+                  if "shingling_cpu_seconds (process user+sys)" in m]
+        if cpu_runs and sh_cpu:
+            summary["cpu_check"] = {
+                "crucible_cpu_seconds_median (all threads)": round(float(np.median(cpu_runs)), 3),
+                "peer_python_shingling_cpu_seconds (min over the peer processes)": round(min(sh_cpu), 3),
+                "note": "CPU time is less sensitive than wall time to other work on the machine: every peer row "
+                        "needs these shingles before its library starts, so their CPU time alone bounds each "
+                        "peer row's cost from below",
+            }
+        summary["crucible"] = {"wall_seconds (the slower of the runs before and after the peers)": cru["wall_seconds"],
+                               "wall_seconds_before_peers": methods["crucible"]["wall_seconds"],
+                               "wall_seconds_after_peers": again.get("wall_seconds"),
+                               "precision": round(cru["precision"], 4),
+                               "recall": round(cru["recall"], 4), "first_call_seconds": cru.get("first_call_seconds")}
         targets = {
+            "crucible_>=2x_fastest_peer": summary.get("speedup_vs_fastest_peer", 0) >= 2,
+            "crucible_precision_>=0.99": cru["precision"] >= 0.99,
+            "crucible_recall_>=0.99": cru["recall"] >= 0.99,
             "crucible_>=10x_datasketch_loop": summary.get("speedup_vs_datasketch_loop", 0) >= 10,
             "crucible_faster_than_datatrove": summary.get("speedup_vs_datatrove", 0) > 1,
-            "crucible_precision_>=0.95": cru["precision"] >= 0.95,
-            "crucible_recall_>=0.95": cru["recall"] >= 0.95,
         }
         summary["targets"] = {k: ("pass" if v else "FAIL") for k, v in targets.items()}
-        summary["targets_apply_to"] = (f"'crucible' as found in ops/ (lsh_params(0.8, 128) = {cru_br[0]} bands x {cru_br[1]} rows) "
-                                       "vs 'datasketch_loop' and 'datatrove'; what-if and extra peer rows are not used")
+        summary["targets_apply_to"] = (f"'crucible' as found in ops/ (lsh_params(0.8, 128) = {cru_br[0]} bands x {cru_br[1]} rows, "
+                                       "median of the timed runs after one warm-up call, the slower of its runs before "
+                                       "and after the peers) against every peer row; the "
+                                       "fastest peer is the peer row with the smallest end-to-end wall time, whatever its "
+                                       "precision and recall; what-if rows are not peers")
         if "wall_seconds" not in methods.get("datatrove", {}):
             summary["targets"]["crucible_faster_than_datatrove"] = "not measured (datatrove did not run)"
     noisy = [k for k, m in methods.items() if m.get("machine_state") and not m["machine_state"].get("quiet", True)]
@@ -1012,6 +1349,7 @@ def main() -> None:
     )
     report["summary"] = summary
     report["total_benchmark_seconds"] = round(time.perf_counter() - t_start, 1)
+    report["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -1023,6 +1361,9 @@ def main() -> None:
     for k, m in methods.items():
         if "wall_seconds" not in m:
             print(f"{k:<32} {m.get('error', m.get('skipped', ''))[:80]}")
+            continue
+        if "precision" not in m:
+            print(f"{k:<32} {'':>7} {m['wall_seconds']:>9.2f}")
             continue
         rss = m.get("peak_rss_mb")
         print(f"{k:<32} {m['docs_timed']:>7} {m['wall_seconds']:>9.2f} {m['throughput_per_s']:>9.0f} "

@@ -190,11 +190,9 @@ def near_dedup(texts: list[str], rank: np.ndarray, params: NearDedupParams | Non
     cfg = _near_params(params, fields)
     threshold, num_perm, seed = cfg.threshold, cfg.num_perm, cfg.seed
     n = len(texts)
-    keep = np.ones(n, dtype=bool)
-    survivor = np.arange(n, dtype=np.int64)
-    sim = np.ones(n, dtype=np.float64)
     if n == 0:
-        return NearDedupResult(keep, survivor, sim, {"candidate_pairs": 0, "verified_pairs": 0})
+        empty = {"candidate_pairs": 0, "verified_pairs": 0}
+        return NearDedupResult(np.ones(0, dtype=bool), np.zeros(0, dtype=np.int64), np.ones(0), empty)
     batch = minhash.shingle_batch(texts, word_n=cfg.word_n, char_n=cfg.char_n)
     if threshold >= 1.0:
         # exact shingle-set equality: group by the hash of the sorted set
@@ -223,29 +221,13 @@ def near_dedup(texts: list[str], rank: np.ndarray, params: NearDedupParams | Non
     # verify the rest at once (exact Jaccard), then star-cluster over verified edges only
     sims = minhash.pair_jaccard(batch, cand)
     ok = sims >= threshold
-    edges, edge_sim = cand[ok], sims[ok]
-    neighbours: dict[int, list[tuple[int, float]]] = {}
-    for (i, j), js in zip(edges.tolist(), edge_sim.tolist()):
-        neighbours.setdefault(i, []).append((j, js))
-        neighbours.setdefault(j, []).append((i, js))
-    assigned = np.zeros(n, dtype=bool)
-    verified = 0
-    for d in np.argsort(rank, kind="stable").tolist():
-        if assigned[d]:
-            continue
-        assigned[d] = True
-        for c, js in neighbours.get(d, ()):
-            if not assigned[c]:
-                assigned[c] = True
-                keep[c] = False
-                survivor[c] = d
-                sim[c] = js
-                verified += 1
+    order = np.argsort(rank, kind="stable")
+    keep, survivor, sim, verified = minhash.star_clusters(n, cand[ok], sims[ok], order)
     rejected = int((~ok).sum())
     stats = {
         "candidate_pairs": int(n_lsh),
         "screened_by_estimate": int(n_lsh - len(cand)),
-        "verified_pairs": verified,
+        "verified_pairs": int(verified),
         "rejected_candidates": rejected,
         "bands": bands,
         "rows": rows,

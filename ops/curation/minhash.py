@@ -6,23 +6,24 @@ Source: Logics-STEM (arXiv 2601.01562) §2, stage 2 (near-duplicate removal with
 datasketch supplies the permutation family (``MinHash(num_perm, seed).permutations``) and the
 false-positive/false-negative optimal (bands, rows) for a Jaccard threshold (``MinHashLSH.b/.r``).
 What datasketch does one document and one shingle at a time in Python, this module does for a whole
-batch in numpy: a signature row here equals ``datasketch.MinHash(num_perm, seed)`` updated with the
-same 32-bit shingle hashes (tested), so rows can be wrapped in ``LeanMinHash`` when needed.
+batch in compiled kernels (:mod:`ops.curation.minhash_native`, Numba, on all cores): tokenising and
+shingle hashing, signatures, banding and exact verification. A signature row here equals
+``datasketch.MinHash(num_perm, seed)`` updated with the same 32-bit shingle hashes (tested), so rows
+can be wrapped in ``LeanMinHash`` when needed.
 """
 
 from __future__ import annotations
 
+import functools
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
-from .text import TOKEN_PATTERN, normalize
+from .text import _TOKEN, normalize
 
 _MAX_HASH = np.uint64((1 << 32) - 1)
 SCHEME = "affine32"  # datasketch 2.0's permutation scheme: h -> a*fmix32(h) + b mod 2^32
-# MurmurHash3 32-bit finaliser constants (public, from MurmurHash3; datasketch pre-mixes with them)
-_FMIX32 = (np.uint32(16), np.uint32(0x85EBCA6B), np.uint32(13), np.uint32(0xC2B2AE35), np.uint32(16))
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant for polynomial n-gram hashing
 
 
 class DedupConfigError(ValueError):
@@ -72,6 +73,7 @@ def validate_params(threshold: float, num_perm: int) -> None:
 LSH_WEIGHTS = (0.05, 0.95)
 
 
+@functools.lru_cache(maxsize=64)
 def lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = LSH_WEIGHTS) -> tuple[int, int]:
     """(bands, rows) minimising datasketch's weighted FP+FN probability for ``threshold``.
 
@@ -93,20 +95,30 @@ def lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = L
 
 
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """datasketch's (a, b) permutation parameters for :data:`SCHEME`, each shape (num_perm,) uint32."""
+    """datasketch's (a, b) permutation parameters for :data:`SCHEME`, each shape (num_perm,) uint32
+    (computed once per (num_perm, seed); each call returns fresh copies)."""
+    a, b = _permutations(int(num_perm), int(seed))
+    return a.copy(), b.copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     from datasketch import MinHash
 
     perm = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
     return perm[0].astype(np.uint32), perm[1].astype(np.uint32)
 
 
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    s1, m1, s2, m2, s3 = _FMIX32
-    h = h ^ (h >> s1)
-    h = h * m1
-    h = h ^ (h >> s2)
-    h = h * m2
-    return h ^ (h >> s3)
+def _native():
+    """The compiled kernels (:mod:`ops.curation.minhash_native`), imported on first use."""
+    from . import minhash_native
+
+    return minhash_native
+
+
+@functools.lru_cache(maxsize=1)
+def _unicode_classes() -> np.ndarray:
+    return _native().unicode_classes()
 
 
 @dataclass
@@ -131,119 +143,97 @@ class ShingleBatch:
         return (v ^ (v >> np.uint64(32))) & _MAX_HASH
 
 
-def token_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenise (same rule as :func:`ops.curation.text.tokens`) and hash every token, in Polars.
+def encode_texts(texts: list[str], word_n: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The byte buffer the shingle kernels read (modes in :mod:`ops.curation.minhash_native`).
+
+    An ASCII text goes in as it is (mode 3); any other text NFKC-normalised and lower-cased (mode 0):
+    the kernel tokenises both. The rare text with a code point above U+FFFF is tokenised here, by
+    :func:`ops.curation.text.tokens`'s rule, and goes in as its tokens joined by spaces (mode 1),
+    or, below ``word_n`` tokens, as its normalised form for character n-grams (mode 2). The ASCII
+    texts are joined and encoded in one piece, the others after them.
 
     Returns:
-        (hashes, offsets): hashes shape (T,) uint64 (Polars' seeded hash, stable for the pinned
-        Polars version); tokens of text i are hashes[offsets[i]:offsets[i+1]]; offsets shape (n+1,).
+        (buf, lo, hi, modes): buf shape (B,) uint8; text i is buf[lo[i]:hi[i]]; lo, hi shape (n,)
+        int64; modes shape (n,) uint8.
     """
-    import polars as pl
+    n = len(texts)
+    modes = np.full(n, 3, dtype=np.uint8)
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    is_ascii = np.fromiter(map(str.isascii, texts), dtype=bool, count=n)
+    lo = np.empty(n, dtype=np.int64)
+    asc = np.flatnonzero(is_ascii)
+    ends = np.cumsum(lens[asc])
+    lo[asc] = ends - lens[asc]
+    parts = ["".join(texts if len(asc) == n else [texts[i] for i in asc.tolist()]).encode("ascii")]
+    other = np.flatnonzero(~is_ascii).tolist()
+    if other:
+        modes[other] = 0
+        segs = []
+        for i in other:
+            t = texts[i]
+            u = (t if unicodedata.is_normalized("NFKC", t) else unicodedata.normalize("NFKC", t)).lower()
+            if len(u.encode("utf-16-le", "surrogatepass")) != 2 * len(u):  # a code point above U+FFFF
+                norm = normalize(t)
+                toks = _TOKEN.findall(norm)
+                if len(toks) >= word_n:
+                    u, modes[i] = " ".join(toks), 1
+                else:
+                    u, modes[i] = norm, 2
+            segs.append(u.encode("utf-8", "surrogatepass"))
+        seg_lens = np.fromiter(map(len, segs), dtype=np.int64, count=len(segs))
+        lens[other] = seg_lens
+        lo[other] = len(parts[0]) + np.cumsum(seg_lens) - seg_lens
+        parts.extend(segs)
+    buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    return buf, lo, lo + lens, modes
 
-    s = pl.Series(texts, dtype=pl.String)
-    # NFKC is the identity on ASCII: normalise only the (few) non-ASCII texts
-    df = pl.DataFrame({"s": s}).select(
-        pl.when(pl.col("s").str.contains(r"^[\x00-\x7F]*$")).then(pl.col("s")).otherwise(pl.col("s").str.normalize("NFKC"))
-    )
-    toks = df.to_series().str.to_lowercase().str.extract_all(TOKEN_PATTERN)
-    lengths = toks.list.len().fill_null(0).to_numpy().astype(np.int64)
-    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = toks.explode().drop_nulls()
-    return flat.hash(seed=0x5EED).to_numpy().astype(np.uint64), offsets
+
+def sorted_unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of a 1-D array: ``np.unique`` without its cost (numpy 2.4's
+    ``np.unique`` on a million int64 takes ~70x as long as one ``np.sort``)."""
+    s = np.sort(a)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 
 def shingle_batch(texts: list[str], word_n: int = 5, char_n: int = 3) -> ShingleBatch:
     """Hash the shingles of every text: word ``word_n``-grams, char ``char_n``-grams below that.
 
-    Matches :func:`ops.curation.text.shingles` (as hashes; a text's slice may repeat a shingle,
-    which MinHash ignores and :func:`jaccard` removes). Shape contract in :class:`ShingleBatch`.
+    Matches :func:`ops.curation.text.shingles` (as 64-bit hashes, see
+    :mod:`ops.curation.minhash_native`; a text's slice may repeat a shingle, which MinHash ignores
+    and :func:`pair_jaccard` removes). Compiled, on all cores. Shape contract in :class:`ShingleBatch`.
     """
-    import polars as pl
-
-    n = len(texts)
-    th, toff = token_hashes(texts)
-    lengths = np.diff(toff)
-    long_doc = lengths >= word_n
-    # word n-grams for all positions of the flat token array, then keep those inside one text
-    m = max(len(th) - word_n + 1, 0)
-    g = np.zeros(m, dtype=np.uint64)
-    for j in range(word_n):
-        g = g * _MIX + th[j : j + m]
-    doc_of_pos = np.repeat(np.arange(n), lengths)[:m]
-    pos_in_doc = np.arange(m) - toff[:-1][doc_of_pos]
-    valid = pos_in_doc <= (lengths[doc_of_pos] - word_n)
-    word_vals = g[valid]
-    word_counts = np.where(long_doc, lengths - word_n + 1, 0)
-    # character n-grams for the short texts
-    short_idx = np.flatnonzero(~long_doc)
-    grams: list[str] = []
-    char_counts = np.zeros(n, dtype=np.int64)
-    for i in short_idx.tolist():
-        s = normalize(texts[i])
-        gs = [s] if len(s) <= char_n else [s[k : k + char_n] for k in range(len(s) - char_n + 1)]
-        grams.extend(gs)
-        char_counts[i] = len(gs)
-    char_vals = pl.Series(grams, dtype=pl.String).hash(seed=0xC4A2).to_numpy().astype(np.uint64) | np.uint64(1 << 63)
-    counts = word_counts + char_counts
-    offsets = np.zeros(n + 1, dtype=np.int64)
+    nat = _native()
+    buf, lo, hi, modes = encode_texts(texts, word_n)
+    ucls = _unicode_classes()
+    counts, ntok = nat.shingle_counts(buf, lo, hi, modes, word_n, char_n, ucls)
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    values = np.empty(offsets[-1], dtype=np.uint64)
-    # scatter: word shingles are contiguous per long text, char shingles per short text
-    word_dst = np.repeat(offsets[:-1][long_doc], word_counts[long_doc]) + _ranges(word_counts[long_doc])
-    values[word_dst] = word_vals
-    if len(char_vals):
-        char_dst = np.repeat(offsets[:-1][short_idx], char_counts[short_idx]) + _ranges(char_counts[short_idx])
-        values[char_dst] = char_vals
+    values = nat.shingle_values(buf, lo, hi, modes, offsets, ntok, word_n, char_n, ucls)
     return ShingleBatch(values=values, offsets=offsets)
 
 
-def _ranges(counts: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(c) for c in counts."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    return np.arange(total, dtype=np.int64) - starts
-
-
-def signatures(batch: ShingleBatch, num_perm: int = 128, seed: int = 1, chunk: int = 1 << 15) -> np.ndarray:
+def signatures(batch: ShingleBatch, num_perm: int = 128, seed: int = 1) -> np.ndarray:
     """MinHash signatures of every text in ``batch``.
 
     Each row equals ``datasketch.MinHash(num_perm, seed, scheme="affine32")`` updated with that
-    text's ``batch.hash32()`` values. Returns shape (n, num_perm) uint32. Shingles are processed in
-    cache-sized chunks of about ``chunk``, one permutation at a time (a few MB of scratch memory).
+    text's ``batch.hash32()`` values (tested). Returns shape (n, num_perm) uint32. Compiled, one
+    text per task on all cores.
     """
-    n = len(batch.offsets) - 1
     a, b = permutations(num_perm, seed)
-    hv = _fmix32(batch.hash32().astype(np.uint32))
-    sig = np.empty((n, num_perm), dtype=np.uint32)
-    offsets = batch.offsets
-    buf = np.empty(max(chunk, 1), dtype=np.uint32)
-    d0 = 0
-    while d0 < n:
-        lo = offsets[d0]
-        d1 = int(np.searchsorted(offsets, lo + chunk, side="right")) - 1
-        d1 = min(max(d1, d0 + 1), n)
-        hi = offsets[d1]
-        h = hv[lo:hi]
-        if len(buf) < len(h):
-            buf = np.empty(len(h), dtype=np.uint32)
-        scratch = buf[: len(h)]
-        starts = offsets[d0:d1] - lo
-        for j in range(num_perm):
-            np.multiply(h, a[j], out=scratch)  # wraps mod 2^32
-            np.add(scratch, b[j], out=scratch)
-            sig[d0:d1, j] = np.minimum.reduceat(scratch, starts)
-        d0 = d1
-    return sig
+    return _native().signatures(batch.values, batch.offsets, a, b, num_perm)
 
 
 def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """Candidate pairs: texts whose signatures agree on all ``rows`` rows of at least one band.
 
-    Fully vectorised: per band, rows are folded into one 64-bit key, sorted, and every pair inside
-    a run of equal keys is emitted; pairs from all bands are merged with one ``np.unique``.
+    Per band the rows are folded into one 64-bit key and equal keys are grouped in a hash table
+    (compiled, bands in parallel); every pair inside a group is emitted, and pairs from all bands
+    are merged with one sort.
 
     Args:
         sig: shape (n, num_perm) unsigned ints with ``bands * rows <= num_perm``.
@@ -255,43 +245,18 @@ def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     n = sig.shape[0]
     if bands * rows > sig.shape[1]:
         raise DedupConfigError(f"bands*rows = {bands * rows} exceeds num_perm = {sig.shape[1]}")
-    codes: list[np.ndarray] = []
-    for band in range(bands):
-        key = np.zeros(n, dtype=np.uint64)
-        for j in range(band * rows, (band + 1) * rows):
-            key = key * _MIX + sig[:, j].astype(np.uint64)
-        order = np.argsort(key, kind="stable")
-        k = key[order]
-        same = k[1:] == k[:-1]
-        if not same.any():
-            continue
-        starts = np.flatnonzero(np.concatenate(([True], ~same)))
-        sizes = np.diff(np.append(starts, n))
-        run_end = np.repeat(starts + sizes, sizes)  # exclusive end of each position's run
-        later = run_end - np.arange(n) - 1  # members after this position in its run
-        left = np.repeat(np.arange(n), later)
-        right = left + _ranges(later) + 1
-        a, b = order[left], order[right]
-        lo, hi = np.minimum(a, b).astype(np.int64), np.maximum(a, b).astype(np.int64)
-        codes.append(lo * n + hi)
-    if not codes:
+    if n < 2 or bands == 0:
         return np.zeros((0, 2), dtype=np.int64)
-    uniq = np.unique(np.concatenate(codes))
+    codes = _native().band_codes(np.ascontiguousarray(sig, dtype=np.uint32), int(bands), int(rows))
+    uniq = sorted_unique(codes)
     return np.stack((uniq // n, uniq % n), axis=1)
 
 
 def unique_sets(batch: ShingleBatch) -> ShingleBatch:
-    """The same batch with each text's shingles sorted and deduplicated (vectorised)."""
+    """The same batch with each text's shingles sorted and deduplicated (compiled)."""
     n = len(batch.offsets) - 1
-    doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(batch.offsets))
-    order = np.lexsort((batch.values, doc))
-    v, d = batch.values[order], doc[order]
-    keep = np.ones(len(v), dtype=bool)
-    keep[1:] = (v[1:] != v[:-1]) | (d[1:] != d[:-1])
-    counts = np.bincount(d[keep], minlength=n)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return ShingleBatch(values=v[keep], offsets=offsets)
+    values, offsets = _native().sorted_sets(batch.values, batch.offsets, np.arange(n, dtype=np.int64))
+    return ShingleBatch(values=values, offsets=offsets)
 
 
 def pair_jaccard(batch: ShingleBatch, pairs: np.ndarray) -> np.ndarray:
@@ -301,38 +266,45 @@ def pair_jaccard(batch: ShingleBatch, pairs: np.ndarray) -> np.ndarray:
         batch: shingle hashes (duplicates within a text are ignored).
         pairs: shape (p, 2) int64 indices into the batch.
     Returns:
-        shape (p,) float64. Only the texts named in ``pairs`` are touched: a (text, shingle) key
-        table is deduplicated, every shingle of text i is probed for text j with one hash-set
-        membership test (Polars ``is_in``) — no per-pair Python.
+        shape (p,) float64. Compiled: per pair one small hash set (no sorting, no per-pair
+        Python), pairs in parallel.
     """
-    import polars as pl
-
+    pairs = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
     if len(pairs) == 0:
         return np.zeros(0, dtype=np.float64)
-    involved = np.unique(pairs)
-    counts = np.diff(batch.offsets)[involved]
-    gather = np.repeat(batch.offsets[involved], counts) + _ranges(counts)
-    doc = np.repeat(involved, counts)
-    vals = batch.values[gather]
-    key = vals * _MIX + doc.astype(np.uint64)  # (text, shingle) -> one 64-bit key
-    first = pl.Series(key).is_first_distinct().to_numpy()  # drop repeats of a shingle in a text
-    doc, vals, key = doc[first], vals[first], key[first]
-    size = np.bincount(doc, minlength=len(batch.offsets) - 1)
-    probe = pl.DataFrame({"pair": np.arange(len(pairs)), "i": pairs[:, 0], "j": pairs[:, 1]}).join(
-        pl.DataFrame({"doc": doc, "v": vals}), left_on="i", right_on="doc"
-    )
-    probe_keys = probe["v"].to_numpy() * _MIX + probe["j"].to_numpy().astype(np.uint64)
-    hit = pl.Series(probe_keys).is_in(pl.Series(key).implode()).to_numpy()
-    inter = np.bincount(probe["pair"].to_numpy()[hit], minlength=len(pairs)).astype(np.float64)
-    union = size[pairs[:, 0]] + size[pairs[:, 1]] - inter
-    return np.divide(inter, union, out=np.zeros(len(pairs)), where=union > 0)
+    sizes = np.diff(batch.offsets)
+    cap = 16
+    while cap < 2 * int((sizes[pairs[:, 0]] + sizes[pairs[:, 1]]).max()):
+        cap *= 2
+    return _native().pair_jaccard(batch.values, batch.offsets, pairs, cap)
+
+
+def star_clusters(n: int, edges: np.ndarray, edge_sim: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Star clustering of ``n`` texts over verified edges (compiled).
+
+    Texts are visited in ``order`` (most preferred first); an unassigned text becomes a survivor and
+    absorbs every still unassigned text it shares an edge with, so a text is only ever removed in
+    favour of a text it was verified against (no chains).
+
+    Args:
+        edges: shape (e, 2) int64 verified pairs; edge_sim: shape (e,) their Jaccard;
+        order: shape (n,) int64, a permutation of range(n).
+    Returns:
+        (keep bool (n,), survivor int64 (n,), similarity float64 (n,) with the survivor (1.0 when
+        kept), number of removed texts).
+    """
+    edges = np.ascontiguousarray(edges, dtype=np.int64).reshape(-1, 2)
+    keep, survivor, sim, absorbed = _native().star_clusters(
+        int(n), edges, np.ascontiguousarray(edge_sim, dtype=np.float64), np.ascontiguousarray(order, dtype=np.int64))
+    return keep, survivor, sim, int(absorbed)
 
 
 def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     """MinHash estimate of Jaccard for each pair: share of equal signature rows. Shape (p,)."""
+    pairs = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
     if len(pairs) == 0:
         return np.zeros(0, dtype=np.float64)
-    return (sig[pairs[:, 0]] == sig[pairs[:, 1]]).mean(axis=1)
+    return _native().estimated_jaccard(np.ascontiguousarray(sig), pairs)
 
 
 def estimate_margin(threshold: float, num_perm: int, z: float = 5.0) -> float:
