@@ -251,6 +251,8 @@ def verify_one(item: VerifyItem) -> dict:
         return {"key": item.key, "status": "verified" if letter == gold else "wrong", "gold_source": "answer"}
     if item.answer_type == "text":
         return _verify_text(item)
+    if decided_without_math_verify(item):  # plain values only, which parse_gold always reads
+        return {"key": item.key, "status": "gold_ok", "gold_source": "answer_wrapped"}
     gold, how = parse_gold(item.answer, item.solution)
     if not gold:
         return {"key": item.key, "status": "unparseable_gold", "gold_source": how}
@@ -302,7 +304,10 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
     a timed-out chunk was retried item by item, which charged one slow item up to (chunk + 1) times its
     timeout). An item past its limit gets status ``timeout`` and a worker crash gives ``error`` —
     neither is ever counted as verified or wrong. Workers import math-verify when they start
-    (:func:`_worker_init`), not inside an item's time.
+    (:func:`_worker_init`), not inside an item's time. Items that differ only in ``key``
+    (:func:`work_key`) are verified once and share the verdict; a timeout then marks all of them.
+    Items :func:`decided_without_math_verify` (letters, word answers, gold checks of plain values)
+    are decided in this process, without a task.
 
     Args:
         timeout_s: wall-clock seconds allowed per item (> 0).
@@ -324,19 +329,51 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
 
     from ops.progress import Progress
 
-    results: dict[str, dict] = {}
-    tracker = Progress(len(items), "verify", log or (lambda _line: None), every_s=10.0)
+    # identical work once: verify_one is a pure function of (answer, solution, prediction, answer_type);
+    # ``key`` is only echoed back. On a million curated rows most gold-parse checks repeat ("True", "5").
+    distinct: dict[tuple, VerifyItem] = {}
+    for it in items:
+        distinct.setdefault(work_key(it), it)
+    verdicts: dict[tuple, dict] = {}
+    for wk, it in distinct.items():
+        if decided_without_math_verify(it):
+            verdicts[wk] = verify_one(it)
+    pooled = {wk: it for wk, it in distinct.items() if wk not in verdicts}
+    tracker = Progress(len(pooled), "verify", log or (lambda _line: None), every_s=10.0)
     with ProcessPool(max_workers=workers, initializer=_worker_init) as pool:
-        futures = [(it, pool.schedule(verify_one, args=(it,), timeout=timeout_s)) for it in items]
-        for it, fut in futures:
+        futures = [(wk, pool.schedule(verify_one, args=(it,), timeout=timeout_s)) for wk, it in pooled.items()]
+        for wk, fut in futures:
             try:
-                results[it.key] = fut.result()
+                verdicts[wk] = fut.result()
             except FutureTimeout:
-                results[it.key] = {"key": it.key, "status": "timeout", "gold_source": None}
+                verdicts[wk] = {"key": None, "status": "timeout", "gold_source": None}
             except Exception as e:  # noqa: BLE001 - a crashed worker is an error, never a verdict
-                results[it.key] = {"key": it.key, "status": "error", "gold_source": None, "error": repr(e)[:300]}
+                verdicts[wk] = {"key": None, "status": "error", "gold_source": None, "error": repr(e)[:300]}
             tracker.update()
-    return [results[it.key] for it in items]
+    return [{**verdicts[work_key(it)], "key": it.key} for it in items]
+
+
+_PLAIN_VALUE = r"[+-]?\d{1,30}(?:\.\d{1,30}|/[1-9]\d{0,29})?"  # 12, -0.5, 3/4 (no zero denominator)
+_PLAIN_VALUES = re.compile(rf"{_PLAIN_VALUE}(?:, ?{_PLAIN_VALUE}){{0,63}}")
+
+
+def decided_without_math_verify(item: VerifyItem) -> bool:
+    """Whether :func:`verify_one` decides ``item`` with string operations of linear cost only, so it may
+    run in the calling process with no time limit: multiple-choice letters, word answers
+    (``answer_type`` "text"), and the gold check (no prediction) of an answer made of plain values only —
+    a decimal number of at most 30+30 digits or a fraction of two integers (no zero denominator), or a
+    list of up to 64 of those separated by commas (as DeepMind mathematics writes them) — which
+    :func:`parse_gold` always reads (``answer_wrapped``).
+    Everything else goes through math-verify/sympy, which can hang, and so into the worker pool."""
+    if item.answer_type in ("multiple_choice", "text"):
+        return True
+    return (item.prediction is None and item.answer is not None
+            and _PLAIN_VALUES.fullmatch(str(item.answer).strip().rstrip(".").strip()) is not None)
+
+
+def work_key(item: VerifyItem) -> tuple:
+    """What :func:`verify_one`'s verdict depends on: every field of ``item`` but its ``key``."""
+    return (item.answer, item.solution, item.prediction, item.answer_type)
 
 
 RETRY_FACTOR = 4.0

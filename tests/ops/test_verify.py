@@ -111,6 +111,67 @@ def test_verify_stable_retries_a_slowed_item_and_still_never_verifies_a_hung_one
     assert V.verify_stable(items[:1], timeout_s=0.3, workers=1)[0]["status"] == "timeout"
 
 
+def _counted(item):  # the real verdict, and one line per call in the file $VERIFY_CALLS (workers are forked)
+    import os
+
+    with open(os.environ["VERIFY_CALLS"], "a") as f:
+        f.write(item.key + "\n")
+    return _REAL_VERIFY_ONE(item)
+
+
+def test_verify_many_verifies_identical_work_once_and_keeps_every_key(monkeypatch, tmp_path):
+    """Items that differ only in ``key`` are one task: 30 copies of a gold check and 10 of a verified
+    prediction cost 2 calls (plus 1 for the distinct wrong one), and every key gets its own row."""
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("VERIFY_CALLS", str(calls))
+    monkeypatch.setattr(V, "verify_one", _counted)
+    items = ([V.VerifyItem(f"g{i}", "True", None, None, "text") for i in range(30)]
+             + [V.VerifyItem(f"p{i}", "12", None, "$\\boxed{12}$") for i in range(10)]
+             + [V.VerifyItem("w", "12", None, "$\\boxed{13}$")])
+    res = V.verify_many(items, timeout_s=20, workers=2)
+    assert [r["key"] for r in res] == [it.key for it in items]
+    assert [r["status"] for r in res] == ["gold_ok"] * 30 + ["verified"] * 10 + ["wrong"]
+    assert len(calls.read_text().split()) == 3
+    assert V.work_key(items[0]) == V.work_key(items[29]) != V.work_key(items[30])
+
+
+def _plain_answers():
+    import random
+
+    rng = random.Random(7)
+
+    def value():
+        k = rng.randrange(3)
+        sign = rng.choice(["", "-", "+"])
+        if k == 0:
+            return sign + str(rng.randrange(10 ** rng.randrange(1, 30)))
+        if k == 1:
+            return f"{sign}{rng.randrange(10 ** 6)}.{rng.randrange(10 ** 6):06d}"
+        return f"{sign}{rng.randrange(10 ** 6)}/{rng.randrange(1, 10 ** 6)}"
+
+    fixed = ["0", "-2", "+17", "3.", "0.125", "-40.50", "9" * 30, "1" * 30 + "." + "2" * 30, " 12 ", "-1/156",
+             "2, 7, 59, 1229", "-45, -3.4959, -3/7, -0.2", "1,2"]
+    return fixed + [", ".join(value() for _ in range(rng.randrange(1, 6))) for _ in range(60)]
+
+
+def test_plain_values_gold_check_decided_without_math_verify_agrees_with_parse_gold():
+    """The in-process shortcut for a gold check of plain values (numbers, fractions, lists of them) gives
+    what parse_gold (math-verify) says, on fixed and random answers of every shape it accepts."""
+    for answer in _plain_answers():
+        item = V.VerifyItem("k", answer, None, None)
+        assert V.decided_without_math_verify(item), answer
+        parsed, how = V.parse_gold(answer)
+        assert parsed and how == "answer_wrapped", answer
+        assert V.verify_one(item) == {"key": "k", "status": "gold_ok", "gold_source": how}
+
+
+@pytest.mark.parametrize("item", [V.VerifyItem("k", "2^2^2^2", None, None), V.VerifyItem("k", "1" * 31, None, None),
+                                  V.VerifyItem("k", "12", None, "12"), V.VerifyItem("k", "-3/0", None, None),
+                                  V.VerifyItem("k", "216*n**2", None, None), V.VerifyItem("k", "2, 7, x", None, None)])
+def test_items_that_need_math_verify_go_to_the_pool(item):
+    assert not V.decided_without_math_verify(item)
+
+
 @pytest.mark.parametrize("kw", [{"timeout_s": 0}, {"workers": 0}])
 def test_verify_many_rejects_bad_parameters(kw):
     with pytest.raises(ValueError):
