@@ -104,6 +104,10 @@ def _run(job, instance, label: str, loggers: dict, partition_key: str | None = N
     print(f"{label}: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
     if not res.success:
         print(f"\n{label} failed:\n{_failure_summary(res)}", file=sys.stderr)
+    else:  # a failed non-blocking (WARN) check does not stop the run; say so
+        for ev in res.get_asset_check_evaluations():
+            if not ev.passed:
+                print(f"  warning: check {ev.asset_key.to_user_string()}.{ev.check_name}: {ev.description or 'failed'}")
     return res.success
 
 

@@ -1,5 +1,7 @@
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -10,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # User sources for the tests, declared before any test imports the code location (partition keys
 # are read from $CRUCIBLE_SOURCES at load time).
 USER_DIR = Path(tempfile.mkdtemp(prefix="crucible-test-sources-"))
+atexit.register(shutil.rmtree, USER_DIR, ignore_errors=True)  # one per pytest process; gone when it exits
 BAD_LINES = [
     json.dumps({"q": "A train travels 120 km in 1.5 hours. What is its average speed in km per hour?", "a": "80"}).encode(),
     b'{"q": "broken json", ',
