@@ -38,7 +38,7 @@ def policy_dir(lake: LakeResource) -> Path:
 class RlPolicyConfig(dg.Config):
     """The warm start's recipe: the Launchpad face of ``ops.rl.warmstart.WarmStartSpec`` (meanings,
     defaults and ranges there). The default is the full recipe: on 2 quiet CPU cores it reaches a
-    sampled pass rate of 0.4 in about 550 steps, ~7 minutes (docs/rl_policy.md)."""
+    sampled pass rate of 0.4 in about 550 steps, 7-14 minutes in one process (docs/rl_policy.md)."""
 
     n_embd: int = _D.n_embd
     n_layer: int = _D.n_layer
