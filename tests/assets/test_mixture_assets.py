@@ -144,7 +144,9 @@ def test_law_fit_check_and_plan_on_law_generated_probes(tmp_path):
     assert {"mixture_plan", "dcpt_law_fit"} <= set(rows)
     assert 0.0 <= rows["mixture_plan"]["figures"]["tradeoff_r_d"] <= 1.0
     assert rows["dcpt_law_fit"]["figures"]["chosen_form"] == "L3"
-    assert rows["dcpt_law_fit"]["checks"] == {"dcpt_fit_heldout_r2": "SUCCEEDED"}
+    # the audit names every check of the asset; the WARN check was not selected in this run
+    assert rows["dcpt_law_fit"]["checks"] == {"dcpt_fit_heldout_r2": "SUCCEEDED",
+                                              "dcpt_fit_within_noise": "not run in this run"}
     checks = r.get_asset_check_evaluations()
     assert len(checks) == 1 and checks[0].passed
     fit = json.loads((tmp_path / "lake/dcpt_law_fit/fit.json").read_text())

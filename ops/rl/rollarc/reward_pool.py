@@ -165,6 +165,25 @@ async def _cancel_all() -> None:
         await asyncio.wait(tasks, timeout=5)
 
 
+def _deployment(serve, options: dict, attempts: int = 5):
+    """``serve.deployment(RewardVerifier).options(**options)``, retried on Serve's pickle-registry race.
+
+    Building a Serve ``DeploymentConfig`` registers Serve's request-router module with cloudpickle,
+    pickles the router class and unregisters the module: a process-global registry with no lock. When
+    another thread of this process builds one at the same moment (the router of an already running
+    pool does, on every long-poll config update), the second unregister raises ``ValueError: ... is
+    not registered for pickle by value`` (Ray 2.5x-2.6x). Nothing is half-done by then, so the
+    build is simply repeated, up to ``attempts`` times, 50 ms apart. Any other error is raised at once.
+    """
+    for attempt in range(attempts):
+        try:
+            return serve.deployment(RewardVerifier).options(**options)
+        except ValueError as e:
+            if "registered for pickle by value" not in str(e) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05)
+
+
 def _short(e: BaseException) -> str:
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
@@ -254,14 +273,14 @@ class RewardPool:
                              f"fewer than min_replicas {max(1, min_replicas)}")
         serve.start(proxy_location="Disabled")  # handles only, no HTTP proxy (no-op if Serve runs)
         _quiet_metrics_interval_warning()
-        dep = serve.deployment(RewardVerifier).options(
+        options = dict(
             name=DEPLOYMENT, ray_actor_options={"num_cpus": 0, "resources": {self.resource: 1}},
             max_ongoing_requests=max_ongoing_requests,
             autoscaling_config={"min_replicas": min_replicas, "max_replicas": max_replicas,
                                 "target_ongoing_requests": target_ongoing_requests,
                                 "upscale_delay_s": upscale_delay_s, "downscale_delay_s": downscale_delay_s,
                                 "look_back_period_s": look_back_period_s, "metrics_interval_s": metrics_interval_s})
-        app = dep.bind(item_timeout_s=item_timeout_s, workers=workers)
+        app = _deployment(serve, options).bind(item_timeout_s=item_timeout_s, workers=workers)
         (handle,) = serve.run_many([RunTarget(app, name=self.name, route_prefix=None)],
                                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
         deadline = time.monotonic() + ready_timeout_s
