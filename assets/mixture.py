@@ -378,6 +378,8 @@ class LawFitConfig(dg.Config):
     """Cross-domain law: checkpoints per run that count as an unseen domain's cheap early signal."""
     min_subdomain_share: float = _LAW.min_subdomain_share
     """Sub-domains with a smaller share of domain tokens are left out of the cross-domain law."""
+    workers: int = _LAW.workers
+    """Processes for the independent fits (0 = every core this process may use; 1 = in process)."""
 
 
 def _probe_points(lake: LakeResource) -> pl.DataFrame:
@@ -402,6 +404,21 @@ def subdomain_points(runs: pl.DataFrame, shares: dict[str, float], min_share: fl
     return pl.concat(frames) if frames else pl.DataFrame()
 
 
+def _run_tasks(tasks: list, workers: int) -> dict:
+    """``{key: fn(*args, **kwargs)}`` for ``tasks = [(key, fn, args, kwargs)]``, on ``workers``
+    loky processes (joblib; 0 = joblib.cpu_count(), capped at the number of tasks) or in this
+    process when that is 1. Tasks are dispatched in list order, one at a time per free worker, so
+    listing the longest first balances the cores. A task's exception is raised here unchanged."""
+    import joblib
+
+    n = min(len(tasks), joblib.cpu_count() if workers == 0 else workers)
+    if n <= 1:
+        return {key: fn(*args, **kw) for key, fn, args, kw in tasks}
+    out = joblib.Parallel(n_jobs=n, backend="loky", batch_size=1, pre_dispatch="n_jobs")(
+        joblib.delayed(fn)(*args, **kw) for _key, fn, args, kw in tasks)
+    return {key: r for (key, *_rest), r in zip(tasks, out)}
+
+
 @dg.asset(deps=["cpt_probe_runs"], group_name="mixture", code_version="1", kinds={"scipy"})
 def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: LakeResource) -> dg.MaterializeResult:
     """The D-CPT Law fitted separately to the general and the domain validation loss of every
@@ -417,42 +434,37 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     runs = _probe_points(lake)
     pts = runs.filter(pl.col("tokens") > 0)
     forms = list(dict.fromkeys(config.forms))
+    chosen = forms[0]
+    manifest = json.loads((lake.base / "cpt_tokenizer" / "manifest.json").read_text())
+    sub = subdomain_points(runs, manifest["subdomain_share"], config.min_subdomain_share)
+    domains = sorted(sub["domain"].unique().to_list()) if sub.height else []
+    # Every fit below is independent of the others: one task each, the longest first.
+    tasks = [(("boot", t), law.bootstrap, (pts, t, chosen), {"n_boot": config.n_boot, "huber_delta": config.huber_delta})
+             for t in law.TARGETS]
+    tasks += [(("gen", t), law.generalisation, (pts, t, chosen),
+               {"huber_delta": config.huber_delta, "holdout_last_k": config.holdout_last_k}) for t in law.TARGETS]
+    if len(domains) >= 3:  # Cross-Domain D-CPT Law over the math sub-domains, leave-one-domain-out
+        tasks += [(("cross", held), law.leave_one_domain_out, (sub, held), {"huber_delta": config.huber_delta, "early_checkpoints": config.early_checkpoints})
+                  for held in domains]
+    tasks += [(("fit", t, f), law.fit_law, (pts, t, f), {"huber_delta": config.huber_delta})
+              for t in law.TARGETS for f in forms]
+    done = _run_tasks(tasks, config.workers)
     fits, form_rows = {}, []
     for target in law.TARGETS:
         for f in forms:
-            fit = law.fit_law(pts, target, f, huber_delta=config.huber_delta)
+            fit = done[("fit", target, f)]
             fits.setdefault(target, {})[f] = fit.to_dict()
             form_rows.append({"target": target, "form": f, "huber": fit.huber, "r2": round(fit.r2, 5),
                               "params": ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())})
-    chosen = forms[0]
     gen_rows, generalisation = [], {}
     for target in law.TARGETS:
-        g = law.generalisation(pts, target, chosen, huber_delta=config.huber_delta, holdout_last_k=config.holdout_last_k)
-        generalisation[target] = g
+        g = generalisation[target] = done[("gen", target)]
         for axis in ("in_sample", "unseen_N", "unseen_D", "unseen_r"):
             m = g[axis]
             gen_rows.append({"target": target, "axis": axis, "huber": m.get("huber"), "r2": m.get("r2"),
                              "mare": m.get("mare"), "n_test": m.get("n_test"), "skipped": m.get("skipped")})
-    boots = {t: law.bootstrap(pts, t, chosen, n_boot=config.n_boot, huber_delta=config.huber_delta) for t in law.TARGETS}
-
-    # Cross-Domain D-CPT Law over the math sub-domains, leave-one-domain-out.
-    manifest = json.loads((lake.base / "cpt_tokenizer" / "manifest.json").read_text())
-    sub = subdomain_points(runs, manifest["subdomain_share"], config.min_subdomain_share)
-    cross_rows = []
-    domains = sorted(sub["domain"].unique().to_list()) if sub.height else []
-    if len(domains) >= 3:
-        for held in domains:
-            train = sub.filter(pl.col("domain") != held)
-            test = sub.filter(pl.col("domain") == held)
-            cd = law.fit_cross_domain(train, "domain", huber_delta=config.huber_delta)
-            early, later = law.split_early(test, config.early_checkpoints)
-            ev = law.evaluate_unseen_domain(cd, early, later)
-            # The same prediction without K: the training domains' mean floor (K = 1).
-            base = law.predict_unseen_domain(cd, 1.0, later["n_params"], later["tokens"], later["domain_ratio"])
-            mare_no_k = float(abs(base / later["loss_domain"] - 1).mean())
-            cross_rows.append({"unseen_domain": held, "K": round(ev["K"], 4), "r2": round(ev["r2"], 4),
-                               "mare": round(ev["mare"], 4), "mare_without_K": round(mare_no_k, 4),
-                               "early_points": len(early["tokens"]), "later_points": len(later["tokens"])})
+    boots = {t: done[("boot", t)] for t in law.TARGETS}
+    cross_rows = [done[("cross", held)] for held in domains if ("cross", held) in done]
     cross = pl.DataFrame(cross_rows)
     base_loss = {}
     for s in sorted(runs["size"].unique().to_list()):

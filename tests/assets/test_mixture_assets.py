@@ -373,3 +373,19 @@ def test_within_noise_check_derives_its_floor_from_the_seed_noise(tmp_path, r2, 
     assert res.passed is passed and res.severity == dg.AssetCheckSeverity.WARN
     if not passed:
         assert (f"floor {1 - 2 * (1 - ceiling):.3f}" in res.description) if ceiling else ("no repeated probe seeds" in res.description)
+
+
+def test_law_fit_is_the_same_on_one_process_and_on_two(tmp_path):
+    """dcpt_law_fit runs its independent fits (forms, held-out folds, bootstrap, Cross-Domain folds)
+    on ``workers`` loky processes; every fit is deterministic, so fit.json is byte-identical with
+    workers=1 (in process) and workers=2. (These law-generated probes have no sub-domains; on a main
+    job's real probes, with six Cross-Domain folds, fit.json was byte-identical too.)"""
+    docs = []
+    for workers in (1, 2):
+        lake = _law_lake(tmp_path / f"w{workers}")
+        cfg = {"ops": {"dcpt_law_fit": {"config": {"n_boot": 3, "workers": workers}}}}
+        assert dg.materialize([mixture.dcpt_law_fit], resources={"lake": lake}, run_config=cfg).success
+        docs.append((tmp_path / f"w{workers}/lake/dcpt_law_fit/fit.json").read_text())
+    assert docs[0] == docs[1]
+    doc = json.loads(docs[0])
+    assert len(doc["bootstrap"]["domain"]) == 3 and set(doc["fits"]["general"]) == {"L3", "r_additive", "chinchilla"}

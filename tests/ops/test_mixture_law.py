@@ -309,3 +309,16 @@ def test_missing_column_and_unknown_form_or_target():
         law.fit_law(probes(), "domain", form="L9")
     with pytest.raises(ValueError, match="target must be 'domain' or 'general'"):
         law.fit_law(probes(), "loss_domain")
+
+
+def test_leave_one_domain_out_scores_the_held_domain_from_its_early_checkpoints():
+    """One fold as dcpt_law_fit runs it: fit on the other sub-domains, K from the held one's first
+    2 checkpoints per run; with K the later checkpoints are predicted to < 1%, and K = 1 (the
+    training domains' mean floor) misses them by far more."""
+    pts = _domains({"code": 0.9, "law": 1.6, "music": 2.0, "math": 1.2}, seed=10)
+    row = law.leave_one_domain_out(pts, "math", early_checkpoints=2)
+    assert row["unseen_domain"] == "math" and row["early_points"] == 2 * 15 and row["later_points"] == 4 * 15
+    assert row["mare"] < 0.01 and row["r2"] > 0.99
+    assert row["mare_without_K"] > 5 * row["mare"]
+    with pytest.raises(ValueError, match="no point of sub-domain 'art'"):
+        law.leave_one_domain_out(pts, "art")

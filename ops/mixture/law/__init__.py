@@ -21,7 +21,8 @@ Modules, by concept (each imports only those before it):
   ``allocate_compute`` (§3).
 - ``crossdomain``: the Cross-Domain D-CPT Law, ``fit_cross_domain``, ``split_early``,
   ``estimate_k`` (bounded), ``estimate_k_interval``, ``estimation_cost`` (FLOPs of K vs a full
-  fit), ``predict_unseen_domain`` and ``evaluate_unseen_domain`` (§3).
+  fit), ``predict_unseen_domain``, ``evaluate_unseen_domain`` and one leave-one-domain-out fold
+  (``leave_one_domain_out``, §3.2).
 - ``config``: the parameters, defaults and ranges of the fit, its held-out floor and the plan
   (``LawFitParams``, ``FitFloorParams``, ``MixturePlanParams``), which the ``dcpt_law_fit``,
   ``dcpt_fit_heldout_r2`` and ``mixture_plan`` run configs mirror.
@@ -41,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 # pulls in numpy only, not scipy.
 _EXPORTS = {
     **dict.fromkeys(("CrossDomainFit", "K_MARGIN", "estimate_k", "estimate_k_interval", "estimation_cost",
-                     "evaluate_unseen_domain", "fit_cross_domain", "predict_unseen_domain", "split_early"),
-                    "crossdomain"),
+                     "evaluate_unseen_domain", "fit_cross_domain", "leave_one_domain_out", "predict_unseen_domain",
+                     "split_early"), "crossdomain"),
     **dict.fromkeys(("DCPT_FORMS", "LawFit", "compare_forms", "fit_law"), "fit"),
     **dict.fromkeys(("FORMS", "HUBER_DELTA", "LOSS_COLUMN", "N_BOOT", "N_GRID", "N_STARTS", "TARGETS", "LawForm",
                      "huber"), "forms"),
@@ -55,7 +56,8 @@ _EXPORTS = {
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only  # noqa: F401
     from .config import FitFloorParams, LawFitParams, MixturePlanParams
     from .crossdomain import (K_MARGIN, CrossDomainFit, estimate_k, estimate_k_interval, estimation_cost,
-                              evaluate_unseen_domain, fit_cross_domain, predict_unseen_domain, split_early)
+                              evaluate_unseen_domain, fit_cross_domain, leave_one_domain_out, predict_unseen_domain,
+                              split_early)
     from .fit import DCPT_FORMS, LawFit, compare_forms, fit_law
     from .forms import FORMS, HUBER_DELTA, LOSS_COLUMN, N_BOOT, N_GRID, N_STARTS, TARGETS, LawForm, huber
     from .heldout import Bootstrap, bootstrap, compare_generalisation, generalisation
@@ -102,6 +104,7 @@ __all__ = [
     "estimation_cost",
     "predict_unseen_domain",
     "evaluate_unseen_domain",
+    "leave_one_domain_out",
     "split_early",
     "LawFitParams",
     "FitFloorParams",

@@ -37,6 +37,10 @@ class LawFitParams:
             cheap early signal (>= 1).
         min_subdomain_share: sub-domains with a smaller share of domain tokens are left out of the
             Cross-Domain law (in [0, 1)).
+        workers: processes the independent fits run on (form fits, held-out folds per target,
+            bootstrap per target, one Cross-Domain fit per unseen sub-domain); 0 = every core the
+            process may use (joblib's count, which honours cgroup CPU quotas), 1 = in this
+            process. The results do not depend on it (each fit is deterministic). >= 0.
     Raises:
         ValueError: a field outside its range (the message names it and the range).
     """
@@ -47,6 +51,7 @@ class LawFitParams:
     n_boot: int = N_BOOT
     early_checkpoints: int = 2
     min_subdomain_share: float = 0.03
+    workers: int = 0
 
     def __post_init__(self):
         self.forms = list(self.forms)
@@ -55,7 +60,7 @@ class LawFitParams:
             raise ValueError(f"dcpt_law_fit.forms must be a non-empty list of {sorted(FORMS)}, got {self.forms}")
         if not _finite("dcpt_law_fit.huber_delta", self.huber_delta) > 0:
             raise ValueError(f"dcpt_law_fit.huber_delta must be > 0, got {self.huber_delta}")
-        for name, lo in (("holdout_last_k", 1), ("n_boot", 0), ("early_checkpoints", 1)):
+        for name, lo in (("holdout_last_k", 1), ("n_boot", 0), ("early_checkpoints", 1), ("workers", 0)):
             if getattr(self, name) < lo:
                 raise ValueError(f"dcpt_law_fit.{name} must be >= {lo}, got {getattr(self, name)}")
         if not 0.0 <= _finite("dcpt_law_fit.min_subdomain_share", self.min_subdomain_share) < 1.0:

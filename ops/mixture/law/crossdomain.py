@@ -303,3 +303,31 @@ def evaluate_unseen_domain(fit: CrossDomainFit, early_points, later_points,
             "K_max": nan if est["K_max"] is None else est["K_max"],
             "K_at_bound": float(est["K_at_bound"]), **m, "n_early": n_early, "n_later": later.n,
             "flops_k": fk, "flops_full": ff, "compute_fraction": fk / ff}
+
+
+def leave_one_domain_out(points, held: str, huber_delta: float = HUBER_DELTA, early_checkpoints: int = 2,
+                         target: str = "domain") -> dict[str, Any]:
+    """One fold of the Cross-Domain law's leave-one-domain-out score (arXiv 2406.01375 §3.2): fit
+    the shared parameters on every sub-domain but ``held``, estimate ``held``'s K from its first
+    ``early_checkpoints`` checkpoints per run (``split_early``) and predict its later ones.
+
+    ``points``: a long table (polars DataFrame or dict of arrays) with a ``domain`` column, one row
+    per (run, checkpoint, sub-domain), as ``fit_cross_domain`` takes. Returns {unseen_domain, K,
+    r2, mare, mare_without_K (the same prediction with K = 1, the training domains' mean floor),
+    early_points, later_points}, rounded to 4 decimals. Raises ValueError when ``held`` has no
+    point or the fit's inputs are invalid."""
+    domain = np.asarray(points["domain"]).astype(str)
+    if not (domain == held).any():
+        raise ValueError(f"leave_one_domain_out: no point of sub-domain {held!r}")
+    cols = {c: np.asarray(points[c]) for c in _column_names(points)}
+    cols["domain"] = domain
+    train = {c: v[domain != held] for c, v in cols.items()}
+    test = {c: v[domain == held] for c, v in cols.items()}
+    cd = fit_cross_domain(train, target, huber_delta=huber_delta)
+    early, later = split_early(test, early_checkpoints)
+    ev = evaluate_unseen_domain(cd, early, later)
+    col = LOSS_COLUMN[target]
+    base = predict_unseen_domain(cd, 1.0, later["n_params"], later["tokens"], later["domain_ratio"])
+    return {"unseen_domain": held, "K": round(ev["K"], 4), "r2": round(ev["r2"], 4), "mare": round(ev["mare"], 4),
+            "mare_without_K": round(float(np.mean(np.abs(base / later[col] - 1))), 4),
+            "early_points": len(early["tokens"]), "later_points": len(later["tokens"])}
