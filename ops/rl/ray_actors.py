@@ -61,14 +61,23 @@ def _build_policy(spec: dict, role: str = "engine"):
     return model.to(device), tok
 
 
-class _EngineImpl:
+class _TorchRole:
+    """The body of a torch-hosted role (the engine or the trainer, in an actor or in process): keeps
+    its spec, sets torch's intra-op threads from ``spec["threads"]`` (default 1) and builds the role's
+    initial policy with ``_build`` (the subclass's reset to version 0)."""
+
     def __init__(self, spec: dict):
         import torch
 
         torch.set_num_threads(spec.get("threads", 1))
         self.spec = spec
-        self.reset()
+        self._build()
 
+    def _build(self) -> int:
+        raise NotImplementedError
+
+
+class _EngineImpl(_TorchRole):
     def reset(self) -> int:
         """Back to the initial policy (version 0) and the initial sampling seed."""
         import torch
@@ -79,6 +88,8 @@ class _EngineImpl:
         model, tok = _build_policy(self.spec)
         self.engine = HFEngine.from_spec(model, tok, self.spec, version=0)
         return 0
+
+    _build = reset
 
     def generate(self, prompts, n, max_new_tokens, stop, timeout_s, out_queue) -> RolloutBatch:
         def on_finish(c):
@@ -118,13 +129,13 @@ class _EngineImpl:
 
 
 def _save_atomic(obj, path: str) -> None:
-    import os
-
+    """``torch.save`` of ``obj`` to ``path`` through the project's atomic write (``ops.lake.atomic_path``)."""
     import torch
 
-    tmp = f"{path}.{os.getpid()}.tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    from ops.lake import atomic_path
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def _load(path: str) -> dict:
@@ -137,14 +148,7 @@ def _load(path: str) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-class _TrainerImpl:
-    def __init__(self, spec: dict):
-        import torch
-
-        torch.set_num_threads(spec.get("threads", 1))
-        self.spec = spec
-        self.reinit()
-
+class _TrainerImpl(_TorchRole):
     def reinit(self) -> int:
         """Back to the initial policy and a fresh optimizer (version 0)."""
         import torch
@@ -160,6 +164,8 @@ class _TrainerImpl:
                                      max_grad_norm=spec.get("max_grad_norm", 1.0), pad_id=tok.pad_token_id,
                                      sampling=SamplingConfig.from_spec(spec))     # the engine's, same spec
         return 0
+
+    _build = reinit
 
     def heldout(self, problems: list, temperature: float = 1.0, max_new_tokens: int = 256, seed: int = 0) -> dict:
         """Held-out pass rate of the trainer's current policy on scratchpad problems
