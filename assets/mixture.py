@@ -18,6 +18,7 @@ import warnings
 import dagster as dg
 import polars as pl
 
+from ops.lake import atomic_path, replace_dir_atomic
 from ops.lm.checkpoint import describe_saved
 from ops.mixture.law.config import FitFloorParams, LawFitParams, MixturePlanParams
 from ops.mixture.probe import PROBE_REPEAT_RATIOS, PROBE_SEEDS, SIZES, ProbePlan, run_dir_name
@@ -112,12 +113,7 @@ def cpt_tokenizer(context: dg.AssetExecutionContext, config: TokenizerConfig, la
     shutil.rmtree(tmp, ignore_errors=True)
     params = TokenizerParams(**config.model_dump())  # ranges checked once, here
     manifest = build_streams(lake.read("general_corpus"), lake.read("domain_corpus"), tmp, params.vocab_size, params.seed)
-    old = lake.base / "cpt_tokenizer.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir_atomic(tmp, final)
     version = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
     streams = pl.DataFrame({"stream": list(manifest["tokens"]), "tokens": list(manifest["tokens"].values())})
     shares = pl.DataFrame({"subdomain": list(manifest["subdomain_share"]),
@@ -479,10 +475,8 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
                      "base_losses": base_loss}}
     text = json.dumps(doc, indent=1, default=float)
     out = lake.base / "dcpt_law_fit" / "fit.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name("fit.json.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        tmp.write_text(text)
     gen_table = pl.DataFrame(gen_rows)
     lake.write(gen_table, "dcpt_law_fit")
     chosen_fits = {t: law.LawFit.from_dict(fits[t][chosen]) for t in law.TARGETS}
@@ -687,10 +681,8 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
                              "best_ratio": grid_answer["domain_ratio"] if grid_answer else None,
                              "law_ratio": law_at_grid.r_d, "grid": last.to_dicts()}}
     out = lake.base / "mixture_plan" / "plan.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name("plan.json.tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=float))
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        tmp.write_text(json.dumps(result, indent=1, default=float))
     # the lake/catalog table keeps numbers as numbers (the Markdown table above is for the UI)
     lake.write(pl.DataFrame(numeric, schema_overrides={k: pl.Float64 for k in numeric[0] if k not in ("usage", "status")}),
                "mixture_plan")
@@ -853,8 +845,7 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
             tmp = base_dir / f".{s}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(src, tmp)
-            shutil.rmtree(dst, ignore_errors=True)
-            os.replace(tmp, dst)
+            replace_dir_atomic(tmp, dst)
         else:
             missing.append(s)
     base_meta = {}

@@ -37,7 +37,6 @@ def load(events_path: str, crosses: list[str], cache_dir: str = "") -> CTRData:
     crosses, so the processes of later runs skip the encoding. Raises FileNotFoundError for a
     missing file and CTRDataError for a bad table."""
     import hashlib
-    import os
 
     p = Path(events_path)
     if not p.exists():
@@ -61,11 +60,11 @@ def load(events_path: str, crosses: list[str], cache_dir: str = "") -> CTRData:
     y = lambda df: torch.tensor(df["click"].to_numpy(), dtype=torch.float32)  # noqa: E731
     data = CTRData(fields, tensors(train, fields), y(train), tensors(test, fields), y(test))
     if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        torch.save({"fields": data.fields, "train": data.train, "y_train": data.y_train, "test": data.test,
-                    "y_test": data.y_test}, tmp)
-        os.replace(tmp, cached)
+        from ops.lake import atomic_path
+
+        with atomic_path(cached) as tmp:
+            torch.save({"fields": data.fields, "train": data.train, "y_train": data.y_train, "test": data.test,
+                        "y_test": data.y_test}, tmp)
     return data
 
 

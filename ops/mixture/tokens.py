@@ -11,12 +11,13 @@ sub-domain shares of the domain train stream).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from ops.lake import atomic_path
 
 EOT = "<|endoftext|>"
 
@@ -74,9 +75,8 @@ def _encode(tok, texts: list[str]) -> np.ndarray:
 
 
 def _save(arr: np.ndarray, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:   # a file object: np.save adds no ".npy"
+        np.save(f, arr)
 
 
 def build_streams(general: pl.DataFrame, domain: pl.DataFrame, out_dir: str | Path,
@@ -121,7 +121,6 @@ def build_streams(general: pl.DataFrame, domain: pl.DataFrame, out_dir: str | Pa
     ntok = int(_encode(tok, g_train["text"].to_list()[:2000]).size)
     manifest = {"vocab_size": tok.get_vocab_size(), "eot_id": tok.token_to_id(EOT), "tokens": counts,
                 "subdomains": subs, "subdomain_share": share, "bytes_per_token": nbytes / max(ntok, 1)}
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / "manifest.json")
+    with atomic_path(out / "manifest.json") as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1))
     return manifest

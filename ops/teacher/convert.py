@@ -48,6 +48,8 @@ def convert(out: Path) -> Path:
     missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    from ops.lake import replace_dir_atomic
+
     out.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -57,9 +59,7 @@ def convert(out: Path) -> Path:
         gen = json.loads(gen_path.read_text())
         gen["do_sample"] = True
         gen_path.write_text(json.dumps(gen, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        build.rename(out)
+        replace_dir_atomic(build, out)
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
