@@ -16,7 +16,9 @@ Modules:
                    ``SimConfig``, ``SimRoles``
     roofline       roofline step costs (vendor peaks, model shapes, KV cache) with the GPU
                    calibration override: ``Roofline``, ``HardwareProfile``, ``ModelConfig``
-    traces         keyed workload traces: ``LogNormalLengths``, ``MeasuredLengths``, ``AgenticTurns``
+    traces         keyed workload traces: ``LogNormalLaw`` (the length law, base of both log-normal
+                   traces), ``LogNormalLengths``, ``MeasuredLengths``, ``AgenticTurns``
     des            the discrete-event simulator of both papers on equal GPUs:
-                   ``simulate_rollpacker``, ``simulate_rollarc``, ``DESEngine``, ``Instance``
+                   ``simulate_rollpacker``, ``simulate_rollarc``, ``DESEngine``, ``Instance``;
+                   ``ServedModel``, the model / GPUs / roofline base of both configs
 """

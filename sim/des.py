@@ -496,11 +496,47 @@ class DESEngine:
 
 
 @dataclass(frozen=True)
-class RollPackerConfig:
+class ServedModel:
+    """The model a simulated comparison serves and trains, and the GPUs it runs on: the base of
+    ``RollPackerConfig`` and ``RollArcConfig``, whose cost model is ``roofline()``.
+
+    Attributes:
+        model, hardware, tp: the served / trained model (``sim.roofline.MODELS``), the GPU profile
+            (``sim.roofline.PROFILES``), GPUs per engine.
+        gpus: GPUs of every method (each subclass sets its default and its lower bound).
+        calibration (keyword only): measured step times (``sim.roofline.Calibration``) or None.
+        hw_overrides (keyword only): HardwareProfile fields to change (sensitivity runs), e.g.
+            {"train_mfu": 0.2}.
+    """
+
+    model: str = "qwen2.5-7b"
+    hardware: str = "h800"
+    tp: int = 1
+    gpus: int = 1
+    calibration: Optional[Calibration] = field(default=None, kw_only=True)
+    hw_overrides: Optional[dict] = field(default=None, kw_only=True)
+
+    def roofline(self) -> Roofline:
+        """The cost model: ``hardware``'s profile with ``hw_overrides``, ``model``, ``tp``, ``calibration``.
+        Raises ValueError naming the known profiles / models."""
+        hw = get_profile(self.hardware)
+        if self.hw_overrides:
+            hw = replace(hw, **self.hw_overrides)
+        return Roofline(hw, get_model(self.model), self.tp, self.calibration)
+
+    def describe(self) -> dict:
+        """The fields (``calibration`` left out) and the roofline's description (``roofline``)."""
+        d = {k: v for k, v in asdict(self).items() if k != "calibration"}
+        d["roofline"] = self.roofline().describe()
+        return d
+
+
+@dataclass(frozen=True)
+class RollPackerConfig(ServedModel):
     """One RollPacker comparison (defaults: docs/rollpacker.md, "Simulator").
 
     Attributes:
-        model, hardware, tp: the served / trained model, the GPU profile, GPUs per engine.
+        model, hardware, tp, calibration, hw_overrides: ``ServedModel``.
         gpus: GPUs of every method (colocated: rollout and training time-share them).
         prompts_per_step (P0), responses_per_prompt (R0), eta (1.25, the paper's), steps (the epoch
             is steps x P0 prompts, the same for every method), max_new_tokens.
@@ -514,13 +550,8 @@ class RollPackerConfig:
         sync_fixed_s: per-step weight reshard between training and inference besides moving the bytes
             over NVLink. [assumption] 2 s.
         trace: the length trace (``LogNormalLengths`` by default; its seed is replaced by the run's).
-        calibration: measured step times (``sim.roofline.Calibration``) or None.
-        hw_overrides: HardwareProfile fields to change (sensitivity runs), e.g. {"train_mfu": 0.2}.
     """
 
-    model: str = "qwen2.5-7b"
-    hardware: str = "h800"
-    tp: int = 1
     gpus: int = 64
     prompts_per_step: int = 128
     responses_per_prompt: int = 8
@@ -538,8 +569,6 @@ class RollPackerConfig:
     timeout_lambda: float = 1.5
     sync_fixed_s: float = 2.0
     trace: object = field(default_factory=LogNormalLengths)
-    calibration: Optional[Calibration] = None
-    hw_overrides: Optional[dict] = None
 
     def __post_init__(self):
         if self.gpus < 1 or self.gpus % self.tp:
@@ -550,21 +579,10 @@ class RollPackerConfig:
         if not 0 <= self.reward_hang_fraction < 1:
             raise ValueError(f"RollPackerConfig.reward_hang_fraction must be in [0, 1), got {self.reward_hang_fraction}")
 
-    def roofline(self) -> Roofline:
-        return _roofline(self)
-
     def describe(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("trace", "calibration")}
+        d = super().describe()
         d["trace"] = self.trace.describe() if hasattr(self.trace, "describe") else str(self.trace)
-        d["roofline"] = self.roofline().describe()
         return d
-
-
-def _roofline(cfg) -> Roofline:
-    hw = get_profile(cfg.hardware)
-    if cfg.hw_overrides:
-        hw = replace(hw, **cfg.hw_overrides)
-    return Roofline(hw, get_model(cfg.model), cfg.tp, cfg.calibration)
 
 
 RP_METHODS = {  # name -> (tail batching, reward scheduler, stream trainer)
@@ -702,6 +720,12 @@ def rollpacker_rollouts(cfg: RollPackerConfig, seed: int = 0, tail_batching: Seq
     return out
 
 
+def _check_rp_methods(methods: Sequence[str]) -> None:
+    for m in methods:
+        if m not in RP_METHODS:
+            raise ValueError(f"unknown RollPacker method {m!r}; known: {list(RP_METHODS)}")
+
+
 def rollpacker_timelines(cfg: RollPackerConfig, rollouts: dict, seed: int = 0,
                          methods: Sequence[str] = tuple(RP_METHODS)) -> dict:
     """Rewards, training and sync on top of ``rollpacker_rollouts`` for each method; ``cfg`` may differ
@@ -713,9 +737,7 @@ def rollpacker_timelines(cfg: RollPackerConfig, rollouts: dict, seed: int = 0,
         "max_response_len_reduction": mean max length of baseline steps / of short rounds, "rounds"}.
     Raises: ValueError: an unknown method.
     """
-    for m in methods:
-        if m not in RP_METHODS:
-            raise ValueError(f"unknown RollPacker method {m!r}; known: {list(RP_METHODS)}")
+    _check_rp_methods(methods)
     cost = cfg.roofline()
     alloc = Allocation(colocated=cfg.gpus)
     out: dict = {}
@@ -758,9 +780,7 @@ def rollpacker_timelines(cfg: RollPackerConfig, rollouts: dict, seed: int = 0,
 def simulate_rollpacker(cfg: RollPackerConfig, seed: int = 0, methods: Sequence[str] = tuple(RP_METHODS)) -> dict:
     """Every method of ``methods`` over one epoch, same trace, same GPUs (``rollpacker_rollouts`` then
     ``rollpacker_timelines``; returns the latter's dict). Raises ValueError: an unknown method."""
-    for m in methods:
-        if m not in RP_METHODS:
-            raise ValueError(f"unknown RollPacker method {m!r}; known: {list(RP_METHODS)}")
+    _check_rp_methods(methods)
     flags = tuple(sorted({RP_METHODS[m][0] for m in methods}))
     return rollpacker_timelines(cfg, rollpacker_rollouts(cfg, seed, flags), seed, methods)
 
@@ -768,11 +788,11 @@ def simulate_rollpacker(cfg: RollPackerConfig, seed: int = 0, methods: Sequence[
 # ------------------------------------------------------------------------------------ RollArc
 
 @dataclass(frozen=True)
-class RollArcConfig:
+class RollArcConfig(ServedModel):
     """One RollArc comparison (defaults: docs/rollarc.md, "Simulator").
 
     Attributes:
-        model, hardware, tp, gpus: as ``RollPackerConfig`` (every method owns ``gpus`` GPUs).
+        model, hardware, tp, calibration, hw_overrides: ``ServedModel``. gpus: every method owns ``gpus`` GPUs.
         steps, groups_per_step, group_size, redundancy (RollArc's methods only), max_turns.
         env_latency (``low`` | ``medium`` | ``heavy`` | ``none``), env_mean_s, turn_timeout_s (an env
             step past it ends the trajectory ``timeout``, for every method; the real driver's 30 s).
@@ -784,12 +804,8 @@ class RollArcConfig:
             colocated: over NVLink, disaggregated: over ``network_bytes_s`` (400 Gb/s RDMA, 50 GB/s).
         swap_s: engines' pause to swap in published weights (disaggregated; the transfer itself
             overlaps generation). [assumption] 0.5 s.
-        calibration, hw_overrides: as ``RollPackerConfig``.
     """
 
-    model: str = "qwen2.5-7b"
-    hardware: str = "h800"
-    tp: int = 1
     gpus: int = 32
     steps: int = 8
     groups_per_step: int = 16
@@ -807,8 +823,6 @@ class RollArcConfig:
     sync_fixed_s: float = 2.0
     network_bytes_s: float = 50e9
     swap_s: float = 0.5
-    calibration: Optional[Calibration] = None
-    hw_overrides: Optional[dict] = None
 
     def __post_init__(self):
         if self.gpus < 2 or self.gpus % self.tp:
@@ -821,13 +835,6 @@ class RollArcConfig:
         if self.trainer_gpus is not None and not (self.tp <= self.trainer_gpus <= self.gpus - self.tp):
             raise ValueError(f"RollArcConfig.trainer_gpus must leave a rollout engine, got {self.trainer_gpus}")
 
-    def roofline(self) -> Roofline:
-        return _roofline(self)
-
-    def describe(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "calibration"}
-        d["roofline"] = self.roofline().describe()
-        return d
 
 
 #: name -> (lock-step or async, async_ratio, uses the config's redundancy, colocated); any

@@ -26,6 +26,8 @@ from typing import Optional, Sequence
 
 from ops.rl.types import Completion, OnFinish, Prompt, RolloutBatch
 
+from .traces import LogNormalLaw
+
 
 class ScriptedTrace:
     """Fixed lengths: ``lengths[uid][i]`` is the length of sample i of that prompt, every time it is
@@ -40,24 +42,20 @@ class ScriptedTrace:
         return [got[min(i, len(got) - 1)] for i in range(n)]
 
 
-@dataclass
-class LogNormalTrace:
-    """Heavy-tailed response lengths: log L = log(median) + z_prompt * sigma_prompt + z * sigma_response.
+@dataclass(frozen=True)
+class LogNormalTrace(LogNormalLaw):
+    """Heavy-tailed response lengths (``sim.traces.LogNormalLaw``: log L = log(median) + z_prompt *
+    sigma_prompt + z * sigma_response, clipped to [min_len, max_len]).
 
     z_prompt is fixed per prompt uid (hashed with ``seed``); z is fresh for every response and every
-    rollout. Lengths are clipped to [min_len, max_len]. With the defaults (sigma 0.75 / 0.75,
+    rollout (one sequential stream seeded with ``seed``). With the defaults (sigma 0.75 / 0.75,
     total ~1.06) the longest of 1,024 responses is ~25-30x the median.
     """
 
-    median: float = 1000.0
-    sigma_prompt: float = 0.75
-    sigma_response: float = 0.75
-    min_len: int = 16
-    max_len: int = 32768
     seed: int = 0
 
     def __post_init__(self):
-        self._rng = random.Random(self.seed)
+        object.__setattr__(self, "_rng", random.Random(self.seed))      # the draw stream (state, not a field)
 
     def prompt_z(self, uid: str) -> float:
         h = hashlib.sha256(f"{self.seed}:{uid}".encode()).digest()
@@ -66,9 +64,7 @@ class LogNormalTrace:
         return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
 
     def sample(self, uid: str, n: int) -> list[int]:
-        mu = math.log(self.median) + self.sigma_prompt * self.prompt_z(uid)
-        return [int(min(self.max_len, max(self.min_len, round(math.exp(mu + self.sigma_response * self._rng.gauss(0, 1))))))
-                for _ in range(n)]
+        return self.draw_lengths(self.prompt_z(uid), self._rng, n)
 
 
 class SimEngine:

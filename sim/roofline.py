@@ -210,18 +210,20 @@ TINY = ModelConfig("tiny", layers=2, hidden=64, heads=4, kv_heads=2, intermediat
 MODELS: dict[str, ModelConfig] = {m.name: m for m in (QWEN25_0_5B, QWEN25_1_5B, QWEN25_7B, TINY)}
 
 
+def _lookup(table: Mapping[str, object], name: str, what: str):
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; known: {sorted(table)}")
+    return table[name]
+
+
 def get_profile(name: str) -> HardwareProfile:
     """Raises ValueError naming the known profiles."""
-    if name not in PROFILES:
-        raise ValueError(f"unknown hardware profile {name!r}; known: {sorted(PROFILES)}")
-    return PROFILES[name]
+    return _lookup(PROFILES, name, "hardware profile")
 
 
 def get_model(name: str) -> ModelConfig:
     """Raises ValueError naming the known models."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model config {name!r}; known: {sorted(MODELS)}")
-    return MODELS[name]
+    return _lookup(MODELS, name, "model config")
 
 
 # ------------------------------------------------------------------------------------ calibration

@@ -70,20 +70,36 @@ def keyed_normal(*parts) -> float:
 
 
 @dataclass(frozen=True)
-class LogNormalLengths:
-    """Heavy-tailed response lengths with per-prompt difficulty (module docstring).
-
-    Attributes:
-        median, sigma_prompt, sigma_response, min_len, max_len: the length law (tokens).
-        prompt_median, prompt_sigma: prompt lengths (tokens). seed: the trace seed.
-    Raises: ValueError: a non-positive median / length bound, min_len > max_len, negative sigma.
-    """
+class LogNormalLaw:
+    """The heavy-tailed response-length law of RollPacker's workload (module docstring):
+    log L = log(median) + sigma_prompt z_p + sigma_response z, clipped to [min_len, max_len] tokens;
+    z_p is the prompt's difficulty (fixed per prompt), z fresh for every response. The base of
+    ``LogNormalLengths`` (keyed draws, ``sim.des``) and ``sim.rollpacker.LogNormalTrace``
+    (sequential draws, ``SimEngine``); they differ in where z_p and z come from."""
 
     median: float = 1000.0
     sigma_prompt: float = 0.75
     sigma_response: float = 0.75
     min_len: int = 16
     max_len: int = 32768
+
+    def draw_lengths(self, z_prompt: float, rng: random.Random, n: int) -> list[int]:
+        """``n`` lengths (tokens) of a prompt of difficulty ``z_prompt``, z drawn from ``rng.gauss``."""
+        mu = math.log(self.median) + self.sigma_prompt * z_prompt
+        return [int(min(self.max_len, max(self.min_len, round(math.exp(mu + self.sigma_response * rng.gauss(0, 1))))))
+                for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class LogNormalLengths(LogNormalLaw):
+    """Heavy-tailed response lengths with per-prompt difficulty (module docstring), keyed draws.
+
+    Attributes:
+        median, sigma_prompt, sigma_response, min_len, max_len: the length law (``LogNormalLaw``, tokens).
+        prompt_median, prompt_sigma: prompt lengths (tokens). seed: the trace seed.
+    Raises: ValueError: a non-positive median / length bound, min_len > max_len, negative sigma.
+    """
+
     prompt_median: float = 256.0
     prompt_sigma: float = 0.4
     seed: int = 0
@@ -101,10 +117,7 @@ class LogNormalLengths:
     def lengths(self, uid: str, n: int, draw: int = 0) -> list[int]:
         """``n`` response lengths of prompt ``uid`` at its ``draw``-th rollout (a prompt rolled out
         again, e.g. in a long round, gets fresh responses but keeps its difficulty)."""
-        mu = math.log(self.median) + self.sigma_prompt * keyed_normal("difficulty", self.seed, uid)
-        rng = keyed_rng("response", self.seed, uid, draw)
-        return [int(min(self.max_len, max(self.min_len, round(math.exp(mu + self.sigma_response * rng.gauss(0, 1))))))
-                for _ in range(n)]
+        return self.draw_lengths(keyed_normal("difficulty", self.seed, uid), keyed_rng("response", self.seed, uid, draw), n)
 
     def describe(self) -> dict:
         return {"kind": "lognormal", **asdict(self)}
