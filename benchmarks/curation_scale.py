@@ -54,11 +54,12 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import ROOT, bench_parser, command_line, previous_results, write_results  # noqa: E402
+
 BENCH = ROOT / "benchmarks"
-for p in (str(ROOT), str(BENCH)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
 
 CHUNK = 50_000  # generated rows per chunk (one generator seed each)
 PLANT_FRAC = 0.10  # near-duplicates planted, as a share of the corpus
@@ -144,9 +145,10 @@ def worker_gen(seed: int, out: Path) -> None:
             level = {"train-easy": "1", "train-medium": "2", "train-hard": "3"}[g["difficulty"]]
             rows.append({"record": f"s{seed}/{g['difficulty']}/{module}/{g['index']}", "problem": g["question"],
                          "answer": g["answer"], "subject": "mathematics", "level": level, "module": module})
-    tmp = out.with_suffix(".tmp.parquet")
-    pl.DataFrame(rows).write_parquet(tmp)
-    tmp.rename(out)
+    from ops.lake import atomic_path
+
+    with atomic_path(out) as tmp:
+        pl.DataFrame(rows).write_parquet(tmp)
 
 
 def generated_chunks(n_chunks: int, work: Path, procs: int = 2) -> tuple[list[Path], dict]:
@@ -553,11 +555,10 @@ def machine() -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__, "curation_scale.json", full_doc=True, out_help="'' = do not write")
     ap.add_argument("--n", type=int, default=1_000_000, help="problems in the corpus")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None, help="default benchmarks/.work/curation_scale/n<N>")
-    ap.add_argument("--out", default=str(BENCH / "results" / "curation_scale.json"), help="'' = do not write")
     ap.add_argument("--procs", type=int, default=2, help="parallel generator processes")
     ap.add_argument("--stages", default="all", help="comma-separated subset of: sources," + ",".join(s for s, _ in STAGES) + "; or score (rescore the lake)")
     ap.add_argument("--worker", choices=["gen", "stage"], help=argparse.SUPPRESS)
@@ -576,11 +577,11 @@ def main() -> int:
     score_only = wanted == ["score"]
     if score_only:
         wanted = []
-    command = ".venv/bin/python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])
+    command = command_line(__file__)
     result = {"commands": [command], "machine": machine(), "target": {"curation_group_wall_s": 900, "peak_memory_gb": 8}}
     prev = work / "result.json"
     if prev.exists() and args.stages != "all":  # a partial run adds to the previous one's record
-        old = json.loads(prev.read_text())
+        old = previous_results(prev)
         result = {**old, "machine": result["machine"], "commands": old.get("commands", []) + [command]}
     if "sources" in wanted:
         result["corpus"] = build_corpus(args.n, args.seed, work, args.procs)
@@ -588,7 +589,7 @@ def main() -> int:
     stages = result.setdefault("stages", {})
     for stage in wanted:
         stages[stage] = run_stage(work, stage)
-        prev.write_text(json.dumps(result, indent=2, default=str))
+        write_results(result, prev, indent=2)
         if not stages[stage].get("success"):
             _log(f"stage {stage} failed: {stages[stage].get('failure')}")
             break
@@ -608,11 +609,9 @@ def main() -> int:
             "rows_out_by_stage": {s: {k: v.get("rows_out") for k, v in stages[s].get("metadata", {}).items()} for s, _ in STAGES},
         }
         _log(json.dumps(result["summary"], indent=2))
-    prev.write_text(json.dumps(result, indent=2, default=str))
+    write_results(result, prev, indent=2)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        write_results(result, args.out, indent=2)
     return 0
 
 

@@ -28,7 +28,6 @@ each section records the command and date that produced it (a skipped section ke
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -37,8 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import ROOT, bench_parser, command_line, previous_results, write_results  # noqa: E402
 
 EXTRAPOLATION_FORMS = ("L3", "r_additive", "chinchilla", "data_mixing_law", "bimix")
 MARE_TARGET = 0.02
@@ -249,14 +248,13 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
 def main() -> int:
     from resources.lake import LakeResource, default_root
 
-    ap = argparse.ArgumentParser()
+    ap = bench_parser(__doc__, "dcpt.json")
     ap.add_argument("--lake", default=default_root())
     ap.add_argument("--T", type=float, default=0.03)
     ap.add_argument("--size", default="xxl", help="validation size of the extrapolation (ops.mixture.probe.SIZES)")
     ap.add_argument("--ratios", default="0.25,0.5,0.75", help="domain ratios of the extrapolation runs")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: closed_loop, extrapolation, forms")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="limit of each training launch")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dcpt.json"))
     args = ap.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     lake = LakeResource(root=args.lake)
@@ -264,8 +262,8 @@ def main() -> int:
         print(f"no probe runs under {lake.base}/cpt_probe_runs: run `make demo` first", file=sys.stderr)
         return 1
     out = Path(args.out)
-    result = json.loads(out.read_text()) if out.exists() else {}   # a skipped section keeps its last figures
-    command = "python " + " ".join(["benchmarks/dcpt_bench.py", *sys.argv[1:]])
+    result = previous_results(out)   # a skipped section keeps its last figures
+    command = command_line(__file__)
     result.update({"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}})
     phases = result.setdefault("phases", {})
     stamp = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -287,10 +285,7 @@ def main() -> int:
         for k, v in result["forms"].items():
             print(f"{k:26s} in-sample R2 {v['in_sample']['r2']:.3f} | unseen N {v['unseen_N']['r2']} "
                   f"D {v['unseen_D']['r2']} r {v['unseen_r']['r2']} | fit {v['fit_wall_s']} s")
-    from ops.lake import atomic_path
-
-    with atomic_path(out) as tmp:   # numpy scalars as numbers (ops.lake.write_json_atomic would write them as text)
-        tmp.write_text(json.dumps(result, indent=1, default=float))
+    write_results(result, out, default=float)   # numpy scalars as numbers
     return 0
 
 

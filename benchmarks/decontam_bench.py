@@ -12,8 +12,6 @@ cache is off here, so the semantic layer's time is a cold run's.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -21,18 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decontam.json"))
+    ap = bench_parser(__doc__, "decontam.json")
     ap.add_argument("--per-kind", type=int, default=60)
     ap.add_argument("--skip-corpus", action="store_true", help="no wall-time run on the curation corpus")
     args = ap.parse_args()
 
-    from ops import lake
     from ops.curation import sources
     from ops.curation.decontam import DecontamConfig, Decontaminator, ground_truth_scores, layer_counts
     from ops.curation.decontam_set import evaluate, labelled_set
@@ -45,7 +41,7 @@ def main() -> None:
     math_test = sources.math_test()
     pool = [r["problem"] for r in math_test] + [b["problem"] for b in bench if b["benchmark"] == "gsm8k_test"]
     rows = labelled_set(bench, pool, per_kind=args.per_kind)
-    out: dict = {"command": "python benchmarks/decontam_bench.py", "machine": {"cpus": os.cpu_count(),
+    out: dict = {"command": command_line(__file__), "machine": {"cpus": os.cpu_count(),
                  "load_average_at_start": os.getloadavg()}, "labelled_set": {}, "math500_ground_truth": {},
                  "escaped_latex_case": {}, "corpus": {}}
     from collections import Counter
@@ -96,7 +92,7 @@ def main() -> None:
                                    "removed_per_layer": layer_counts(flags)}
             print(name, "corpus", out["corpus"][name], flush=True)
     out["machine"]["load_average_at_end"] = os.getloadavg()
-    lake.write_json_atomic(out, args.out)
+    write_results(out, args.out, indent=2)
     print("wrote", args.out)
 
 

@@ -45,9 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import ROOT, bench_parser, command_line, write_results  # noqa: E402
 
 BENCH = ROOT / "benchmarks"
 THRESHOLD = 0.8
@@ -920,9 +919,8 @@ def _worker_result(methods: dict, label: str, work: Path, args: list, timeout: f
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__, "dedup.json", full_doc=True)
     ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--out", type=Path, default=BENCH / "results" / "dedup.json")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plant-frac", type=float, default=0.30, help="share of the corpus that is planted near-duplicates")
     ap.add_argument("--workdir", type=Path, default=BENCH / ".work")
@@ -966,7 +964,7 @@ def main() -> None:
     t_start = time.perf_counter()
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    report: dict = {"benchmark": "near-duplicate detection", "command": "  ".join(sys.argv),
+    report: dict = {"benchmark": "near-duplicate detection", "command": command_line(__file__),
                     "machine": machine_info(),
                     "parameters": {"threshold": THRESHOLD, "num_perm": NUM_PERM, "minhash_seed": SEED,
                                    "shingles": "word 5-grams of ops.curation.text.tokens (char 3-grams below 5 tokens)"}}
@@ -1350,8 +1348,7 @@ def main() -> None:
     report["summary"] = summary
     report["total_benchmark_seconds"] = round(time.perf_counter() - t_start, 1)
     report["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(report, args.out, indent=2)
 
     # ---- table
     print()

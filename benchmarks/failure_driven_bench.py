@@ -21,7 +21,6 @@ ops.curation.sources. Each asset is materialized in its own run (in-process exec
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -31,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import ROOT, bench_parser, command_line, write_results  # noqa: E402
 
 
 def build_standins(lake, size: str) -> dict:
@@ -116,10 +115,9 @@ def main() -> int:
     from resources.lake import LakeResource, default_root
     from resources.teacher import TeacherResource
 
-    ap = argparse.ArgumentParser()
+    ap = bench_parser(__doc__, "failure_driven.json")
     ap.add_argument("--lake", default=default_root())
     ap.add_argument("--size", default="m")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/failure_driven.json"))
     ap.add_argument("--demo-log", default=None, help="log of the `crucible demo` that ran the post-training job")
     ap.add_argument("--rerun", action="append", default=[],
                     help="comparison.json of another fresh run[,its demo log] (repeatable)")
@@ -183,7 +181,7 @@ def main() -> int:
                        "targeted_minus_random_failure_slices": other["targeted_minus_random_failure_slices"],
                        "run": _demo_log(log) if log else None})
     result = {
-        "command": "benchmarks/failure_driven_bench.py " + " ".join(sys.argv[1:]),
+        "command": command_line(__file__),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_avg_at_end": os.getloadavg()},
         "lake": notes or "all inputs from the lake",
@@ -211,7 +209,7 @@ def main() -> int:
         "verdict": cmp["verdict"],
         "reruns": reruns,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1, default=float))
+    write_results(result, args.out, default=float)
     print(cmp["verdict"]["statement"])
     return 0
 

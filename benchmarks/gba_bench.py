@@ -24,7 +24,6 @@ Sections (``--sections``, merged into the output file, other sections kept):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -35,8 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import RESULTS, ROOT, bench_parser, command_line, previous_results, write_results  # noqa: E402
 
 
 def launch(spec, workdir: Path, timeout_s: float, name: str | None = None) -> dict:
@@ -101,7 +100,8 @@ def main(argv=None) -> int:
     from ops.sparse.config import TrainConfig
     from ops.sparse.data import movielens_events, time_split
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = bench_parser(__doc__, seeds=5, seeds_help="seeds of the switching section (train and trace seed)",
+                      quick="1 seed, 1 epoch, W = 4 throughput only, no modes section")
     ap.add_argument("--sections", default="modes,switching,throughput")
     ap.add_argument("--modes", default=",".join(m for m in MODES if m != "auto"))
     ap.add_argument("--workers", type=int, default=4, help="W of the modes and switching sections")
@@ -115,20 +115,18 @@ def main(argv=None) -> int:
     ap.add_argument("--slowdown", type=float, default=4.0)
     ap.add_argument("--target-auc", type=float, default=0.69)
     ap.add_argument("--eval-every", type=int, default=16)
-    ap.add_argument("--seeds", type=int, default=5, help="seeds of the switching section (train and trace seed)")
     ap.add_argument("--switch-at", type=float, default=0.5, help="switch point as a fraction of the run's global steps")
     ap.add_argument("--throughput-workers", default="4,8")
     ap.add_argument("--slowdowns", default="4")
     ap.add_argument("--throughput-epochs", type=float, default=0.5)
     ap.add_argument("--throughput-local-batch", type=int, default=128)
-    ap.add_argument("--quick", action="store_true", help="1 seed, 1 epoch, W = 4 throughput only, no modes section")
     ap.add_argument("--out", default=None, help="default benchmarks/results/gba.json (--quick: gba_quick.json)")
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds, a.epochs, a.throughput_workers, a.throughput_epochs = 1, 1.0, "4", 0.25
         if a.sections == ap.get_default("sections"):
             a.sections = "switching,throughput"
-    out_path = Path(a.out or ROOT / "benchmarks" / "results" / ("gba_quick.json" if a.quick else "gba.json"))
+    out_path = Path(a.out or RESULTS / ("gba_quick.json" if a.quick else "gba.json"))
     sections = a.sections.split(",")
 
     work = Path(tempfile.mkdtemp(prefix="gba-bench-"))
@@ -154,11 +152,10 @@ def main(argv=None) -> int:
               f"decayed {s['decayed']} dropped {s['dropped']}  switches {[(e['from'], e['to'], e['global_step']) for e in ev]}  "
               f"(launch {res['launch_wall_s']:.1f} s)", flush=True)
 
-    out = json.loads(out_path.read_text()) if out_path.exists() else {}
+    out = previous_results(out_path)
     out.update({
         "benchmark": "GBA vs sync all-reduce, async PS, SSP, Hop-BW under stragglers, and switching a running job (arXiv 2205.11048)",
-        "command": "python " + " ".join([str(Path(sys.argv[0]).relative_to(ROOT)) if Path(sys.argv[0]).is_absolute()
-                                         else sys.argv[0]] + sys.argv[1:]),
+        "command": command_line(__file__, argv),
         "args": vars(a), "quick": a.quick,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "slowdowns": "real compute (ops.gba.trace): the straggler computes each local batch's forward/backward floor(s) "
@@ -241,9 +238,7 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    from ops.lake import write_json_atomic
-
-    write_json_atomic(out, out_path, indent=1)
+    write_results(out, out_path)
     print(json.dumps({k: out[k] for k in ("claims", "throughput") if k in out}, indent=1))
     if "switching" in out:
         print(json.dumps(out["switching"]["auc"], indent=1))

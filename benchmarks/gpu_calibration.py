@@ -26,17 +26,15 @@ matching profile (measured times override the roofline, interpolated by batch an
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
-from ops.lake import write_json_atomic  # noqa: E402
 from sim.roofline import (CALIBRATION_PATH, CALIBRATION_SCHEMA, MODELS, PROFILES, Roofline,  # noqa: E402
                           profile_for_device)
 
@@ -182,7 +180,7 @@ def calibrate(args) -> dict:
     hw = PROFILES.get(profile)
     timer = Timer(device)
     t0 = time.perf_counter()
-    out = {"schema": CALIBRATION_SCHEMA, "command": " ".join([".venv/bin/python", "benchmarks/gpu_calibration.py"] + sys.argv[1:]),
+    out = {"schema": CALIBRATION_SCHEMA, "command": command_line(__file__),
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "dtype": "bfloat16",
            "device": {"name": dev_name, "profile": profile, "profile_known": hw is not None,
                       "torch": torch.__version__, "cuda": torch.version.cuda},
@@ -237,7 +235,7 @@ def calibrate(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--tiny", action="store_true", help="CPU, tiny config, seconds (the test)")
     ap.add_argument("--models", default=",".join(GPU_MODELS))
     ap.add_argument("--profile", default=None, help="sim.roofline profile id the device stands for (default: from its name)")
@@ -250,7 +248,7 @@ def main(argv=None) -> int:
     if args.tiny:
         args.warmup, args.reps = min(args.warmup, 1), min(args.reps, 3)
     res = calibrate(args)
-    write_json_atomic(res, args.out)
+    write_results(res, args.out, indent=2)
     n = sum(len(m["prefill"]) + len(m["decode"]) for m in res["models"].values())
     print(f"{n} points, {len(res['skipped'])} skipped, {res['wall_s']} s -> {args.out}")
     return 0

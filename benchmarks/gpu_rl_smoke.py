@@ -15,18 +15,17 @@ and the engine ends on version ``steps``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--gpus", type=float, default=1.0, help="num_gpus of the engine and of the trainer actor")
     ap.add_argument("--policy", default="", help="a scratchpad policy folder (rl_policy); empty = a 20-step warm start")
     ap.add_argument("--steps", type=int, default=3)
@@ -36,7 +35,6 @@ def main(argv=None) -> int:
     import ray
     import torch
 
-    from ops.lake import write_json_atomic
     from ops.rl.ray_actors import Actors
     from ops.rl.rollpacker.driver import RunSpec, RunState, fingerprint, load_prompts, result_fields, run_methods
     from ops.rl.policy import load_tokenizer
@@ -72,13 +70,13 @@ def main(argv=None) -> int:
         actors.kill()
     finally:
         ray.shutdown()
-    out = {"command": "python benchmarks/gpu_rl_smoke.py " + " ".join(argv or sys.argv[1:]), "gpus": a.gpus,
+    out = {"command": command_line(__file__, argv), "gpus": a.gpus,
            "device": where, "cuda_devices": torch.cuda.device_count(), "wall_s": round(time.monotonic() - t0, 2),
            "steps": [{k: r[k] for k in ("step", "rollout_s", "step_s", "policy_version", "reward_mean")} for r in rows],
            "weight_syncs": res["weight_syncs"]}
     print(json.dumps(out, indent=1))
     if a.out:
-        write_json_atomic(out, Path(a.out), indent=1)
+        write_results(out, a.out)
     ok = len(rows) == a.steps and res["weight_syncs"]["baseline"]["policy_version"] == a.steps
     return 0 if ok else 1
 

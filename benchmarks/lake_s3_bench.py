@@ -10,7 +10,6 @@ network round trips (a commit makes five requests: PUT, HEAD, manifest GET and P
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -19,13 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, write_results  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lake_s3.json"))
+    ap = bench_parser(__doc__, "lake_s3.json")
     ap.add_argument("--rows", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
@@ -34,7 +32,6 @@ def main() -> None:
     import polars as pl
     from moto.server import ThreadedMotoServer
 
-    from ops.lake import write_json_atomic
     from resources.lake import LakeResource
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -65,7 +62,7 @@ def main() -> None:
                              "read_ms_median": round(1000 * statistics.median(r), 1)}
     finally:
         server.stop()
-    write_json_atomic(out, a.out, indent=1)
+    write_results(out, a.out)
     print(out)
 
 

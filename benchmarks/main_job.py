@@ -6,7 +6,6 @@ Runs the same command as `make demo` in a subprocess with a temporary CRUCIBLE_H
 DAGSTER_HOME, and records the wall time of every run it launches and of the whole job.
 """
 
-import argparse
 import json
 import os
 import platform
@@ -17,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import ROOT, bench_parser, write_results  # noqa: E402
 
 
 class _kept:
@@ -33,8 +33,7 @@ class _kept:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/main_job.json"))
+    ap = bench_parser(__doc__, "main_job.json")
     ap.add_argument("--keep", default=None, help="run in this folder and keep the lake/instance (e.g. for "
                     "benchmarks/dcpt_bench.py --lake <folder>/lake) instead of a temporary one")
     args = ap.parse_args()
@@ -70,8 +69,7 @@ def main() -> int:
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%d"),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(result, args.out, indent=2)
     print(json.dumps(result, indent=2))
     return 0
 

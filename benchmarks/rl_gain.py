@@ -10,15 +10,15 @@ Merges one entry per (lr, seed) into ``benchmarks/results/rl_gain.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results" / "rl_gain.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import RESULTS, bench_parser, command_line, previous_results, write_results  # noqa: E402
+
+OUT = RESULTS / "rl_gain.json"
 
 
 def run_one(policy: str, steps: int, lr: float, seed: int, work: Path) -> dict:
@@ -75,29 +75,27 @@ def summarise(runs: list[dict], steps: int, lr: float) -> dict | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__, seeds=1)
     ap.add_argument("--policy", required=True)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--lrs", default="3e-5,6e-5")
-    ap.add_argument("--seeds", type=int, default=1)
     a = ap.parse_args(argv)
-    from ops.lake import write_json_atomic
 
     work = Path("/tmp/crucible-rl-gain")
     work.mkdir(parents=True, exist_ok=True)
-    doc = json.loads(OUT.read_text()) if OUT.exists() else {"label": "real", "runs": []}
-    doc["command"] = "OMP_NUM_THREADS=1 python benchmarks/rl_gain.py " + " ".join(argv or sys.argv[1:])
+    doc = previous_results(OUT) or {"label": "real", "runs": []}
+    doc["command"] = command_line(__file__, argv, env="OMP_NUM_THREADS=1")
     for lr in (float(x) for x in a.lrs.split(",")):
         for seed in range(a.seeds):
             res = run_one(a.policy, a.steps, lr, seed, work)
             print(json.dumps(res))
             doc["runs"] = [x for x in doc["runs"] if (x["lr"], x["seed"], x["steps"]) != (lr, seed, a.steps)] + [res]
-            write_json_atomic(doc, OUT, indent=1)
+            write_results(doc, OUT)
         summary = summarise(doc["runs"], a.steps, lr)
         if summary is not None:
             doc.setdefault("summary", {})[f"{a.steps}@{lr:g}"] = summary
             print(json.dumps(summary))
-            write_json_atomic(doc, OUT, indent=1)
+            write_results(doc, OUT)
     return 0
 
 

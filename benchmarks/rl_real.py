@@ -33,7 +33,6 @@ JSON, so running one keeps the other. Figures are ``label: real`` (measured on t
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import platform
@@ -43,11 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-OUT = ROOT / "benchmarks" / "results" / "rl_real.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, previous_results, write_results  # noqa: E402
 from resources.lake import LakeResource  # noqa: E402
 
 POLICY = os.environ.get("CRUCIBLE_POLICY") or str(LakeResource().base / "rl_policy" / "policy")
@@ -272,33 +268,26 @@ def policy_summary(section: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__, "rl_real.json", seeds=3, quick="5 steps per method, 64 held-out problems (a smoke run)",
+                      full_doc=True)
     ap.add_argument("--section", choices=["rollpacker", "rollarc", "all"], default="all")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="5 steps per method, 64 held-out problems (a smoke run)")
     ap.add_argument("--policy", default=POLICY, help="warm-started policy folder (model_dir and tokenizer_dir)")
     ap.add_argument("--actors", choices=["ray", "local"], default="ray")
     ap.add_argument("--methods", default=None, help="comma-separated subset of the driver's METHODS (baseline first)")
     ap.add_argument("--skip-decode-cost", action="store_true")
-    ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    import json
-
-    from ops.lake import write_json_atomic
-
     out_path = Path(args.out)
-    doc = json.loads(out_path.read_text()) if out_path.exists() else {}
-    doc.update({"label": "real", "command": "OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.rl_real " + " ".join(
-        sys.argv[1:] if argv is None else argv)})
+    doc = previous_results(out_path)
+    doc.update({"label": "real", "command": command_line(__file__, argv, env="OMP_NUM_THREADS=1")})
 
     def write():
         doc["machine"] = {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                           "load_average_at_end": os.getloadavg(),
                           "note": "2-core machine; figures are real but noisy when other processes share it"}
         doc["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        write_json_atomic(doc, out_path, indent=1)
+        write_results(doc, out_path)
         print(f"wrote {out_path}", flush=True)
 
     if args.section in ("rollpacker", "all"):

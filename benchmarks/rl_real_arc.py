@@ -27,7 +27,6 @@ eval_size)``) before and after training; staleness histograms. 95% CIs: Student 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -36,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
 METHODS = ("monolithic", "async0", "rollarc_a1", "rollarc_a2")
 HEADLINE = "rollarc_a1"
@@ -177,21 +176,17 @@ def run_section(seeds: int = 3, quick: bool = False, policy: str = DEFAULT_POLIC
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
+    ap = bench_parser(__doc__, seeds=3, quick="the quick workload (a smoke run)")
     ap.add_argument("--policy", default=DEFAULT_POLICY)
     ap.add_argument("--placement", default="local", choices=("local", "ray"))
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per method (default: the workload's)")
     ap.add_argument("--out", default=None, help="also write the JSON here (atomic)")
     a = ap.parse_args(argv)
     res = run_section(a.seeds, a.quick, a.policy, a.placement, a.steps)
-    res["command"] = " ".join(["benchmarks/rl_real_arc.py"] + (argv if argv is not None else sys.argv[1:]))
+    res["command"] = command_line(__file__, argv)
     print(json.dumps(res, indent=1, default=str))
     if a.out:
-        from ops.lake import write_json_atomic
-
-        write_json_atomic(res, Path(a.out))
+        write_results(res, a.out)
     return 0
 
 

@@ -27,7 +27,6 @@ elsewhere.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import platform
@@ -37,10 +36,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
-from ops.lake import write_json_atomic  # noqa: E402
 from sim.des import (PILOT_SEED, RollArcConfig, RollPackerConfig, choose_trainer_gpus, rollpacker_rollouts,  # noqa: E402
                      rollpacker_timelines, run_rollarc_method, trainer_split_candidates)
 from sim.roofline import CALIBRATION_PATH, Calibration, get_profile  # noqa: E402
@@ -336,15 +334,12 @@ ASSUMPTIONS = {
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=5)
+    ap = bench_parser(__doc__, "rl_sim.json", seeds=5, quick="fewer steps and sensitivity points (tests)")
     ap.add_argument("--sens-seeds", type=int, default=3)
     ap.add_argument("--trace", default=None, help="a measured length trace (crucible.length_trace/1) for RollPacker")
     ap.add_argument("--hardware", default="h800", help="sim.roofline profile (h800 | h20 | h200)")
     ap.add_argument("--model", default="qwen2.5-7b")
     ap.add_argument("--calibration", default=str(CALIBRATION_PATH), help="calibration JSON, or 'none'")
-    ap.add_argument("--quick", action="store_true", help="fewer steps and sensitivity points (tests)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/rl_sim.json"))
     args = ap.parse_args(argv)
     t0, c0 = time.perf_counter(), time.process_time()
     cal = None
@@ -359,7 +354,7 @@ def main(argv=None) -> int:
                            groups_per_step=8 if args.quick else 16)
     rp, rp_sens = rollpacker_section(rp_cfg, seeds, sens_seeds, args.quick)
     ra, ra_sens = rollarc_section(ra_cfg, seeds, sens_seeds, args.quick)
-    out = {"command": " ".join([".venv/bin/python", "benchmarks/rl_sim.py"] + (argv if argv is not None else sys.argv[1:])),
+    out = {"command": command_line(__file__, argv),
            "date": time.strftime("%Y-%m-%d"), "paper": PAPER, "assumptions": ASSUMPTIONS,
            "calibration": {"path": args.calibration, "loaded": cal is not None,
                            "profile": cal.profile if cal else None,
@@ -377,7 +372,7 @@ def main(argv=None) -> int:
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     out["cpu_s"] = round(time.process_time() - c0, 1)
     out["machine"] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_average_at_end": os.getloadavg()}
-    write_json_atomic(_r(out, 4), args.out)
+    write_results(_r(out, 4), args.out, indent=2)
     brief = [(c["claim"], _r(c["paper_band"]), _r(c["simulated"]), c.get("verdict")) for c in out["claims"]]
     for b in brief:
         print(*b, sep=" | ")

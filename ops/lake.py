@@ -74,10 +74,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
-def write_json_atomic(obj, path: str | Path, indent: int = 2) -> None:
-    """Write ``obj`` as JSON atomically (``atomic_path``); keys sorted, non-JSON values as ``str``."""
+def write_json_atomic(obj, path: str | Path, indent: int = 2, *, sort_keys: bool = True, default=str) -> None:
+    """Write ``obj`` as JSON atomically (``atomic_path``); keys sorted (``sort_keys``), other values
+    through ``default`` (``str``; ``float`` keeps numpy scalars as numbers)."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=str), encoding="utf-8")
+        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=sort_keys, default=default), encoding="utf-8")
 
 
 def replace_dir_atomic(build: Path, final: Path) -> None:
