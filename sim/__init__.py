@@ -11,7 +11,8 @@ Modules:
     costmodel      RollPacker's paper-scale step-time model (reward scheduling, stream trainer):
                    ``ClusterModel``, ``epoch_time``
     rollarc        RollArc's discrete-event simulator of the agentic workload and the routing
-                   ablation: ``AgenticWorkload``, ``simulate``, ``routing_ablation``
+                   ablation: ``TurnShapes`` (the per-turn token law, shared with
+                   ``traces.AgenticTurns``), ``AgenticWorkload``, ``simulate``, ``routing_ablation``
     rollarc_roles  RollArc's simulated roles (engines, environments, reward) in real time:
                    ``SimConfig``, ``SimRoles``
     roofline       roofline step costs (vendor peaks, model shapes, KV cache) with the GPU

@@ -39,8 +39,10 @@ from ops.rl.rollarc.router import (DEFAULT_PREFILL_HEAVY_RATIO, DEFAULT_PROFILES
 
 
 @dataclass(frozen=True)
-class AgenticWorkload:
-    """Parameters of the multi-turn workload (tokens; seconds for env times).
+class TurnShapes:
+    """Token shapes of a multi-turn agentic episode (tokens), log-normal around their medians: one
+    set of assumptions for the routing ablation (``AgenticWorkload``) and the DES
+    (``sim.traces.AgenticTurns``).
 
     Attributes:
         task_prompt_median, task_prompt_sigma: P_0, system prompt + task + tool schema.
@@ -48,7 +50,6 @@ class AgenticWorkload:
             short action / tool call; decode_sigma for both.
         observation_median, observation_sigma: O_k, a tool output or environment observation.
         max_new_tokens: cap on every response (also the estimator's default).
-        env_median_s, env_sigma: environment step latency after each turn.
         prefix_cache_hit: fraction of the re-sent history (P_{k-1} + D_{k-1}) the engine does not
             prefill again, in [0, 1]. Default 0.9: serving engines keep the conversation's KV
             (vLLM automatic prefix caching, SGLang RadixAttention); below 1 for evictions and turns
@@ -65,9 +66,37 @@ class AgenticWorkload:
     observation_median: float = 800.0
     observation_sigma: float = 0.8
     max_new_tokens: int = 2048
+    prefix_cache_hit: float = 0.9
+
+    @staticmethod
+    def lognormal(rng: random.Random, median: float, sigma: float) -> float:
+        """One log-normal draw: exp(log(median) + sigma z), z from ``rng.gauss``."""
+        return math.exp(math.log(median) + sigma * rng.gauss(0.0, 1.0))
+
+    def task_prompt(self, rng: random.Random) -> int:
+        """P_0 (tokens, >= 1)."""
+        return max(1, round(self.lognormal(rng, self.task_prompt_median, self.task_prompt_sigma)))
+
+    def turn(self, rng: random.Random, k: int) -> tuple[int, int]:
+        """(D_k, O_k) of turn ``k`` (0-based; tokens): the response, in [8, max_new_tokens], then the
+        observation appended after it (>= 1), drawn in that order."""
+        med = self.first_decode_median if k == 0 else self.later_decode_median
+        dec = int(min(self.max_new_tokens, max(8, round(self.lognormal(rng, med, self.decode_sigma)))))
+        obs = max(1, round(self.lognormal(rng, self.observation_median, self.observation_sigma)))
+        return dec, obs
+
+
+@dataclass(frozen=True)
+class AgenticWorkload(TurnShapes):
+    """Parameters of the multi-turn workload of the routing ablation (tokens; seconds for env times).
+
+    Attributes:
+        task_prompt_median ... prefix_cache_hit: the token shapes (``TurnShapes``).
+        env_median_s, env_sigma: environment step latency after each turn.
+    """
+
     env_median_s: float = 0.5
     env_sigma: float = 0.7
-    prefix_cache_hit: float = 0.9
 
     def draw(self, n_trajectories: int, turns: int, seed: int) -> list[list["Turn"]]:
         """The seeded workload: [n_trajectories][turns] of ``Turn``.
@@ -81,19 +110,13 @@ class AgenticWorkload:
         if not 0 <= self.prefix_cache_hit <= 1:
             raise ValueError(f"prefix_cache_hit must be in [0, 1], got {self.prefix_cache_hit}")
         rng = random.Random(seed)
-
-        def ln(median: float, sigma: float) -> float:
-            return math.exp(math.log(median) + sigma * rng.gauss(0.0, 1.0))
-
         out = []
         for _ in range(n_trajectories):
-            prompt = max(1, round(ln(self.task_prompt_median, self.task_prompt_sigma)))
+            prompt = self.task_prompt(rng)
             traj, prefill = [], prompt
             for k in range(turns):
-                med = self.first_decode_median if k == 0 else self.later_decode_median
-                dec = int(min(self.max_new_tokens, max(8, round(ln(med, self.decode_sigma)))))
-                obs = max(1, round(ln(self.observation_median, self.observation_sigma)))
-                traj.append(Turn(prompt, prefill, dec, ln(self.env_median_s, self.env_sigma)))
+                dec, obs = self.turn(rng, k)
+                traj.append(Turn(prompt, prefill, dec, self.lognormal(rng, self.env_median_s, self.env_sigma)))
                 cached = round(self.prefix_cache_hit * (prompt + dec))
                 prompt += dec + obs
                 prefill = prompt - cached

@@ -42,9 +42,7 @@ from typing import Sequence
 
 from ops.rl.rollarc.envs import LATENCY_KINDS, EnvLatency
 
-from .rollarc import AgenticWorkload
-
-_W = AgenticWorkload()
+from .rollarc import TurnShapes
 
 LENGTH_TRACE_SCHEMA = "crucible.length_trace/1"
 
@@ -206,28 +204,15 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class AgenticTurns:
+class AgenticTurns(TurnShapes):
     """Token shapes of a multi-turn episode (tokens) and the environment model.
 
     Attributes:
-        task_prompt_median/sigma: system prompt + task + tool schema. first_decode_median: the first
-        turn's reasoning; later_decode_median: later actions; decode_sigma for both.
-        observation_median/sigma: tool output / observation appended after each turn.
-        max_new_tokens: cap per response. prefix_cache_hit: share of the re-sent history the engine
-        still holds (0.9; [assumption], vLLM automatic prefix caching / SGLang RadixAttention).
+        task_prompt_median ... prefix_cache_hit: the token shapes, the routing ablation's
+            (``sim.rollarc.TurnShapes``: one set of assumptions).
         done_turns: the episode ends (``ok``) after U{lo..hi} turns; ``max_turns`` truncates it.
     """
 
-    # The token shapes are the routing ablation's (sim.rollarc.AgenticWorkload): one set of assumptions.
-    task_prompt_median: float = _W.task_prompt_median
-    task_prompt_sigma: float = _W.task_prompt_sigma
-    first_decode_median: float = _W.first_decode_median
-    later_decode_median: float = _W.later_decode_median
-    decode_sigma: float = _W.decode_sigma
-    observation_median: float = _W.observation_median
-    observation_sigma: float = _W.observation_sigma
-    max_new_tokens: int = _W.max_new_tokens
-    prefix_cache_hit: float = 0.9
     done_turns: tuple = (4, 12)
 
     def __post_init__(self):
@@ -252,19 +237,13 @@ class AgenticTurns:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         rng = keyed_rng("episode", seed, task, member)
         lat = EnvLatency(env_kind, env_mean_s, seed=keyed_rng("env", seed, task, member).getrandbits(32))
-
-        def ln(median: float, sigma: float) -> float:
-            return math.exp(math.log(median) + sigma * rng.gauss(0.0, 1.0))
-
         done_after = rng.randint(*self.done_turns)
-        ctx = max(1, round(ln(self.task_prompt_median, self.task_prompt_sigma)))
+        ctx = self.task_prompt(rng)
         cached = 0
         out = []
         status = "ok" if done_after <= max_turns else "truncated"
         for k in range(min(max_turns, done_after)):
-            med = self.first_decode_median if k == 0 else self.later_decode_median
-            dec = int(min(self.max_new_tokens, max(8, round(ln(med, self.decode_sigma)))))
-            obs = max(1, round(ln(self.observation_median, self.observation_sigma)))
+            dec, obs = self.turn(rng, k)
             e = lat.sample()
             timed_out = e > turn_timeout_s
             out.append(Turn(ctx, cached, dec, min(e, turn_timeout_s), timed_out))
