@@ -4,7 +4,7 @@ extrapolation to a model well beyond the probes, and fit wall time. Reads the pr
 benchmarks/results/dcpt.json.
 
     .venv/bin/python benchmarks/dcpt_bench.py [--lake .crucible] [--T 0.03] [--size xxl]
-        [--ratios 0.25,0.5,0.75] [--skip closed_loop,extrapolation,forms]
+        [--ratios 0.25,0.5,0.75] [--skip closed_loop,extrapolation,forms,law_fit_workers]
 
 Reported:
 * ``closed_loop``: the mixture group's closed loop as the main job runs it, plus usage 3: the law
@@ -22,6 +22,8 @@ Reported:
   ``ops.mixture.law.FORMS`` has them, data_mixing_law and bimix (a missing one is noted).
 * ``forms``: per target and form, in-sample Huber / R^2 and held-out Huber / R^2 / MARE along unseen
   N, D and r; fit wall time; the trade-off at the probe grid; the Cross-Domain law.
+* ``law_fit_workers``: the ``dcpt_law_fit`` asset in one process and on every core, side by side:
+  wall seconds each and whether fit.json is byte-identical.
 Every phase records its wall time and the load average before and after it (a shared machine);
 each section records the command and date that produced it (a skipped section keeps its last figures).
 """
@@ -245,6 +247,37 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
     }
 
 
+def law_fit_workers(lake_root: str) -> dict:
+    """The ``dcpt_law_fit`` asset on this lake's probes, in one process (workers=1) and on every core
+    (workers=0), side by side in one run: wall seconds each and whether fit.json is byte-identical.
+    The lake's own fit.json is restored afterwards."""
+    import dagster as dg
+    import joblib
+
+    from assets import mixture
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=lake_root)
+    out = lake.base / "dcpt_law_fit" / "fit.json"
+    kept = out.read_bytes() if out.exists() else None
+    walls, docs = {}, {}
+    try:
+        for workers in (1, 0):
+            t = time.perf_counter()
+            r = dg.materialize([mixture.dcpt_law_fit], resources={"lake": lake},
+                               run_config={"ops": {"dcpt_law_fit": {"config": {"workers": workers}}}})
+            if not r.success:
+                raise RuntimeError(f"dcpt_law_fit failed with workers={workers}")
+            walls[workers] = round(time.perf_counter() - t, 1)
+            docs[workers] = out.read_bytes()
+    finally:
+        if kept is not None:
+            out.write_bytes(kept)
+    return {"workers_1_wall_s": walls[1], "workers_all_wall_s": walls[0], "cores": joblib.cpu_count(),
+            "speedup": round(walls[1] / walls[0], 2), "fit_json_identical": docs[1] == docs[0],
+            "real": True}
+
+
 def main() -> int:
     from resources.lake import LakeResource, default_root
 
@@ -253,7 +286,7 @@ def main() -> int:
     ap.add_argument("--T", type=float, default=0.03)
     ap.add_argument("--size", default="xxl", help="validation size of the extrapolation (ops.mixture.probe.SIZES)")
     ap.add_argument("--ratios", default="0.25,0.5,0.75", help="domain ratios of the extrapolation runs")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: closed_loop, extrapolation, forms")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: closed_loop, extrapolation, forms, law_fit_workers")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="limit of each training launch")
     args = ap.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -285,6 +318,10 @@ def main() -> int:
         for k, v in result["forms"].items():
             print(f"{k:26s} in-sample R2 {v['in_sample']['r2']:.3f} | unseen N {v['unseen_N']['r2']} "
                   f"D {v['unseen_D']['r2']} r {v['unseen_r']['r2']} | fit {v['fit_wall_s']} s")
+    if "law_fit_workers" not in skip:
+        with _phase(phases, "law_fit_workers"):
+            result["law_fit_workers"] = {**law_fit_workers(args.lake), **stamp}
+        print(json.dumps(result["law_fit_workers"], indent=1), flush=True)
     write_results(result, out, default=float)   # numpy scalars as numbers
     return 0
 
