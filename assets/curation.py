@@ -281,6 +281,24 @@ def decontam_eval(bench: pl.DataFrame, pool: list[str], params, embedder=None, p
     return evaluate(rows, det.run([r["problem"] for r in rows]))
 
 
+def decontam_tables(df: pl.DataFrame, bench: pl.DataFrame, flags: list) -> tuple[pl.DataFrame, pl.DataFrame, pl.Series]:
+    """(kept, report, removed mask) of a decontamination: ``df``'s rows without the flagged ones, and the
+    contamination report (one row per removal: the row, the benchmark item and its text, layer, score,
+    needs_review, judge_reply); ``flags`` one detector result per row of ``df`` (None: clean)."""
+    mask = pl.Series([f is not None for f in flags], dtype=pl.Boolean)
+    flagged = [f or {} for f in flags]
+    report = df.select("problem_id", "source", "record", "problem").with_columns(
+        benchmark=pl.Series([f.get("benchmark") for f in flagged], dtype=pl.String),
+        item_id=pl.Series([f.get("item_id") for f in flagged], dtype=pl.String),
+        layer=pl.Series([f.get("layer") for f in flagged], dtype=pl.String),
+        score=pl.Series([f.get("score") for f in flagged], dtype=pl.Float64),
+        needs_review=pl.Series([bool(f.get("needs_review")) for f in flagged], dtype=pl.Boolean),
+        judge_reply=pl.Series([f.get("judge_reply") for f in flagged], dtype=pl.String),
+    ).filter(mask)
+    report = report.join(bench.select("item_id", benchmark_problem="problem"), on="item_id", how="left")
+    return df.filter(~mask), report, mask
+
+
 @dg.multi_asset(
     specs=[
         dg.AssetSpec("decontaminated_problems", deps=["near_deduped_problems", "benchmark_problems"], group_name=GROUP,
@@ -311,18 +329,7 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
     t0 = time.perf_counter()
     flags = det.run_stable(df["problem"].to_list())
     wall = time.perf_counter() - t0
-    mask = pl.Series([f is not None for f in flags], dtype=pl.Boolean)
-    flagged = [f or {} for f in flags]
-    report = df.select("problem_id", "source", "record", "problem").with_columns(
-        benchmark=pl.Series([f.get("benchmark") for f in flagged], dtype=pl.String),
-        item_id=pl.Series([f.get("item_id") for f in flagged], dtype=pl.String),
-        layer=pl.Series([f.get("layer") for f in flagged], dtype=pl.String),
-        score=pl.Series([f.get("score") for f in flagged], dtype=pl.Float64),
-        needs_review=pl.Series([bool(f.get("needs_review")) for f in flagged], dtype=pl.Boolean),
-        judge_reply=pl.Series([f.get("judge_reply") for f in flagged], dtype=pl.String),
-    ).filter(mask)
-    report = report.join(bench.select("item_id", benchmark_problem="problem"), on="item_id", how="left")
-    kept = df.filter(~mask)
+    kept, report, mask = decontam_tables(df, bench, flags)
     # ground truth: MATH-500 is a verbatim subset of the MATH test set
     m500 = set(normalize(p) for p in bench.filter(pl.col("benchmark") == "math500")["problem"].to_list())
     is_math = (df["source"] == "math_test").to_numpy()

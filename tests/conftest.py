@@ -187,3 +187,34 @@ def stack_domains(tables: dict) -> dict:
     out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     out["domain"] = np.repeat(list(tables), [len(p["tokens"]) for p in parts])
     return out
+
+
+def planted_decontam_corpus(benchmark: list[dict], math_test_rows: list[dict]) -> list[dict]:
+    """Rows for the decontamination tests beyond one machine: 600 real MATH test problems (the MATH-500 items
+    among them are verbatim copies), the labelled set's planted contaminants of MATH-500 (light edits, escaped
+    copies, template siblings, rephrasings; ops.curation.decontam_set, 15 per kind) with its 10 hand-written clean
+    rows, and two templates of 60 rows each, the case the training-side frequency cap (``max_train_df`` = 50) is
+    for: ``exemplar``, MATH-500's math500/86 pasted as a worked example before a real MATH problem outside MATH-500, and
+    ``fragment``, the opening 42% of math500/9's words with a different closing line. Dicts with ``problem_id``,
+    ``source``, ``record``, ``problem`` and ``kind``."""
+    import random
+
+    from ops.curation.decontam_set import labelled_set
+
+    from ops.curation.text import normalize
+
+    rng = random.Random(0)
+    m500 = {b["item_id"]: b["problem"] for b in benchmark if b["benchmark"] == "math500"}
+    others = [r for r in math_test_rows[600:] if normalize(r["problem"]) not in {normalize(t) for t in m500.values()}]
+    rows = [{"source": "math_test", "record": r["record"], "problem": r["problem"], "kind": "real"}
+            for r in math_test_rows[:600]]
+    rows += [{"source": "planted", "record": f"{r['kind']}/{i}", "problem": r["problem"], "kind": r["kind"]}
+             for i, r in enumerate(labelled_set(benchmark, None, per_kind=15))]
+    rows += [{"source": "planted", "record": f"exemplar/{i}", "kind": "exemplar",
+              "problem": f"Worked example: {m500['math500/86']}\n\nNow solve: {r['problem']}"}
+             for i, r in enumerate(rng.sample(others, 60))]
+    words = m500["math500/9"].split(" ")
+    opening = " ".join(words[: int(0.42 * len(words))])
+    rows += [{"source": "planted", "record": f"fragment/{i}", "kind": "fragment",
+              "problem": f"{opening} Answer for case {i}."} for i in range(60)]
+    return [{"problem_id": f"p{i:04d}", **r} for i, r in enumerate(rows)]

@@ -52,6 +52,10 @@ stored as ``\\\\frac`` or typeset with ``\\dfrac``/``\\left(`` is still a copy (
 Policies: ``strict`` (default) runs every layer; ``ngram`` runs layers 1-3, the behaviour before
 siblings and rephrasings counted (``match_normalization=False`` also restores the former light
 normalisation, for comparison only).
+
+Layers 2, 4 and 5 and the judge's budget read counts over the corpus (``ngram_df``, ``sibling_df``,
+``semantic_df``); :mod:`ops.curation.decontam_shard` runs the layers on shards of the corpus and merges those
+counts between them, and :meth:`Decontaminator.run` is that code with one shard.
 """
 
 from __future__ import annotations
@@ -216,29 +220,53 @@ def _gram_table_part(texts: list[str], offset: int, n: int, min_words: int, mask
     return table.group_by("doc", "gram").agg(pl.col("informative").max())
 
 
-def _uni_bigram_counts(texts: list[str]):
-    """Shape (len(texts), V) float32 CSR counts of every text's unigrams and bigrams of its tokens
-    (:data:`ops.curation.text.TOKEN_PATTERN`) that start with a letter, a digit or a backslash; columns are
-    the features in sorted order, as scikit-learn's ``CountVectorizer`` numbers them (vectorised in Polars:
-    the semantic prefilter's TF-IDF over a million rows)."""
+def uni_bigram_frame(texts: list[str], offset: int = 0):
+    """Every text's unigrams and bigrams of its tokens (:data:`ops.curation.text.TOKEN_PATTERN`) that start
+    with a letter, a digit or a backslash, counted: a Polars frame ``doc`` (u32, text index + ``offset``),
+    ``feat`` (str), ``c`` (u32 occurrences), one row per distinct (doc, feat). The semantic prefilter's
+    TF-IDF features, vectorised in Polars (a million rows); a feature's document frequency is its row count,
+    so frames of disjoint shards add up to the corpus's (:mod:`ops.curation.decontam_shard`)."""
     import polars as pl
-    from scipy import sparse
 
-    n = len(texts)
     toks = (pl.DataFrame({"tok": pl.Series(texts, dtype=pl.String).str.extract_all(TOKEN_PATTERN)})
-            .with_row_index("doc").explode("tok").drop_nulls("tok")
+            .with_row_index("doc", offset=offset).explode("tok").drop_nulls("tok")
             .filter(pl.col("tok").str.contains(r"^[\p{L}\p{N}\\]")))
     nxt = pl.col("tok").shift(-1).over("doc")
     feats = pl.concat([toks.select("doc", feat="tok"),
                        toks.select("doc", feat=pl.col("tok") + " " + nxt).drop_nulls("feat")])
-    counts = feats.group_by("doc", "feat").agg(c=pl.len()).with_columns(j=pl.col("feat").rank("dense") - 1)
+    return feats.group_by("doc", "feat").agg(c=pl.len())
+
+
+def counts_matrix(counts, n: int):
+    """(x, vocab): shape (n, V) float32 CSR counts from a :func:`uni_bigram_frame` frame (docs 0..n-1), columns
+    the features in sorted order as scikit-learn's ``CountVectorizer`` numbers them, and the feature of every
+    column (a Polars String Series of length V). Any subset of a corpus's features keeps their relative order,
+    so a row's products and sums run in the same order in a shard as in the whole corpus."""
+    import polars as pl
+    from scipy import sparse
+
     if not counts.height:
-        return sparse.csr_matrix((n, 0), dtype=np.float32)
+        return sparse.csr_matrix((n, 0), dtype=np.float32), pl.Series("feat", [], dtype=pl.String)
+    counts = counts.with_columns(j=pl.col("feat").rank("dense") - 1)
     x = sparse.csr_matrix((counts["c"].to_numpy().astype(np.float32),
                            (counts["doc"].to_numpy().astype(np.int64), counts["j"].to_numpy().astype(np.int64))),
                           shape=(n, int(counts["j"].max()) + 1))
     x.sort_indices()
-    return x
+    vocab = counts.select("j", "feat").unique("j").sort("j")["feat"]
+    return x, vocab
+
+
+def smooth_idf(df: np.ndarray, n_docs: int, dtype=np.float32) -> np.ndarray:
+    """scikit-learn's smoothed IDF, ``ln((1 + n) / (1 + df)) + 1``, computed in the same order and dtype as
+    ``TfidfTransformer(smooth_idf=True).fit`` (so the same bits): ``df`` shape (V,) document frequencies
+    (ints), ``n_docs`` the documents counted. Returns shape (V,) ``dtype``."""
+    d = np.asarray(df).astype(dtype, copy=True)
+    d += 1.0
+    idf = np.full_like(d, fill_value=int(n_docs) + 1, dtype=dtype)
+    idf /= d
+    np.log(idf, out=idf)
+    idf += 1.0
+    return idf
 
 
 def all_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
@@ -310,15 +338,19 @@ class MiniLMEmbedder:
         batch_size: texts per forward pass (sentence-transformers sorts them by length first).
         cache_path: optional Parquet file of embeddings already computed (sha1 of the text -> vector) for this
             model and ``max_tokens``; read at the first ``encode``, rewritten atomically with the new rows.
+        read_paths: more such files, only read (a shard of the sharded path reads the single-process cache and
+            writes its own file, so that shards running at once never rewrite one file).
     Raises:
         RuntimeError: on first use, when the package is not installed (names it and the ``ngram`` policy).
     """
 
     name = EMBEDDING_MODEL
 
-    def __init__(self, max_tokens: int = 128, batch_size: int = 64, cache_path=None):
+    def __init__(self, max_tokens: int = 128, batch_size: int = 64, cache_path=None, read_paths=()):
         self.max_tokens, self.batch_size, self.cache_path = max_tokens, batch_size, cache_path
+        self.read_paths = list(read_paths)
         self._cache: dict[str, np.ndarray] | None = None
+        self._own: set[str] = set()  # keys of cache_path's file (what encode rewrites)
         self.encoded = 0  # texts actually run through the model (cache misses)
 
     def model(self):
@@ -337,20 +369,27 @@ class MiniLMEmbedder:
                 _MODELS[self.max_tokens] = m
         return m
 
+    def _read(self, path) -> dict[str, np.ndarray]:
+        from pathlib import Path
+
+        import polars as pl
+
+        p = Path(path)
+        if not p.exists():
+            return {}
+        df = pl.read_parquet(p)
+        if not (df.height and df["max_tokens"][0] == self.max_tokens and df["model"][0] == self.name):
+            return {}
+        return dict(zip(df["key"].to_list(), np.asarray(df["vector"].to_list(), dtype=np.float32)))
+
     def _load_cache(self) -> dict[str, np.ndarray]:
         if self._cache is None:
+            own = self._read(self.cache_path) if self.cache_path is not None else {}
+            self._own = set(own)
             self._cache = {}
-            if self.cache_path is not None:
-                from pathlib import Path
-
-                import polars as pl
-
-                p = Path(self.cache_path)
-                if p.exists():
-                    df = pl.read_parquet(p)
-                    if df.height and df["max_tokens"][0] == self.max_tokens and df["model"][0] == self.name:
-                        vecs = np.asarray(df["vector"].to_list(), dtype=np.float32)
-                        self._cache = dict(zip(df["key"].to_list(), vecs))
+            for path in self.read_paths:
+                self._cache.update(self._read(path))
+            self._cache.update(own)
         return self._cache
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -370,12 +409,14 @@ class MiniLMEmbedder:
                                           normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
             self.encoded += len(missing)
             cache.update(zip(missing, np.asarray(emb, dtype=np.float32)))
+            self._own.update(missing)
             if self.cache_path is not None:
                 import polars as pl
 
                 from ops.lake import write_parquet_atomic
 
-                write_parquet_atomic(pl.DataFrame({"key": list(cache), "vector": [v.tolist() for v in cache.values()],
+                keys_own = [k for k in cache if k in self._own]
+                write_parquet_atomic(pl.DataFrame({"key": keys_own, "vector": [cache[k].tolist() for k in keys_own],
                                                    "model": self.name, "max_tokens": self.max_tokens}),
                                      self.cache_path)
         if not texts:
@@ -476,6 +517,7 @@ class Decontaminator:
         self._sib = None  # the sibling layer's benchmark gram tables, built on first use
         self._bgrams = None  # the n-gram layer's benchmark gram table, built on first use
         self._half = None  # the half-ngram layer's item gram table, built on first use
+        self._sem_bench = None  # the semantic items' uni- and bigram counts, built on first use
         self.sem_items = [i for i, b in enumerate(benchmark) if b.get("benchmark") in set(cfg.semantic_benchmarks)]
 
     # -- layers ------------------------------------------------------------------------------------------------
@@ -489,46 +531,36 @@ class Decontaminator:
 
         ``self.stats`` then holds the seconds per layer, the semantic layer's prefiltered pairs and
         embedded texts, and the judge's counts (asked, yes, no, unparseable, failed, over_budget).
-        """
-        cfg = self.cfg
-        out: list[dict | None] = [None] * len(problems)
-        stats = self.stats = {"seconds": {}, "semantic": {}, "judge": {}}
 
+        The run is one shard of :mod:`ops.curation.decontam_shard` that merges only its own corpus statistics:
+        the sharded path runs the same steps on every shard with the statistics summed over all of them.
+        """
+        from .decontam_shard import DecontamShard, run_shards
+
+        shard = DecontamShard(self, problems, max_rounds=1, skip=skip)
+        run_shards(self, [shard])
+        self.stats = shard.summary(stable=False)
+        return shard.flags
+
+    def _flagger(self, out: list):
+        """The ``flag(i, bi, layer, score, **extra)`` the layers call: row ``i`` of ``out`` matched item ``bi``."""
         def flag(i, bi, layer, score, **extra):
             b = self.items[bi]
             out[i] = {"benchmark": b["benchmark"], "item_id": b["item_id"], "layer": layer, "score": float(score),
                       "needs_review": False, "judge_reply": None, **extra}
 
-        t0 = time.perf_counter()
-        norm = self._normed(problems)
-        # layer 1: exact and short-item keys
-        for i, t in enumerate(norm if "exact" not in skip else ()):
-            bi = self.exact.get(" ".join(_TOKEN.findall(t)) if cfg.match_normalization else t)
+        return flag
+
+    def _exact_layer(self, norm, out, flag):
+        """Layer 1: equal token sequences, or the compact key of a short benchmark item."""
+        for i, t in enumerate(norm):
+            if out[i] is not None:
+                continue
+            bi = self.exact.get(" ".join(_TOKEN.findall(t)) if self.cfg.match_normalization else t)
             if bi is None:
                 bi = self.short.get(compact(t))
             if bi is not None:
                 flag(i, bi, "exact", 1.0)
-        stats["seconds"]["exact"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self._ngram_layer(norm, out, flag)
-        stats["seconds"]["ngram"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if "minhash" not in skip:
-            self._minhash_layer(norm, out, flag)
-        stats["seconds"]["minhash"] = time.perf_counter() - t0
-        if "sibling" in cfg.layers:
-            t0 = time.perf_counter()
-            self._sibling_layer(norm, problems, out, flag)
-            stats["seconds"]["sibling"] = time.perf_counter() - t0
-        if "semantic" in cfg.layers:
-            t0 = time.perf_counter()
-            self._semantic_layer(norm, problems, out, flag)
-            stats["seconds"]["semantic"] = time.perf_counter() - t0
-        if "half-ngram" in cfg.layers and "half-ngram" not in skip:
-            t0 = time.perf_counter()
-            self._half_ngram_layer(norm, problems, out, flag)
-            stats["seconds"]["half-ngram"] = time.perf_counter() - t0
-        return out
 
     def _bench_normed(self, texts: list[str]) -> list[str]:
         """Matching forms of benchmark texts, shared by every detector of this process (the asset, its check and the
@@ -585,48 +617,61 @@ class Decontaminator:
         ``no_benchmark_overlap`` check re-runs the detector on the output, and this makes the output a fixed
         point of it. Rounds after the first skip the :attr:`ROW_LOCAL` layers (their verdicts cannot change).
         ``self.stats`` holds the first round's figures plus ``rounds`` and the seconds of all rounds.
+        A round r >= 3 runs only when round r - 1 flagged a row (round 2 always runs).
         """
-        out = self.run(problems)
-        first = self.stats
-        total = dict(first["seconds"])
-        rounds = 1
-        while rounds < max_rounds:
-            rest = [i for i, f in enumerate(out) if f is None]
-            more = self.run([problems[i] for i in rest], skip=self.ROW_LOCAL)
-            for k, v in self.stats["seconds"].items():
-                total[k] = total.get(k, 0.0) + v
-            rounds += 1
-            new = [(i, f) for i, f in zip(rest, more) if f is not None]
-            for i, f in new:
-                out[i] = f
-            if not new:
-                break
-        self.stats = {**first, "seconds": total, "rounds": rounds}
-        return out
+        from .decontam_shard import DecontamShard, run_shards
+
+        shard = DecontamShard(self, problems, max_rounds=max_rounds)
+        run_shards(self, [shard])
+        self.stats = shard.summary(stable=True)
+        return shard.flags
 
     def _bench_grams(self):
-        """The n-gram layer's benchmark side: every item's word n-grams (``informative`` flagged) and their counts."""
+        """The n-gram layer's benchmark side: every item's word n-grams (``informative`` flagged) and their counts,
+        the informative ones as (gram, item), and the informative grams of fewer than ``max_benchmark_df`` items."""
         if self._bgrams is None:
-            self._bgrams = gram_table(self.bnorm, self.cfg.ngram, self.cfg.min_words)
+            import polars as pl
+
+            bench, bcount = gram_table(self.bnorm, self.cfg.ngram, self.cfg.min_words)
+            binf = bench.filter(pl.col("informative")).select("gram", item="doc")
+            rare_b = (binf.group_by("gram").agg(bdf=pl.len()).filter(pl.col("bdf") < self.cfg.max_benchmark_df)
+                      .select("gram"))
+            self._bgrams = (bench, bcount, binf, rare_b)
         return self._bgrams
 
-    def _ngram_layer(self, norm, out, flag):
+    def ngram_rows(self, norm: list[str]):
+        """(table, grams_per_row): the :func:`gram_table` of the n-gram layer over texts in matching form."""
+        return gram_table(norm, self.cfg.ngram, self.cfg.min_words)
+
+    def ngram_df(self, rows):
+        """The training-side document frequencies behind ``max_train_df`` in the n-gram layer: for every n-gram
+        informative in fewer than ``max_benchmark_df`` benchmark items, the rows of ``rows`` (a :meth:`ngram_rows`
+        table) that hold it as informative. Polars frame ``gram`` (u64), ``n`` (i64); frames of disjoint row sets
+        add up to the frame of their union."""
+        import polars as pl
+
+        return (rows.filter(pl.col("informative")).join(self._bench_grams()[3], on="gram", how="semi")
+                .group_by("gram").agg(n=pl.len().cast(pl.Int64)))
+
+    def _ngram_layer(self, norm, out, flag, tdf=None, rows=None):
         """Layer 2 as Polars joins over hashed n-grams (:func:`gram_table`): candidates through informative n-grams
         rare on both sides (fewer than ``max_benchmark_df`` items and ``max_train_df`` rows, counted over every
-        row), then containment of all n-grams over the smaller set; the best item per row (the smaller item index
-        on a tie)."""
+        row of the round), then containment of all n-grams over the smaller set; the best item per row (the
+        smaller item index on a tie).
+
+        ``tdf``: the round's :meth:`ngram_df` over the whole corpus (every shard's, summed); None: ``norm`` is the
+        whole corpus. ``rows``: ``norm``'s :meth:`ngram_rows`, when already computed."""
         import polars as pl
 
         cfg = self.cfg
-        rows, rcount = gram_table(norm, cfg.ngram, cfg.min_words)
-        bench, bcount = self._bench_grams()
-        binf = bench.filter(pl.col("informative")).select("gram", item="doc")
-        bdf = binf.group_by("gram").agg(bdf=pl.len())
-        rinf = rows.filter(pl.col("informative")).select("doc", "gram").join(bdf, on="gram")
-        tdf = rinf.group_by("gram").agg(tdf=pl.len())
-        rare = bdf.join(tdf, on="gram").filter((pl.col("bdf") < cfg.max_benchmark_df) & (pl.col("tdf") < cfg.max_train_df))
+        rows, rcount = rows if rows is not None else self.ngram_rows(norm)
+        bench, bcount, binf, rare_b = self._bench_grams()
+        if tdf is None:
+            tdf = self.ngram_df(rows)
+        rare = tdf.filter(pl.col("n") < cfg.max_train_df).select("gram").join(rare_b, on="gram", how="semi")
+        rinf = rows.filter(pl.col("informative")).select("doc", "gram")
         clean = pl.DataFrame({"doc": np.array([i for i, f in enumerate(out) if f is None], dtype=np.uint32)})
-        cand = (rinf.join(clean, on="doc", how="semi").join(rare.select("gram"), on="gram", how="semi")
+        cand = (rinf.join(clean, on="doc", how="semi").join(rare, on="gram", how="semi")
                 .join(binf, on="gram").select("doc", "item").unique())
         if not cand.height:
             return
@@ -679,22 +724,43 @@ class Decontaminator:
             self._sib = (masked, mcount, plain, pcount)
         return self._sib
 
-    def _sibling_layer(self, norm, problems, out, flag):
-        import polars as pl
-
+    def sibling_rows(self, norm, problems, out):
+        """(rest, masked, plain): the rows of the round still clean (indices into ``norm``) and the masked and
+        plain :func:`gram_table` of their question stems (:func:`stem`), in matching form."""
         cfg = self.cfg
         rest = [i for i in range(len(norm)) if out[i] is None]
-        if not rest:
-            return
-        bmasked, mcount, bplain, pcount = self._sibling_tables()
         stems = self._normed([stem(problems[i]) for i in rest])
         tmasked, _ = gram_table(stems, cfg.ngram, cfg.min_words, mask=True)
         tplain, _ = gram_table(stems, cfg.ngram, cfg.min_words)
+        return rest, tmasked, tplain
+
+    def sibling_df(self, tmasked):
+        """The training-side document frequencies behind ``max_train_df`` in the sibling layer: for every masked
+        stem n-gram of fewer than ``max_benchmark_df`` benchmark items, the rows of ``tmasked`` (the masked table
+        of :meth:`sibling_rows`: the rows still clean after layers 1-3) holding it. Polars frame ``gram`` (u64),
+        ``n`` (i64); additive over disjoint row sets."""
+        import polars as pl
+
+        rare_b = self._sibling_tables()[0].filter(pl.col("df") < self.cfg.max_benchmark_df).select("gram").unique()
+        return tmasked.join(rare_b, on="gram", how="semi").group_by("gram").agg(n=pl.len().cast(pl.Int64))
+
+    def _sibling_layer(self, norm, problems, out, flag, tdf=None, tables=None):
+        """Layer 4 (template siblings). ``tdf``: the round's :meth:`sibling_df` over the whole corpus (every shard's,
+        summed); None: ``norm`` is the whole corpus. ``tables``: :meth:`sibling_rows`, when already computed."""
+        import polars as pl
+
+        cfg = self.cfg
+        rest, tmasked, tplain = tables if tables is not None else self.sibling_rows(norm, problems, out)
+        if not rest:
+            return
+        bmasked, mcount, bplain, pcount = self._sibling_tables()
+        if tdf is None:
+            tdf = self.sibling_df(tmasked)
         # masked: shared stem n-grams / the item's, counting only n-grams that are rare on both sides (fewer than
         # max_benchmark_df items, max_train_df rows: a template of the corpus or an answer-format line is no
         # evidence), with at least one informative n-gram among them
         rare_b = bmasked.filter(pl.col("df") < cfg.max_benchmark_df).select("gram", item="doc")
-        tmasked = tmasked.with_columns(tdf=pl.len().over("gram")).filter(pl.col("tdf") < cfg.max_train_df)
+        tmasked = tmasked.join(tdf.filter(pl.col("n") < cfg.max_train_df).select("gram"), on="gram", how="semi")
         m = (tmasked.join(rare_b, on="gram")
              .group_by("doc", "item").agg(shared=pl.len(), informative=pl.col("informative").any())
              .filter(pl.col("informative")))
@@ -717,18 +783,62 @@ class Decontaminator:
         t = self.bnorm[bi]
         return _ASY.sub(" ", t) if "[asy]" in t else t
 
-    def _prefilter(self, rows: list[int], norm: list[str]) -> list[tuple[int, int, float]]:
+    def semantic_rows(self, norm, out):
+        """(rows, forms): the semantic layer's rows (still clean, with text left once Asymptote code is dropped)
+        and every row's form it compares (the matching form without Asymptote code)."""
+        forms = [_ASY.sub(" ", t) if "[asy]" in t else t for t in norm]
+        return [i for i in range(len(forms)) if out[i] is None and forms[i].strip()], forms
+
+    def semantic_counts(self, rows, forms):
+        """The :func:`uni_bigram_frame` of the semantic layer's rows (docs numbered in ``rows`` order); empty when
+        there is no ``semantic_benchmarks`` item to compare with."""
+        return uni_bigram_frame([forms[i] for i in rows] if self.sem_items else [])
+
+    @staticmethod
+    def semantic_df(counts):
+        """The prefilter's TF-IDF document frequencies over the semantic rows of ``counts`` (a
+        :meth:`semantic_counts` frame): Polars ``feat`` (str), ``n`` (i64), additive over disjoint row sets; with
+        the number of rows (also a sum) it gives the corpus IDF (:func:`smooth_idf`)."""
+        import polars as pl
+
+        return counts.group_by("feat").agg(n=pl.len().cast(pl.Int64))
+
+    def _sem_bench_counts(self):
+        if self._sem_bench is None:
+            self._sem_bench = uni_bigram_frame([self._sem_text(b) for b in self.sem_items])
+        return self._sem_bench
+
+    def _prefilter(self, rows: list[int], norm: list[str], df=None, n_rows: int | None = None,
+                   counts=None) -> list[tuple[int, int, float]]:
         """(row, benchmark item, TF-IDF cosine) pairs: of each row's ``semantic_top_k`` nearest semantic items,
         those with cosine >= ``semantic_prefilter``, or >= ``semantic_floor`` and ``semantic_margin`` times the
-        next item's (a rephrasing shares few exact words with its item, but far more than with any other)."""
+        next item's (a rephrasing shares few exact words with its item, but far more than with any other).
+
+        ``df``, ``n_rows``: the corpus's :meth:`semantic_df` and semantic row count (every shard's, summed); None:
+        ``rows`` are the whole corpus. ``counts``: the rows' :meth:`semantic_counts`, when already computed."""
+        import polars as pl
         from sklearn.feature_extraction.text import TfidfTransformer
 
         cfg = self.cfg
         items = self.sem_items
-        btext = [self._sem_text(b) for b in items]
         # = TfidfVectorizer(analyzer=word uni- and bigrams of tokens starting with a letter, a digit or "\\",
-        # sublinear_tf=True, dtype=float32).fit_transform: the counts in Polars, the weights by scikit-learn
-        x = TfidfTransformer(sublinear_tf=True).fit_transform(_uni_bigram_counts([norm[i] for i in rows] + btext))
+        # sublinear_tf=True, dtype=float32).fit_transform over the rows and the items: the counts in Polars, the
+        # weights by scikit-learn, the IDF from the corpus's document frequencies (the same bits on one shard)
+        if counts is None:
+            counts = uni_bigram_frame([norm[i] for i in rows])
+        bench = self._sem_bench_counts().with_columns(doc=pl.col("doc") + len(rows))
+        x, vocab = counts_matrix(pl.concat([counts, bench]), len(rows) + len(items))
+        if not x.shape[1]:
+            return []
+        dfb = np.bincount(x[len(rows) :].indices, minlength=x.shape[1])
+        if df is None:
+            dfr, n_rows = np.bincount(x[: len(rows)].indices, minlength=x.shape[1]), len(rows)
+        else:
+            dfr = (pl.DataFrame({"j": np.arange(len(vocab)), "feat": vocab}).join(df, on="feat", how="left")
+                   .sort("j")["n"].fill_null(0).to_numpy())
+        tfidf = TfidfTransformer(sublinear_tf=True).fit(x)
+        tfidf.idf_ = smooth_idf(dfr + dfb, n_rows + len(items), dtype=x.dtype)
+        x = tfidf.transform(x)
         xt = x[: len(rows)]
         xb = x[len(rows) :].T.tocsc()
         k = min(cfg.semantic_top_k, len(items))
@@ -753,20 +863,22 @@ class Decontaminator:
                 pairs.append((rows[s0 + r], items[order[r, c]], float(top[r, c])))
         return pairs
 
-    def _semantic_layer(self, norm, problems, out, flag):
+    def _semantic_layer(self, norm, out, flag, df=None, n_rows: int | None = None, counts=None) -> list:
+        """Layer 5 (rephrasings): prefilter, embed, flag at ``semantic_threshold``. Returns the borderline
+        (cosine, row, item) triples, cosine in [``judge_low``, ``semantic_threshold``), for the judge
+        (:meth:`judge_borderline`). ``df``, ``n_rows``, ``counts``: as :meth:`_prefilter`."""
         cfg = self.cfg
         st = self.stats["semantic"]
-        norm = [_ASY.sub(" ", t) if "[asy]" in t else t for t in norm]
-        rows = [i for i in range(len(norm)) if out[i] is None and norm[i].strip()]
+        rows, norm = self.semantic_rows(norm, out)
         st.update(rows=len(rows), pairs=0, texts_embedded=0, flagged=0, borderline=0)
         if not rows or not self.sem_items:
-            return
+            return []
         t0 = time.perf_counter()
-        pairs = self._prefilter(rows, norm)
+        pairs = self._prefilter(rows, norm, df=df, n_rows=n_rows, counts=counts)
         st["prefilter_s"] = time.perf_counter() - t0
         st["pairs"] = len(pairs)
         if not pairs:
-            return
+            return []
         t0 = time.perf_counter()
         emb = self.embedder or MiniLMEmbedder(cfg.semantic_max_tokens)
         urows = sorted({r for r, _, _ in pairs})
@@ -789,30 +901,39 @@ class Decontaminator:
             elif cos >= cfg.judge_low:
                 borderline.append((cos, r, b))
         st["borderline"] = len(borderline)
-        if cfg.judge and borderline:
-            self._judge_layer(sorted(borderline, reverse=True), problems, out, flag)
+        return borderline
 
-    def _judge_layer(self, borderline, problems, out, flag):
+    def judge_borderline(self, entries: list[tuple[float, int, str, int]]) -> tuple[list[tuple], dict]:
+        """Layer 7 (``judge`` on), over the borderline pairs of the whole corpus at once: ``entries`` are
+        (cosine, row key, row problem, item index), best first (cosine, then row key, then item, all descending);
+        the first ``judge_max_pairs`` go to the judge in one call (``judge_timeout_s``), the rest fail closed.
+
+        Returns:
+            (verdicts, counts): (row key, item index, layer, cosine, needs_review, judge_reply) for every row the
+            layer removes (``llm-judge`` on yes, ``llm-judge-fail-closed`` otherwise; a clear no keeps the row),
+            and the judge's counts (asked, yes, no, unparseable, failed, over_budget, error).
+        """
         cfg = self.cfg
-        js = self.stats["judge"]
-        asked, over = borderline[: cfg.judge_max_pairs], borderline[cfg.judge_max_pairs :]
-        js.update(asked=len(asked), yes=0, no=0, unparseable=0, failed=0, over_budget=len(over), error=None)
+        asked, over = entries[: cfg.judge_max_pairs], entries[cfg.judge_max_pairs :]
+        js = {"asked": len(asked), "yes": 0, "no": 0, "unparseable": 0, "failed": 0, "over_budget": len(over), "error": None}
         replies, error = ([None] * len(asked), "no judge configured") if self.judge is None else \
-            _call_judge(self.judge, [(problems[r], self.items[b]["problem"]) for _, r, b in asked], cfg.judge_timeout_s)
+            _call_judge(self.judge, [(p, self.items[b]["problem"]) for _, _, p, b in asked], cfg.judge_timeout_s)
         js["error"] = error
-        for (cos, r, b), reply in zip(asked, replies):
+        verdicts = []
+        for (cos, key, _, b), reply in zip(asked, replies):
             verdict = parse_judge_reply(reply)
             if verdict is True:
                 js["yes"] += 1
-                flag(r, b, "llm-judge", cos, judge_reply=reply)
+                verdicts.append((key, b, "llm-judge", cos, False, reply))
             elif verdict is False:
                 js["no"] += 1
             else:
                 js["failed" if reply is None else "unparseable"] += 1
-                flag(r, b, "llm-judge-fail-closed", cos, needs_review=True,
-                     judge_reply=reply if reply is not None else f"<no reply: {error or 'failed'}>")
-        for cos, r, b in over:
-            flag(r, b, "llm-judge-fail-closed", cos, needs_review=True, judge_reply="<not judged: judge_max_pairs reached>")
+                verdicts.append((key, b, "llm-judge-fail-closed", cos, True,
+                                 reply if reply is not None else f"<no reply: {error or 'failed'}>"))
+        for cos, key, _, b in over:
+            verdicts.append((key, b, "llm-judge-fail-closed", cos, True, "<not judged: judge_max_pairs reached>"))
+        return verdicts, js
 
 
 def layer_counts(flags: list[dict | None]) -> dict[str, int]:
