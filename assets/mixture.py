@@ -434,14 +434,15 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     manifest = json.loads((lake.base / "cpt_tokenizer" / "manifest.json").read_text())
     sub = subdomain_points(runs, manifest["subdomain_share"], config.min_subdomain_share)
     domains = sorted(sub["domain"].unique().to_list()) if sub.height else []
+    domains = domains if len(domains) >= 3 else []  # the Cross-Domain law needs 2 training domains per fold
     # Every fit below is independent of the others: one task each, the longest first.
     tasks = [(("boot", t), law.bootstrap, (pts, t, chosen), {"n_boot": config.n_boot, "huber_delta": config.huber_delta})
              for t in law.TARGETS]
     tasks += [(("gen", t), law.generalisation, (pts, t, chosen),
                {"huber_delta": config.huber_delta, "holdout_last_k": config.holdout_last_k}) for t in law.TARGETS]
-    if len(domains) >= 3:  # Cross-Domain D-CPT Law over the math sub-domains, leave-one-domain-out
-        tasks += [(("cross", held), law.leave_one_domain_out, (sub, held), {"huber_delta": config.huber_delta, "early_checkpoints": config.early_checkpoints})
-                  for held in domains]
+    # Cross-Domain D-CPT Law over the math sub-domains, leave-one-domain-out
+    tasks += [(("cross", held), law.leave_one_domain_out, (sub, held),
+               {"huber_delta": config.huber_delta, "early_checkpoints": config.early_checkpoints}) for held in domains]
     tasks += [(("fit", t, f), law.fit_law, (pts, t, f), {"huber_delta": config.huber_delta})
               for t in law.TARGETS for f in forms]
     done = _run_tasks(tasks, config.workers)
@@ -460,7 +461,7 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
             gen_rows.append({"target": target, "axis": axis, "huber": m.get("huber"), "r2": m.get("r2"),
                              "mare": m.get("mare"), "n_test": m.get("n_test"), "skipped": m.get("skipped")})
     boots = {t: done[("boot", t)] for t in law.TARGETS}
-    cross_rows = [done[("cross", held)] for held in domains if ("cross", held) in done]
+    cross_rows = [done[("cross", held)] for held in domains]
     cross = pl.DataFrame(cross_rows)
     base_loss = {}
     for s in sorted(runs["size"].unique().to_list()):
