@@ -200,12 +200,12 @@ def planted_decontam_corpus(benchmark: list[dict], math_test_rows: list[dict]) -
     import random
 
     from ops.curation.decontam_set import labelled_set
-
     from ops.curation.text import normalize
 
     rng = random.Random(0)
     m500 = {b["item_id"]: b["problem"] for b in benchmark if b["benchmark"] == "math500"}
-    others = [r for r in math_test_rows[600:] if normalize(r["problem"]) not in {normalize(t) for t in m500.values()}]
+    m500_normed = {normalize(t) for t in m500.values()}
+    others = [r for r in math_test_rows[600:] if normalize(r["problem"]) not in m500_normed]
     rows = [{"source": "math_test", "record": r["record"], "problem": r["problem"], "kind": "real"}
             for r in math_test_rows[:600]]
     rows += [{"source": "planted", "record": f"{r['kind']}/{i}", "problem": r["problem"], "kind": r["kind"]}

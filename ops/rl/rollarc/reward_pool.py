@@ -172,8 +172,9 @@ def _deployment(serve, options: dict, attempts: int = 5):
     pickles the router class and unregisters the module: a process-global registry with no lock. When
     another thread of this process builds one at the same moment (a Serve thread: a running pool's
     router deserialises one from each deployment-config update it receives), the second unregister
-    raises ``ValueError: ... is not registered for pickle by value`` (seen in CI with Ray 2.60). Nothing is half-done by then, so the
-    build is simply repeated, up to ``attempts`` times, 50 ms apart. Any other error is raised at once.
+    raises ``ValueError: ... is not registered for pickle by value`` (seen in CI with Ray 2.60).
+    Nothing is half-done by then, so the build is simply repeated, up to ``attempts`` times, 50 ms
+    apart. Any other error is raised at once.
     """
     for attempt in range(attempts):
         try:
