@@ -1,26 +1,33 @@
 """One source for each config (docs/architecture.md, "Configuration").
 
-Every run config an asset shows in the Launchpad mirrors an ops dataclass that holds the meaning,
-the default and the validation of each field; the Dagster ``Config`` class takes its defaults from
-that dataclass (``field: int = _D.field``) and declares it with ``@mirrors``::
+Every run config an asset shows in the Launchpad mirrors an ops dataclass that holds the meaning
+(an attribute docstring under the field), the default and the validation of each field. The Dagster
+``Config`` class is generated from that dataclass by :func:`fields_of` and declared with
+``@mirrors``; only the asset's own fields (a launch timeout, say) are written in the class body::
 
-    _D = DecontamConfig()
+    @mirrors(ProbePlan, own=("timeout_s",))
+    class BaseModelConfig(fields_of(ProbePlan, exclude=("data_dir", ...))):
+        timeout_s: float = 1800.0  # the asset's own: the launch's wall-clock limit
 
-    @mirrors(DecontamConfig)
-    class DecontaminationConfig(dg.Config):
-        ngram: int = _D.ngram
-        ...
+Each generated field carries the dataclass's type (a tuple becomes a list: Dagster config has no
+tuples), its default and its docstring as the Launchpad description.
 
 ``@mirrors(source, own=...)`` checks, when the module loads, that every field of the Config class
-either exists in ``source`` with the same default or is named in ``own`` (asset-only fields such as
-a launch timeout), and registers the pair so that the test suite can walk every Config class of the
-code location (``tests/test_config_sources.py``). Validation stays in the ops dataclass: it runs
-once when the asset builds it and once when a worker loads its spec.
+either exists in ``source`` with the same default or is named in ``own`` (asset-only fields), and
+registers the pair so that the test suite can walk every Config class of the code location
+(``tests/test_config_sources.py``). Validation stays in the ops dataclass: it runs once when the
+asset builds it and once when a worker loads its spec.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
+import sys
+import types
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -76,3 +83,89 @@ def mirrors(source: type | None, own: Iterable[str] = ()) -> Callable[[type], ty
             raise TypeError("config defaults must come from the ops dataclass: " + "; ".join(bad))
         return config_cls
     return deco
+
+
+@functools.lru_cache(maxsize=None)
+def _class_bodies(path: str) -> dict[str, list[ast.stmt]]:
+    """Top-level class name -> its body statements, for one source file (parsed once)."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), filename=path)
+    return {n.name: n.body for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+@functools.lru_cache(maxsize=None)
+def attribute_docs(source: type) -> dict[str, str]:
+    """Field name -> the attribute docstring under it in the class body of ``source`` and of its
+    dataclass bases (a subclass's docstring wins); fields without one are left out, and so is a
+    class whose source file cannot be read (built at run time, or nested in a function)."""
+    out: dict[str, str] = {}
+    for klass in reversed(source.__mro__):
+        path = getattr(sys.modules.get(klass.__module__), "__file__", None)
+        if not dataclasses.is_dataclass(klass) or not path or not path.endswith(".py"):
+            continue
+        body = _class_bodies(path).get(klass.__name__, [])
+        for stmt, nxt in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                out[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return out
+
+
+def _launchpad_type(tp: Any) -> Any:
+    """A dataclass field type as Dagster config takes it: tuples become lists, recursively."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple:
+        elems = {a for a in args if a is not Ellipsis}
+        return list[_launchpad_type(elems.pop()) if len(elems) == 1 else Any]  # type: ignore[misc]
+    if origin is list and args:
+        return list[_launchpad_type(args[0])]  # type: ignore[misc]
+    if origin in (typing.Union, types.UnionType):
+        return typing.Union[tuple(_launchpad_type(a) for a in args)]  # type: ignore[return-value]
+    return tp
+
+
+def _launchpad_value(v: Any) -> Any:
+    return [_launchpad_value(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+def fields_of(source: type, *, exclude: Iterable[str] = (), base: type | None = None) -> type:
+    """A Dagster ``Config`` class with the fields of the ops dataclass ``source``: same names, types
+    (tuples as lists), defaults (``default_factory`` called) and attribute docstrings as
+    descriptions, in the dataclass's order. Subclass it to add the asset's own fields.
+
+    Args:
+        source: the ops dataclass (the one place each default and meaning is written).
+        exclude: fields the Launchpad does not offer (the asset fills them in, e.g. paths).
+        base: a ``Config`` class to extend (default ``dagster.Config``); fields it has are not
+            generated again.
+
+    Returns:
+        A ``Config`` subclass named ``<source>Fields`` in the caller's module, registered with
+        ``@mirrors``'s check (the own fields of ``base`` stay own).
+
+    Raises:
+        TypeError: ``source`` is not a dataclass, or ``exclude`` names a field it does not have.
+    """
+    import dagster as dg
+    import pydantic
+
+    if not dataclasses.is_dataclass(source):
+        raise TypeError(f"fields_of: {source!r} is not a dataclass")
+    names = [f.name for f in dataclasses.fields(source) if f.init]
+    unknown = sorted(set(exclude) - set(names))
+    if unknown:
+        raise TypeError(f"fields_of({source.__name__}): exclude names fields it does not have: {unknown}")
+    base = base or dg.Config
+    hints, defaults, docs = typing.get_type_hints(source), dataclass_defaults(source), attribute_docs(source)
+    fields: dict[str, Any] = {}
+    for name in names:
+        if name in exclude or name in getattr(base, "model_fields", {}):
+            continue
+        kw = {"description": docs.get(name)}
+        if name in defaults:
+            kw["default"] = _launchpad_value(defaults[name])
+        fields[name] = (_launchpad_type(hints[name]), pydantic.Field(**kw))
+    module = sys._getframe(1).f_globals.get("__name__", __name__)
+    cls = pydantic.create_model(f"{source.__name__}Fields", __base__=base, __module__=module, **fields)
+    MIRRORS[cls] = (source, MIRRORS.get(base, (None, frozenset()))[1])
+    return cls

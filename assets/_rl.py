@@ -17,19 +17,19 @@ from ops.rl.runs import PolicySpec
 from resources.lake import LakeResource
 from resources.teacher import default_model_dir
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 
 OWN = frozenset({"policy", "model_dir", "eval_size", "eval_every", "run_timeout_s"})
 """The fields of ``PolicyRunConfig`` that are the asset's own, not the driver spec's (``@mirrors(own=...)``)."""
-
-_P = PolicySpec(tokenizer_dir="")
 
 
 POLICIES = ("scratchpad", "smollm2", "tiny")
 
 
 @mirrors(PolicySpec, own=OWN)
-class PolicyRunConfig(dg.Config):
+class PolicyRunConfig(fields_of(PolicySpec,
+        exclude=("tokenizer_dir", "model_dir", "threads", "tiny_hidden", "reward_timeout_s",
+                 "reward_retries", "engine_gpus", "trainer_gpus"))):
     """The fields every RL run config has: which policy, the held-out evaluation and the launch's
     limit (``OWN``), and the optimizer and sampling settings both drivers take from
     ``ops.rl.runs.PolicySpec`` (each subclass's ``@mirrors`` checks them against its driver's spec)."""
@@ -48,15 +48,6 @@ class PolicyRunConfig(dg.Config):
     """Scratchpad only: optimizer steps between held-out evaluations (0 = before and after only)."""
     run_timeout_s: float = 900.0
     """Wall-clock limit of the launch (s); its whole process group is killed after it."""
-    lr: float = _P.lr
-    temperature: float = _P.temperature
-    """Sampling temperature of the engines; the trainer scores the sampled tokens under the same
-    distribution (temperature, top_k, top_p: ``ops.lm.sampling.SamplingConfig``)."""
-    top_k: int = _P.top_k
-    """Keep only the k most likely tokens when sampling (0 = off)."""
-    top_p: float = _P.top_p
-    """Nucleus sampling mass (1.0 = off)."""
-    seed: int = _P.seed
 
     @property
     def task(self) -> str:

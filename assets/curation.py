@@ -19,7 +19,7 @@ from ops.curation.sources import BUILTIN_SOURCES, SourceError
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from .frames import ANNOTATION_SCHEMA, RAW_SCHEMA, frame
 from .sources import SOURCE_PARTITIONS
@@ -27,22 +27,14 @@ from .sources import SOURCE_PARTITIONS
 GROUP = "curation"
 PROBLEM_SCHEMA = {**RAW_SCHEMA, **ANNOTATION_SCHEMA}
 # Run-config defaults, meanings and validation live in the ops dataclasses (assets/_config.py).
-_ANNOTATE, _EXACT, _NEAR, _DECONTAM, _SFT = AnnotateParams(), dedup.ExactDedupParams(), dedup.NearDedupParams(), DecontamConfig(), SftParams()
 
 
 @mirrors(AnnotateParams, own=("allow_missing_sources",))
-class AnnotateConfig(dg.Config):
+class AnnotateConfig(fields_of(AnnotateParams)):
     """The Launchpad face of ops.curation.annotate.AnnotateParams (meanings and ranges there)."""
 
-    seed: int = _ANNOTATE.seed
-    max_per_class: int = _ANNOTATE.max_per_class
-    """Rows per class used to fit each classifier (larger classes are subsampled)."""
-    min_confidence: float = _ANNOTATE.min_confidence
-    """Classifier labels below this confidence are flagged needs_llm_label."""
     allow_missing_sources: bool = False
     """By default every raw_problems partition must be materialized; True annotates what exists."""
-    llm_label_max_rows: int = _ANNOTATE.llm_label_max_rows
-    """Rows the classifier is unsure of (needs_llm_label) sent to the teacher for a domain label."""
 
 
 def _llm_labels(context, rows: list[dict], config: AnnotateParams, lake: LakeResource, teacher: TeacherResource) -> dict:
@@ -116,22 +108,13 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
 
 
 @mirrors(dedup.ExactDedupParams)
-class ExactDedupConfig(dg.Config):
+class ExactDedupConfig(fields_of(dedup.ExactDedupParams)):
     """The Launchpad face of ops.curation.dedup.ExactDedupParams (meanings and checks there)."""
-
-    source_priority: list[str] = list(_EXACT.source_priority)
-    """Survivor rule after 'has a reference solution': earlier sources win; unlisted come last."""
 
 
 @mirrors(dedup.NearDedupParams)
-class DedupConfig(ExactDedupConfig):
+class DedupConfig(fields_of(dedup.NearDedupParams, exclude=("word_n", "char_n"), base=ExactDedupConfig)):
     """The Launchpad face of ops.curation.dedup.NearDedupParams (meanings and ranges there)."""
-
-    threshold: float = _NEAR.threshold
-    """Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH)."""
-    num_perm: int = _NEAR.num_perm
-    """MinHash permutations in [16, 8192]."""
-    seed: int = _NEAR.seed
 
 
 def _check_priority(context, priority: list[str]) -> None:
@@ -220,34 +203,8 @@ def merge_clusters(exact: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
 
 
 @mirrors(DecontamConfig)
-class DecontaminationConfig(dg.Config):
+class DecontaminationConfig(fields_of(DecontamConfig, exclude=("num_perm",))):
     """The Launchpad face of ops.curation.decontam.DecontamConfig (meanings and defaults there)."""
-
-    policy: str = _DECONTAM.policy
-    """strict (default): copies, template siblings and rephrasings removed; ngram: copies and light edits only."""
-    ngram: int = _DECONTAM.ngram
-    short_words: int = _DECONTAM.short_words
-    min_words: int = _DECONTAM.min_words
-    max_benchmark_df: int = _DECONTAM.max_benchmark_df
-    max_train_df: int = _DECONTAM.max_train_df
-    containment: float = _DECONTAM.containment
-    minhash_threshold: float = _DECONTAM.minhash_threshold
-    match_normalization: bool = _DECONTAM.match_normalization
-    sibling_containment: float = _DECONTAM.sibling_containment
-    semantic_benchmarks: list[str] = list(_DECONTAM.semantic_benchmarks)
-    """Benchmarks the semantic (rephrasing) layer compares against."""
-    semantic_threshold: float = _DECONTAM.semantic_threshold
-    """Embedding cosine at or above which a row is a rephrasing of a benchmark item."""
-    semantic_prefilter: float = _DECONTAM.semantic_prefilter
-    semantic_floor: float = _DECONTAM.semantic_floor
-    semantic_margin: float = _DECONTAM.semantic_margin
-    semantic_top_k: int = _DECONTAM.semantic_top_k
-    semantic_max_tokens: int = _DECONTAM.semantic_max_tokens
-    judge: bool = _DECONTAM.judge
-    """Ask the teacher about pairs in the borderline band [judge_low, semantic_threshold); fail-closed."""
-    judge_low: float = _DECONTAM.judge_low
-    judge_max_pairs: int = _DECONTAM.judge_max_pairs
-    judge_timeout_s: float = _DECONTAM.judge_timeout_s
 
 
 def _teacher_judge(context, lake: LakeResource, teacher: TeacherResource):
@@ -385,16 +342,8 @@ SFT_COLUMNS = ["problem_id", "source", "record", "domain", "difficulty", "answer
 
 
 @mirrors(SftParams)
-class SftConfig(dg.Config):
+class SftConfig(fields_of(SftParams)):
     """The Launchpad face of ops.curation.sampling.SftParams (meanings and ranges there)."""
-
-    target_size: int = _SFT.target_size
-    """Rows in the SFT dataset (all verified rows when fewer)."""
-    stratum_floor: int = _SFT.stratum_floor
-    """Minimum rows per stratum (domain x difficulty x answer type); smaller strata are kept whole."""
-    seed: int = _SFT.seed
-    tolerance: float = _SFT.tolerance
-    """Allowed relative deviation of a stratum from the plan (checked by a blocking asset check)."""
 
 
 def _card(df: pl.DataFrame, plan: dict, lineage: dict, context: dg.AssetExecutionContext) -> str:

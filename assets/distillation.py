@@ -19,37 +19,15 @@ from ops.curation.distill import DistillParams
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 
 GROUP = "curation"
-_D = DistillParams()
 
 
 @mirrors(DistillParams)
-class DistillConfig(dg.Config):
+class DistillConfig(fields_of(DistillParams)):
     """Launchpad face of ``ops.curation.distill.DistillParams`` (meanings, ranges, defaults there)."""
-
-    verify_timeout_s: float = _D.verify_timeout_s
-    """Wall-clock seconds per verification (math-verify runs in worker processes)."""
-    workers: int = _D.workers
-    teacher: bool = _D.teacher
-    """Run the teacher path (False: reference path only)."""
-    teacher_max_rows: int = _D.teacher_max_rows
-    """Rows sent to the teacher (a seeded slice); sized so the embedded teacher adds < 4 min."""
-    teacher_also_reference_rows: bool = _D.teacher_also_reference_rows
-    """Also ask the teacher for rows that have a verified reference solution (long-CoT responses)."""
-    k_samples: int = _D.k_samples
-    temperature: float = _D.temperature
-    max_tokens: int = _D.max_tokens
-    keep_per_problem: int = _D.keep_per_problem
-    """Verified teacher responses kept per problem in distilled_problems (all stay in teacher_responses)."""
-    seed: int = _D.seed
-    """Run seed: the teacher slice and the sampler seed of every teacher request (with problem_id
-    and sample index; ops/curation/distill.py:teacher_seed)."""
-    prompt_templates: dict[str, str] = _D.prompt_templates
-    """Per answer type (numeric, expression, text, proof, multiple_choice), a template with
-    "{problem}" replacing ops/teacher/prompts.py:TEMPLATES (final answer in \\boxed{})."""
 
 
 def _reference_path(df: pl.DataFrame, config: DistillParams, log=None) -> pl.DataFrame:

@@ -29,14 +29,12 @@ from ops.gba.report import summarize
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._deepfm import DeepFMConfig
 from ._meta import image, md_table, table_result
 from .launch import launch
 
 gba_modes = dg.StaticPartitionsDefinition(list(MODES))
-
-_J = RunConfig()
 
 
 @mirrors(None, own=("step", "to"))
@@ -47,61 +45,14 @@ class SwitchAt(dg.Config):
     to: str
 
 
-@mirrors(RunConfig)
-class GBARunConfig(DeepFMConfig):
+@mirrors(RunConfig, own=("switch_at",))
+class GBARunConfig(fields_of(RunConfig, exclude=("switch_at",), base=DeepFMConfig)):
     """One configuration for every mode (the partition picks the mode; nothing else changes): the
     Launchpad face of ``ops.gba.config.RunConfig`` (meanings, defaults and checks there); the DeepFM
     fields are ``ctr_model``'s (``DeepFMConfig``)."""
 
-    workers: Optional[int] = _J.workers
-    """Workers W (sync: ranks; PS modes: worker processes beside the PS). None = compute.num_processes."""
-    global_batch: int = _J.global_batch
-    """G: samples per synchronous optimizer step; GBA aggregates exactly this many."""
-    local_batch: int = _J.local_batch
-    """b: samples per worker gradient; G must be a multiple (sync and Hop-BW: of W x b)."""
-    epochs: float = _J.epochs
-    """Passes over the train split, counted in applied samples."""
-    straggler: str = _J.straggler
-    """Straggler trace: none | persistent (one worker slowdown x slower) | random (every worker, random delays)."""
-    slowdown: float = _J.slowdown
-    slow_worker: int = _J.slow_worker
-    delay_distribution: str = _J.delay_distribution
-    """random trace: exponential | pareto extra time, as a multiple of compute time."""
-    mean_extra: float = _J.mean_extra
-    slow_onset: int = _J.slow_onset
-    """Persistent straggler: slow from its local batch slow_onset ..."""
-    slow_recovery: int = _J.slow_recovery
-    """... up to (not including) its local batch slow_recovery (-1: to the end)."""
-    trace_seed: int = _J.trace_seed
-    staleness_threshold: int = _J.staleness_threshold
-    """GBA: gradients with staleness above this many global steps are decayed."""
-    staleness_decay: float = _J.staleness_decay
-    """GBA: f(tau) = staleness_decay ** (tau - threshold) above the threshold."""
-    drop_after: Optional[int] = _J.drop_after
-    """GBA: drop gradients staler than this (None: never drop, only decay)."""
-    ssp_bound: int = _J.ssp_bound
-    backup_workers: int = _J.backup_workers
-    eval_every: int = _J.eval_every
-    """Evaluate the test AUC every this many global steps."""
-    checkpoint_every: int = _J.checkpoint_every
-    """Checkpoint every this many global steps (0: never); a retried launch resumes from the last one."""
-    target_auc: float = _J.target_auc
-    rpc_timeout_s: float = _J.rpc_timeout_s
-    run_timeout_s: float = _J.run_timeout_s
-    num_ps: int = _J.num_ps
-    """PS modes: parameter-server processes; the sparse tables are sharded by ID over them."""
-    auto_target: str = _J.auto_target
-    """auto: the mode the straggler detector switches to (gba | async | ssp | hopbw); back to sync on recovery."""
     switch_at: list[SwitchAt] = []
-    """auto, experiments: a schedule [{step, to}] that replaces the detector."""
-    detector_window: int = _J.detector_window
-    """auto: detector window in global steps."""
-    detector_k_on: float = _J.detector_k_on
-    """auto: a worker slower than k_on x the median of the others is a straggler ..."""
-    detector_k_off: float = _J.detector_k_off
-    """... and has recovered below k_off (hysteresis)."""
-    detector_patience: int = _J.detector_patience
-    """auto: consecutive windows beyond a threshold before a switch."""
+    """auto, experiments: a schedule [{step, to}] that replaces the detector (RunConfig.switch_at, typed)."""
 
     def spec(self, mode: str, workers: Optional[int] = None, events_path: str = "", data_cache: str = "") -> RunSpec:
         """The validated RunSpec of ``mode`` (``ops.gba.config.RunConfig.spec``): the same

@@ -27,7 +27,7 @@ from ops.mixture.tokens import TokenizerParams
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from .launch import launch
 
@@ -88,16 +88,9 @@ def general_corpus(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
                         chars=dg.MetadataValue.int(int(df["text"].str.len_chars().sum())))
 
 
-_TOKENIZER = TokenizerParams()
-
-
 @mirrors(TokenizerParams)
-class TokenizerConfig(dg.Config):
+class TokenizerConfig(fields_of(TokenizerParams)):
     """The Launchpad face of ops.mixture.tokens.TokenizerParams (meanings and ranges there)."""
-
-    vocab_size: int = _TOKENIZER.vocab_size
-    """Byte-level BPE vocabulary (tokens; <= 65,535 since streams are uint16)."""
-    seed: int = _TOKENIZER.seed
 
 
 @dg.asset(deps=["general_corpus", "domain_corpus"], group_name="mixture", code_version="1", kinds={"huggingface", "numpy"})
@@ -126,21 +119,12 @@ def cpt_tokenizer(context: dg.AssetExecutionContext, config: TokenizerConfig, la
 
 
 @mirrors(ProbePlan, own=("timeout_s",))
-class BaseModelConfig(dg.Config):
+class BaseModelConfig(fields_of(ProbePlan,
+        exclude=("phase", "data_dir", "base_dir", "out_dir", "runs", "sizes", "cpt_tokens",
+                 "first_checkpoint", "cpt_lr", "cpt_warmup_steps"))):
     """Pre-training of the shared base model of each probe size: the Launchpad face of the base
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there)."""
 
-    base_tokens: int = _PLAN.base_tokens
-    """General-corpus tokens of pre-training per size."""
-    base_lr: float = _PLAN.base_lr
-    seq_len: int = _PLAN.seq_len
-    global_batch: int = _PLAN.global_batch
-    """Sequences per optimizer step over all processes (a multiple of compute.num_processes)."""
-    warmup_steps: int = _PLAN.warmup_steps
-    weight_decay: float = _PLAN.weight_decay
-    val_seqs_general: int = _PLAN.val_seqs_general
-    val_seqs_per_subdomain: int = _PLAN.val_seqs_per_subdomain
-    seed: int = _PLAN.seed
     timeout_s: float = 1800.0
     """Wall-clock limit of the launch (all partitions of the run)."""
 
@@ -184,19 +168,14 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
 
 
 @mirrors(ProbePlan, own=("timeout_s", "seeds", "repeat_ratios"))
-class ProbeRunConfig(dg.Config):
+class ProbeRunConfig(fields_of(ProbePlan,
+        exclude=("phase", "data_dir", "base_dir", "out_dir", "runs", "sizes", "seq_len", "global_batch",
+                 "base_tokens", "base_lr", "warmup_steps", "weight_decay", "val_seqs_general",
+                 "val_seqs_per_subdomain", "seed"))):
     """Continual pre-training of each (size, domain ratio) probe: the Launchpad face of the CPT
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there). The base settings
     (sequence length, global batch, validation sets) are those of cpt_base_models."""
 
-    cpt_tokens: int = _PLAN.cpt_tokens
-    """CPT tokens per run: the largest D."""
-    first_checkpoint: int = _PLAN.first_checkpoint
-    """Tokens at the first validation checkpoint; later ones double (exponential spacing, paper §4.1)."""
-    cpt_lr: float = _PLAN.cpt_lr
-    """Constant CPT learning rate (default: the base's constant rate, continued without re-warming)."""
-    cpt_warmup_steps: int = _PLAN.cpt_warmup_steps
-    """Linear warm-up steps of the CPT learning rate (0: none; use it when cpt_lr differs from the base's)."""
     seeds: list[int] = list(PROBE_SEEDS)
     """CPT data-order seeds: every (size, ratio) partition trains one run per seed in the same
     launch, from the size's one base model (ops.mixture.probe.PROBE_SEEDS; >= 2 measure the noise
@@ -348,34 +327,13 @@ def _read_probe_runs(lake: LakeResource) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
-
-
-
 # ------------------------------------------------------------------------------------------------
 # The law and the plan
 
 
-_LAW, _FLOOR, _PLAN_TARGET = LawFitParams(), FitFloorParams(), MixturePlanParams()
-
-
 @mirrors(LawFitParams)
-class LawFitConfig(dg.Config):
+class LawFitConfig(fields_of(LawFitParams)):
     """The Launchpad face of ops.mixture.law.config.LawFitParams (meanings and ranges there)."""
-
-    forms: list[str] = list(_LAW.forms)
-    """Law forms compared (ops.mixture.law.FORMS); the first is the one the plan uses."""
-    huber_delta: float = _LAW.huber_delta
-    """Huber delta on log-loss residuals (docs/mixture.md)."""
-    holdout_last_k: int = _LAW.holdout_last_k
-    """Unseen-D axis: the last k checkpoints of every run are held out."""
-    n_boot: int = _LAW.n_boot
-    """Bootstrap refits (resampled runs) behind the plan's uncertainty."""
-    early_checkpoints: int = _LAW.early_checkpoints
-    """Cross-domain law: checkpoints per run that count as an unseen domain's cheap early signal."""
-    min_subdomain_share: float = _LAW.min_subdomain_share
-    """Sub-domains with a smaller share of domain tokens are left out of the cross-domain law."""
-    workers: int = _LAW.workers
-    """Processes for the independent fits (0 = every core this process may use; 1 = in process)."""
 
 
 def _probe_points(lake: LakeResource) -> pl.DataFrame:
@@ -497,18 +455,8 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
 
 
 @mirrors(FitFloorParams)
-class FitFloorConfig(dg.Config):
+class FitFloorConfig(fields_of(FitFloorParams)):
     """The Launchpad face of ops.mixture.law.config.FitFloorParams (meaning and range there)."""
-
-    min_heldout_r2: float = _FLOOR.min_heldout_r2
-    """Every held-out axis (unseen N, D, r) of both targets must reach this R^2. At probe scale the
-    general loss moves a few tenths of a nat across N, D and r_d against ~0.05-0.1 nats of
-    single-seed training noise: the embedded probes reach 0.48-0.94 held out (README), so 0.3
-    catches a broken fit (R^2 <= 0, an exploding extrapolation) without failing an honest one.
-    Raise it for production-size probes."""
-    noise_multiple: float = _FLOOR.noise_multiple
-    """dcpt_fit_within_noise: the held-out mean squared error allowed, in units of the probes' seed
-    noise variance (floor = 1 - noise_multiple x (1 - noise ceiling))."""
 
 
 @dg.asset_check(asset="dcpt_law_fit", blocking=False, description="Held-out R^2 of the chosen law form against the "
@@ -565,25 +513,9 @@ def dcpt_fit_heldout_r2(config: FitFloorConfig, lake: LakeResource) -> dg.AssetC
 
 
 @mirrors(MixturePlanParams)
-class MixturePlanConfig(dg.Config):
+class MixturePlanConfig(fields_of(MixturePlanParams)):
     """The target of the plan. Zero means: derived from the probe grid (documented per field).
     The Launchpad face of ops.mixture.law.config.MixturePlanParams (meanings and ranges there)."""
-
-    target_n_params: float = _PLAN_TARGET.target_n_params
-    """Non-embedding parameters N of the target model; 0 = the largest probed size (whose measured
-    base general loss is then L_g0)."""
-    target_tokens: float = _PLAN_TARGET.target_tokens
-    """CPT tokens D of the target run; 0 = 4x the largest probed D (a 4x extrapolation in D)."""
-    max_general_degradation: float = _PLAN_TARGET.max_general_degradation
-    """T: allowed relative rise of the general loss over the base model's (paper example: 3%)."""
-    domain_tokens: float = _PLAN_TARGET.domain_tokens
-    """Usage 2: the domain tokens available; 0 = a quarter of target_tokens."""
-    compute_flops: float = _PLAN_TARGET.compute_flops
-    """Usage 3: the CPT compute budget C (FLOPs, C = 6 N D); 0 = 6 x target N x target D."""
-    max_extrapolation: float = _PLAN_TARGET.max_extrapolation
-    """Usage 3 searches N (and D = C / 6N) no further than this multiple of the largest probed N (D)."""
-    quantiles: list[float] = list(_PLAN_TARGET.quantiles)
-    """Percentiles of the bootstrap spread reported with each answer."""
 
 
 def _spread_fmt(x) -> str:
@@ -707,24 +639,13 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
 # The closed loop: train the target model at the plan's answers and judge the plan by what it measures
 
 
-_VALIDATION = ValidationParams()
 _TRADEOFF = {"tradeoff_law", "tradeoff_grid"}  # the runs at the target (N, D) the verdict reads
 
 
 @mirrors(ValidationParams, own=("timeout_s",))
-class MixtureValidationConfig(dg.Config):
+class MixtureValidationConfig(fields_of(ValidationParams)):
     """The Launchpad face of ops.mixture.validation.ValidationParams (meanings and ranges there)."""
 
-    seeds: list[int] = list(_VALIDATION.seeds)
-    """CPT data-order seeds of every validation run (default 2: neither probe seed, a fresh draw)."""
-    verify_limited_domain: bool = _VALIDATION.verify_limited_domain
-    """Train usage 2's answer (limited domain data) once and report predicted vs measured."""
-    verify_allocate_compute: bool = _VALIDATION.verify_allocate_compute
-    """Train usage 3's answer (resource allocation) once, at the nearest real size."""
-    allocation_sizes: list[str] = list(_VALIDATION.allocation_sizes)
-    """Sizes usage 3's N may be rounded to; empty = the probed sizes (their base models exist)."""
-    ratio_decimals: int = _VALIDATION.ratio_decimals
-    """The trained ratios are the plan's rounded to this many decimals."""
     timeout_s: float = 1800.0
     """Wall-clock limit of each validation launch."""
 

@@ -36,12 +36,11 @@ from resources.compute import ComputeResource
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from .launch import launch
 
 GROUP = "training"
-_SFT, _STAGE2 = SftPlan(data_dir="", eval_path=""), Stage2Plan(data_dir="", eval_path="")
 # asset-only fields: where the student and its tokenizer come from, how the sets are built, the
 # launch's time limit (and domain_ratio, whose < 0 means "read mixture_plan")
 _SFT_OWN = ("base_size", "base_dir", "tokenizer_dir", "modules", "train_per_module", "eval_per_module", "train_seed",
@@ -50,7 +49,8 @@ _STAGE2_OWN = ("replay_fraction", "seeds", "timeout_s")
 
 
 @mirrors(SftPlan, own=_SFT_OWN)
-class SftCheckpointConfig(dg.Config):
+class SftCheckpointConfig(fields_of(SftPlan,
+        exclude=("data_dir", "eval_path", "runs", "min_lr_ratio", "domain_ratio", "log_every", "eval_batch"))):
     """Stage-1 SFT and the evaluation set (ops.posttrain.sets): the training fields are the Launchpad
     face of ops.posttrain.sft.SftPlan (meanings, defaults and ranges there)."""
 
@@ -63,8 +63,6 @@ class SftCheckpointConfig(dg.Config):
     tokenizer_dir: str = ""
     """Folder with the student's tokenizer.json (and general_train.npy for general replay); empty =
     cpt_tokenizer. Set it with base_dir for a Hugging Face model."""
-    eot_token: str = _SFT.eot_token
-    """The token that ends each response (a Hugging Face model's EOS token)."""
     modules: list[str] = []
     """mathematics_dataset modules of the programmatic slice; empty = ops.posttrain.data.TASK_MODULES."""
     train_per_module: int = 300
@@ -84,14 +82,6 @@ class SftCheckpointConfig(dg.Config):
     domain_ratio: float = -1.0
     """Share of SFT sequences per step, the rest general-corpus replay; < 0 = mixture_plan's
     trade-off r_d when mixture_plan exists, else 1.0 (no general data)."""
-    steps: int = _SFT.steps
-    global_batch: int = _SFT.global_batch
-    lr: float = _SFT.lr
-    warmup_steps: int = _SFT.warmup_steps
-    weight_decay: float = _SFT.weight_decay
-    checkpoint_every: int = _SFT.checkpoint_every
-    max_new_tokens: int = _SFT.max_new_tokens
-    seed: int = _SFT.seed
     timeout_s: float = 1200.0
     """Wall-clock limit of the launch."""
 
@@ -239,22 +229,10 @@ def sft_checkpoint_learned(lake: LakeResource) -> dg.AssetCheckResult:
                                metadata={"base_accuracy": a0, "stage1_accuracy": a1, "loss_finite": finite})
 
 
-_REGIONS, _SYNTHESIS, _COMPARISON = RegionParams(), SynthesisParams(), ComparisonParams()
-
-
 @mirrors(RegionParams)
-class FailureRegionsConfig(dg.Config):
+class FailureRegionsConfig(fields_of(RegionParams, exclude=("min_module_share",))):
     """ops.posttrain.regions: failure mass, annotation and topic regions, synthesis targets (the
     Launchpad face of RegionParams: meanings and ranges there)."""
-
-    k_topics: int = _REGIONS.k_topics
-    """k-means clusters of the TF-IDF topic regions."""
-    min_items: int = _REGIONS.min_items
-    high_loss_quantile: float = _REGIONS.high_loss_quantile
-    high_loss_weight: float = _REGIONS.high_loss_weight
-    top_k: int = _REGIONS.top_k
-    """Regions (by failure mass) that targeted_synthesis works on."""
-    seed: int = _REGIONS.seed
 
 
 @dg.asset(deps=["sft_checkpoint"], group_name=GROUP, code_version="1", kinds={"scikit-learn", "parquet"})
@@ -294,25 +272,9 @@ def failure_regions(context: dg.AssetExecutionContext, config: FailureRegionsCon
 
 
 @mirrors(SynthesisParams)
-class SynthesisConfig(dg.Config):
+class SynthesisConfig(fields_of(SynthesisParams, exclude=("num_perm",))):
     """ops.posttrain.synthesis: the pool, the budget, retrieval, the filter and the teacher (the
     Launchpad face of SynthesisParams: meanings and ranges there)."""
-
-    pool_per_module: int = _SYNTHESIS.pool_per_module
-    """Generator items per (module, level) in the synthesis pool (targeted and random draw from it)."""
-    pool_seed: int = _SYNTHESIS.pool_seed
-    budget: int = _SYNTHESIS.budget
-    """New items per arm (targeted and the random control get the same number)."""
-    retrieval_k: int = _SYNTHESIS.retrieval_k
-    near_threshold: float = _SYNTHESIS.near_threshold
-    verify_timeout_s: float = _SYNTHESIS.verify_timeout_s
-    workers: int = _SYNTHESIS.workers
-    teacher_requests: int = _SYNTHESIS.teacher_requests
-    """Teacher synthesis requests (each also costs one solve request). Off by default on the
-    embedded profile: SmolLM2-135M rarely writes a question whose answer it can then verify, and
-    each request takes seconds on 2 cores; set it with a production teacher endpoint."""
-    teacher_max_tokens: int = _SYNTHESIS.teacher_max_tokens
-    seed: int = _SYNTHESIS.seed
 
 
 def _teacher_items(context, config: SynthesisConfig, targets: list[dict], failed: pl.DataFrame, retr, docs: list[str],
@@ -424,23 +386,15 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
 
 
 @mirrors(Stage2Plan, own=_STAGE2_OWN)
-class Stage2Config(dg.Config):
+class Stage2Config(fields_of(Stage2Plan,
+        exclude=("data_dir", "eval_path", "runs", "min_lr_ratio", "domain_ratio", "log_every", "eval_batch",
+                 "eot_token"))):
     """Stage-2 SFT of both arms from the stage-1 checkpoint (same steps, replay and hyper-parameters):
     the training fields are the Launchpad face of ops.posttrain.sft.Stage2Plan (meanings, defaults
     and ranges there)."""
 
-    steps: int = _STAGE2.steps
-    lr: float = _STAGE2.lr
-    """Peak stage-2 learning rate: about where stage 1's cosine ended (4e-4), so stage 2 continues
-    without a re-warming shock. Measured: 1.5e-3 and 3e-3 lowered overall accuracy below stage 1's."""
-    warmup_steps: int = _STAGE2.warmup_steps
     replay_fraction: float = 0.3
     """Share of stage-2 rows replayed from the stage-1 training set (the same rows in both arms)."""
-    global_batch: int = _STAGE2.global_batch
-    weight_decay: float = _STAGE2.weight_decay
-    checkpoint_every: int = _STAGE2.checkpoint_every
-    max_new_tokens: int = _STAGE2.max_new_tokens
-    seed: int = _STAGE2.seed
     seeds: int = 3
     """Training runs per arm (>= 1; 3 by default), each with its own data order (seed, seed + 1,
     ...), all in one launch; the comparison's intervals resample these seeds as well as the items
@@ -529,13 +483,8 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
 
 
 @mirrors(ComparisonParams)
-class ComparisonConfig(dg.Config):
+class ComparisonConfig(fields_of(ComparisonParams)):
     """The Launchpad face of ops.posttrain.report.ComparisonParams (meanings and ranges there)."""
-
-    n_boot: int = _COMPARISON.n_boot
-    """Bootstrap resamples of the 95% intervals (two-level percentile bootstrap over training seeds
-    and items; paired over items for differences)."""
-    seed: int = _COMPARISON.seed
 
 
 @dg.asset(deps=["stage2_checkpoint", "failure_regions"], group_name="evaluation", code_version="2", kinds={"parquet"})

@@ -2,7 +2,6 @@
 CTR model on the RecIS-style sparse engine (ops/sparse; docs/sparse.md; RecIS arXiv 2509.20883).
 torch and scikit-learn load inside the functions."""
 
-from typing import Optional
 
 import dagster as dg
 import polars as pl
@@ -11,7 +10,7 @@ from ops import figures
 from ops.sparse.config import CTREventsParams, CTRModelParams
 from resources.lake import LakeResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._deepfm import DeepFMConfig
 from ._meta import image, md_table, table_result
 
@@ -19,13 +18,8 @@ _EVENTS, _TRAIN = CTREventsParams(), CTRModelParams()
 
 
 @mirrors(CTREventsParams)
-class CTREventsConfig(dg.Config):
+class CTREventsConfig(fields_of(CTREventsParams)):
     """The Launchpad face of ops.sparse.config.CTREventsParams (meanings and ranges there)."""
-
-    user_events_path: Optional[str] = _EVENTS.user_events_path
-    """A user's CTR events Parquet (user_id, item_id, timestamp, click + feature columns); None = MovieLens-100k."""
-    test_fraction: float = _EVENTS.test_fraction
-    """The latest share of events (by timestamp) held out as the test set."""
 
 
 @dg.asset(group_name="sources", code_version="1", kinds={"polars", "parquet"})
@@ -55,15 +49,9 @@ def ctr_events(context: dg.AssetExecutionContext, config: CTREventsConfig, lake:
 
 
 @mirrors(CTRModelParams)
-class CTRModelConfig(DeepFMConfig):
+class CTRModelConfig(fields_of(CTRModelParams, exclude=("threads",), base=DeepFMConfig)):
     """The Launchpad face of ops.sparse.config.CTRModelParams: TrainConfig (the DeepFM fields shared
     with ``gba_run``: ``DeepFMConfig``) and the baseline (defaults and ranges there)."""
-
-    epochs: int = _TRAIN.epochs
-    batch_size: int = _TRAIN.batch_size
-    coalesce: bool = _TRAIN.coalesce
-    baseline_C: float = _TRAIN.baseline_C
-    """Inverse regularisation of the scikit-learn logistic-regression baseline."""
 
 
 @dg.asset(deps=["ctr_events"], group_name="training", code_version="1", kinds={"pytorch", "scikit-learn", "parquet"})

@@ -21,11 +21,10 @@ from ops.rl.warmstart import WarmStartSpec
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from .launch import launch
 
-_D = WarmStartSpec(out_dir="")
 _OWN = ("timeout_s",)
 
 
@@ -35,40 +34,11 @@ def policy_dir(lake: LakeResource) -> Path:
 
 
 @mirrors(WarmStartSpec, own=_OWN)
-class RlPolicyConfig(dg.Config):
+class RlPolicyConfig(fields_of(WarmStartSpec, exclude=("out_dir",))):
     """The warm start's recipe: the Launchpad face of ``ops.rl.warmstart.WarmStartSpec`` (meanings,
     defaults and ranges there). The default is the full recipe: on 2 quiet CPU cores it reaches a
     sampled pass rate of 0.4 in about 550 steps, 7-14 minutes in one process (docs/rl_policy.md)."""
 
-    n_embd: int = _D.n_embd
-    n_layer: int = _D.n_layer
-    n_head: int = _D.n_head
-    n_positions: int = _D.n_positions
-    lr: float = _D.lr
-    weight_decay: float = _D.weight_decay
-    warmup_steps: int = _D.warmup_steps
-    min_lr_ratio: float = _D.min_lr_ratio
-    max_steps: int = _D.max_steps
-    """Optimizer steps at most (training stops earlier at the target pass rate)."""
-    batch_problems: int = _D.batch_problems
-    """Problems (sequences) per optimizer step."""
-    max_lines: int = _D.max_lines
-    alpha: float = _D.alpha
-    """Training length law p(q) ~ q^-alpha (the RL distribution has 1.2)."""
-    multi_turn_fraction: float = _D.multi_turn_fraction
-    eval_every: int = _D.eval_every
-    """Optimizer steps between held-out evaluations (the stopping rule's cadence)."""
-    eval_seed: int = _D.eval_seed
-    eval_size: int = _D.eval_size
-    eval_temperature: float = _D.eval_temperature
-    target_pass_rate: float = _D.target_pass_rate
-    """Stop at the first evaluation whose sampled pass rate reaches this (0.2-0.7 keeps GRPO groups mixed)."""
-    final_eval_seed: int = _D.final_eval_seed
-    final_eval_size: int = _D.final_eval_size
-    max_new_tokens: int = _D.max_new_tokens
-    checkpoint_every: int = _D.checkpoint_every
-    log_every: int = _D.log_every
-    seed: int = _D.seed
     timeout_s: float = 3600.0
     """Wall-clock limit of the launch (s); its whole process group is killed after it."""
 

@@ -40,59 +40,17 @@ from ops.rl.rollarc.report import staleness_plot, step_rows, summary_rows, utili
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
                   ray_address, role_gpus, run_metadata)
 
-_D = RunConfig()
-
 
 @mirrors(RunConfig, own=OWN)
-class RollArcRunConfig(PolicyRunConfig):
+class RollArcRunConfig(fields_of(RunConfig, base=PolicyRunConfig)):
     """A few optimizer steps of each method on a small batch (the embedded default adds < 3 minutes;
     the ``full`` preset is production-sized): the Launchpad face of ``ops.rl.rollarc.driver.RunConfig``
     (defaults from ``core.ArcConfig``, ``ray_roles.RoleSpec`` and the driver's ``RunSpec``)."""
-
-    methods: list[str] = list(_D.methods)
-    envs: list[str] = list(_D.envs)
-    """Environments, round-robin over groups."""
-    steps: int = _D.steps
-    """Optimizer steps per method."""
-    groups_per_step: int = _D.groups_per_step
-    group_size: int = _D.group_size
-    """Trajectories per group that are trained (the GRPO group)."""
-    redundancy: int = _D.redundancy
-    """Extra trajectories launched per group (RollArc): the first group_size to finish win."""
-    async_ratio: int = _D.async_ratio
-    """Staleness bound in optimizer steps (0 = synchronous)."""
-    max_turns: int = _D.max_turns
-    turn_timeout_s: float = _D.turn_timeout_s
-    episode_timeout_s: float = _D.episode_timeout_s
-    max_failed_fraction: float = _D.max_failed_fraction
-    """A step fails when more than this fraction of its trajectories has no reward."""
-    max_new_tokens: int = _D.max_new_tokens
-    max_prompt_tokens: int = _D.max_prompt_tokens
-    """Context kept per LLM call (left-truncated: the latest turns stay)."""
-    route_policy: str = _D.route_policy
-    """``affinity`` (prefill-heavy requests to gpu_compute, decode-heavy to gpu_bandwidth) or ``uniform``."""
-    prefill_heavy_ratio: float = _D.prefill_heavy_ratio
-    engines_compute: int = _D.engines_compute
-    """Engine actors on the gpu_compute pool."""
-    engines_bandwidth: int = _D.engines_bandwidth
-    """Engine actors on the gpu_bandwidth pool."""
-    env_latency: str = _D.env_latency
-    """Injected env step latency: none | low | medium | heavy (same mean)."""
-    env_latency_mean_s: float = _D.env_latency_mean_s
-    reward_max_replicas: int = _D.reward_max_replicas
-    eval_temperature: float = _D.eval_temperature
-    """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
-    num_cpus: int = _D.num_cpus
-    """CPUs of the local Ray instance (ignored with compute.ray_address)."""
-    checkpoint_every: int = _D.checkpoint_every
-    """Save the trainer state (weights, AdamW state, version) every this many steps of a method, so a
-    retried launch resumes after the last save. SmolLM2's state is 1.6 GB: 1.6-6.3 s per save here
-    (median 2 s), against ~5 s of optimizer step."""
 
 
 def spec_from(config: RollArcRunConfig, problems: Optional[Path], ray_address: Optional[str],

@@ -37,39 +37,19 @@ from ops.rl.rollpacker.report import comparison_plot, step_rows, summarize
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
                   ray_address, role_gpus, run_metadata)
 
-_D = RunSpec(problems_path="", tokenizer_dir="")
-
 
 @mirrors(RunSpec, own=OWN)
-class RollPackerRunConfig(PolicyRunConfig):
+class RollPackerRunConfig(fields_of(RunSpec,
+        exclude=("tokenizer_dir", "threads", "tiny_hidden", "reward_timeout_s", "reward_retries",
+                 "engine_gpus", "trainer_gpus", "problems_path", "max_prompt_tokens", "reward_workers",
+                 "ray_address", "task", "task_seed"), base=PolicyRunConfig)):
     """A few steps of each method with a small batch (the embedded default adds < 3 minutes): the
     Launchpad face of ``ops.rl.rollpacker.driver.RunSpec`` (defaults and checks there)."""
-
-    methods: list[str] = list(_D.methods)
-    """Subset of baseline | tail_batching | tail_batching+reward | rollpacker (tail batching + reward
-    scheduler + stream trainer)."""
-    steps: int = _D.steps
-    """GRPO steps per method (with eta 1.25 and P0 2: a short round, then a long round)."""
-    prompts_per_step: int = _D.prompts_per_step
-    """P0: prompts per step."""
-    responses_per_prompt: int = _D.responses_per_prompt
-    """R0: responses per prompt (the GRPO group)."""
-    eta: float = _D.eta
-    """Short-round over-provisioning (paper: 1.25)."""
-    max_new_tokens: int = _D.max_new_tokens
-    timeout_s: float = _D.timeout_s
-    """Wall-clock limit of one rollout."""
-    eval_temperature: float = _D.eval_temperature
-    """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
-    max_failed_fraction: float = _D.max_failed_fraction
-    """A step fails when more than this fraction of its rewards could not be computed."""
-    num_cpus: int = _D.num_cpus
-    """CPUs of the local Ray instance (ignored with compute.ray_address)."""
 
 
 def spec_from(config: RollPackerRunConfig, problems: Optional[Path], ray_address: Optional[str],

@@ -1,8 +1,6 @@
 """Source assets: the raw problems (one partition per source) and the benchmark references."""
 
 
-from typing import Optional
-
 import dagster as dg
 import polars as pl
 
@@ -12,27 +10,17 @@ from resources.sources import SourcesResource, source_partition_keys
 
 from ops import figures
 
-from ._config import mirrors
+from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from .frames import QUARANTINE_SCHEMA, RAW_SCHEMA, frame
 
 SOURCE_PARTITIONS = dg.StaticPartitionsDefinition(source_partition_keys())
-_RAW = src.RawProblemsParams()
 
 
 @mirrors(src.RawProblemsParams)
-class RawProblemsConfig(dg.Config):
+class RawProblemsConfig(fields_of(src.RawProblemsParams)):
     """Run config of ``raw_problems`` (visible in the Launchpad): the face of
     ops.curation.sources.RawProblemsParams (meanings and ranges there)."""
-
-    mathematics_dataset_per_module: int = _RAW.mathematics_dataset_per_module
-    """Generated problems per (module, difficulty): 56 modules x 3 difficulties x this."""
-    mathematics_dataset_seed: int = _RAW.mathematics_dataset_seed
-    limit: Optional[int] = _RAW.limit
-    """Keep at most this many rows per source (smoke runs and tests); None keeps all."""
-    max_quarantine_fraction: float = _RAW.max_quarantine_fraction
-    """Fail the partition when more than this share of a user file's rows is quarantined (likely a
-    wrong field mapping); the quarantine table is still written for inspection."""
 
 
 @dg.asset(

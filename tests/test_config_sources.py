@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 
 import pipelines.definitions  # noqa: F401  (the code location: imports every asset module)
-from assets._config import MIRRORS, mirrors, mismatches
+from assets._config import MIRRORS, attribute_docs, fields_of, mirrors, mismatches
 
 PACKAGES = ("assets", "pipelines", "resources")
 
@@ -123,3 +123,43 @@ def test_own_fields_and_sequence_defaults_pass(restore_mirrors):
         timeout_s: float = 60.0
 
     assert MIRRORS[_Good] == (_Source, frozenset({"timeout_s"})) and mismatches(_Good) == []
+
+
+@dataclasses.dataclass
+class _Documented:
+    ngram: int = 8
+    """Word n-gram length."""
+    widths: tuple[int, ...] = (64, 32)
+    """Hidden widths (a tuple in the ops dataclass)."""
+    path: str = ""
+
+
+def test_fields_of_generates_types_defaults_and_descriptions(restore_mirrors):
+    @mirrors(_Documented, own=("timeout_s",))
+    class _Gen(fields_of(_Documented, exclude=("path",))):
+        timeout_s: float = 60.0
+
+    f = _Gen.model_fields
+    assert list(f) == ["ngram", "widths", "timeout_s"]  # the dataclass's order, then the own field
+    assert (f["ngram"].annotation, f["ngram"].default, f["ngram"].description) == (int, 8, "Word n-gram length.")
+    assert f["widths"].annotation == list[int] and f["widths"].default == [64, 32]  # Dagster config has no tuples
+    assert mismatches(_Gen) == [] and _Gen(widths=[1]).widths == [1]
+
+
+def test_fields_of_rejects_an_exclude_that_names_no_field():
+    with pytest.raises(TypeError, match=r"fields_of\(_Documented\): exclude names fields it does not have: \['pth'\]"):
+        fields_of(_Documented, exclude=("pth",))
+
+
+def test_the_launchpad_shows_the_ops_docstrings():
+    """The run-config schema Dagster builds for an asset (what the Launchpad renders) carries the
+    attribute docstring written under the field in the ops dataclass, and its default."""
+    from assets.curation import decontaminated_problems
+    from ops.curation.decontam import DecontamConfig
+
+    schema = decontaminated_problems.op.config_schema.config_type.fields
+    doc = attribute_docs(DecontamConfig)["semantic_threshold"]
+    assert doc.startswith("Embedding cosine")
+    assert schema["semantic_threshold"].description == doc
+    assert schema["semantic_threshold"].default_value == DecontamConfig().semantic_threshold
+    assert "num_perm" not in schema  # the one field DecontaminationConfig excludes

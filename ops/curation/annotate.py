@@ -50,8 +50,11 @@ class AnnotateParams:
 
     seed: int = 0
     max_per_class: int = 2000
+    """Rows per class used to fit each classifier (larger classes are subsampled)."""
     min_confidence: float = 0.5
+    """Classifier labels below this confidence are flagged needs_llm_label."""
     llm_label_max_rows: int = 16
+    """Rows the classifier is unsure of (needs_llm_label) sent to the teacher for a domain label."""
 
     def __post_init__(self):
         if self.max_per_class < 1:

@@ -97,6 +97,7 @@ class DecontamConfig:
     """
 
     policy: str = "strict"
+    """strict (default): copies, template siblings and rephrasings removed; ngram: copies and light edits only."""
     ngram: int = 8
     short_words: int = 8
     min_words: int = 3
@@ -108,13 +109,16 @@ class DecontamConfig:
     match_normalization: bool = True
     sibling_containment: float = 0.5
     semantic_benchmarks: list[str] = field(default_factory=lambda: ["math500"])
+    """Benchmarks the semantic (rephrasing) layer compares against."""
     semantic_threshold: float = 0.85
+    """Embedding cosine at or above which a row is a rephrasing of a benchmark item."""
     semantic_prefilter: float = 0.3
     semantic_floor: float = 0.2
     semantic_margin: float = 2.0
     semantic_top_k: int = 1
     semantic_max_tokens: int = 128
     judge: bool = False
+    """Ask the teacher about pairs in the borderline band [judge_low, semantic_threshold); fail-closed."""
     judge_low: float = 0.75
     judge_max_pairs: int = 200
     judge_timeout_s: float = 600.0

@@ -51,6 +51,7 @@ class ExactDedupParams:
     """
 
     source_priority: list[str] = field(default_factory=lambda: list(DEFAULT_PRIORITY))
+    """Survivor rule after 'has a reference solution': earlier sources win; unlisted come last."""
 
     def __post_init__(self):
         names = list(self.source_priority) if isinstance(self.source_priority, (list, tuple)) else None
@@ -78,7 +79,9 @@ class NearDedupParams(ExactDedupParams):
     """
 
     threshold: float = 0.8
+    """Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH)."""
     num_perm: int = 128
+    """MinHash permutations in [16, 8192]."""
     seed: int = 1
     word_n: int = 5
     char_n: int = 3

@@ -54,16 +54,25 @@ class DistillParams:
     """
 
     verify_timeout_s: float = 10.0
+    """Wall-clock seconds per verification (math-verify runs in worker processes)."""
     workers: int = 2
     teacher: bool = True
+    """Run the teacher path (False: reference path only)."""
     teacher_max_rows: int = 24
+    """Rows sent to the teacher (a seeded slice); sized so the embedded teacher adds < 4 min."""
     teacher_also_reference_rows: bool = False
+    """Also ask the teacher for rows that have a verified reference solution (long-CoT responses)."""
     k_samples: int = 2
     temperature: float = 0.7
     max_tokens: int = 160
     keep_per_problem: int = 1
+    """Verified teacher responses kept per problem in distilled_problems (all stay in teacher_responses)."""
     seed: int = 0
+    """Run seed: the teacher slice and the sampler seed of every teacher request (with problem_id
+    and sample index; ops/curation/distill.py:teacher_seed)."""
     prompt_templates: dict[str, str] = field(default_factory=dict)
+    """Per answer type (numeric, expression, text, proof, multiple_choice), a template with
+    "{problem}" replacing ops/teacher/prompts.py:TEMPLATES (final answer in \\boxed{})."""
 
     def __post_init__(self):
         for name, ok, rule in (("verify_timeout_s", self.verify_timeout_s > 0, "> 0"), ("workers", self.workers >= 1, ">= 1"),

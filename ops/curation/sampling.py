@@ -32,9 +32,12 @@ class SftParams:
     """
 
     target_size: int = 2000
+    """Rows in the SFT dataset (all verified rows when fewer)."""
     stratum_floor: int = 20
+    """Minimum rows per stratum (domain x difficulty x answer type); smaller strata are kept whole."""
     seed: int = 0
     tolerance: float = 0.05
+    """Allowed relative deviation of a stratum from the plan (checked by a blocking asset check)."""
 
     def __post_init__(self):
         for name, ok in (("target_size", self.target_size >= 1), ("stratum_floor", self.stratum_floor >= 0),

@@ -54,9 +54,13 @@ class RawProblemsParams:
     """
 
     mathematics_dataset_per_module: int = 20
+    """Generated problems per (module, difficulty): 56 modules x 3 difficulties x this."""
     mathematics_dataset_seed: int = 0
     limit: int | None = None
+    """Keep at most this many rows per source (smoke runs and tests); None keeps all."""
     max_quarantine_fraction: float = 0.5
+    """Fail the partition when more than this share of a user file's rows is quarantined (likely a
+    wrong field mapping); the quarantine table is still written for inspection."""
 
     def __post_init__(self):
         if self.mathematics_dataset_per_module < 1:

@@ -263,9 +263,13 @@ class RunConfig:
     """
 
     workers: int | None = None
+    """Workers W (sync: ranks; PS modes: worker processes beside the PS). None = compute.num_processes."""
     global_batch: int = GLOBAL_BATCH
+    """G: samples per synchronous optimizer step; GBA aggregates exactly this many."""
     local_batch: int = LOCAL_BATCH
+    """b: samples per worker gradient; G must be a multiple (sync and Hop-BW: of W x b)."""
     epochs: float = 1.0
+    """Passes over the train split, counted in applied samples."""
     dim: int = TrainConfig.dim
     hidden: tuple[int, ...] = TrainConfig.hidden
     dropout: float = TrainConfig.dropout
@@ -275,30 +279,46 @@ class RunConfig:
     crosses: list[str] = field(default_factory=lambda: list(TrainConfig().crosses))
     seed: int = TrainConfig.seed
     straggler: str = "persistent"
+    """Straggler trace: none | persistent (one worker slowdown x slower) | random (every worker, random delays)."""
     slowdown: float = StragglerTrace.slowdown
     slow_worker: int = StragglerTrace.slow_worker
     delay_distribution: str = StragglerTrace.distribution
+    """random trace: exponential | pareto extra time, as a multiple of compute time."""
     mean_extra: float = StragglerTrace.mean_extra
     slow_onset: int = StragglerTrace.onset
+    """Persistent straggler: slow from its local batch slow_onset ..."""
     slow_recovery: int = StragglerTrace.recovery
+    """... up to (not including) its local batch slow_recovery (-1: to the end)."""
     trace_seed: int = StragglerTrace.seed
     staleness_threshold: int = StalenessDecay.threshold
+    """GBA: gradients with staleness above this many global steps are decayed."""
     staleness_decay: float = StalenessDecay.rate
+    """GBA: f(tau) = staleness_decay ** (tau - threshold) above the threshold."""
     drop_after: int | None = StalenessDecay.drop_after
+    """GBA: drop gradients staler than this (None: never drop, only decay)."""
     ssp_bound: int = Policy.ssp_bound
     backup_workers: int = Policy.backup_workers
     eval_every: int = Cluster.eval_every
+    """Evaluate the test AUC every this many global steps."""
     checkpoint_every: int = Cluster.checkpoint_every
+    """Checkpoint every this many global steps (0: never); a retried launch resumes from the last one."""
     target_auc: float = Cluster.target_auc
     rpc_timeout_s: float = Cluster.rpc_timeout_s
     run_timeout_s: float = Cluster.run_timeout_s
     num_ps: int = Cluster.num_ps
+    """PS modes: parameter-server processes; the sparse tables are sharded by ID over them."""
     auto_target: str = Switching.target
+    """auto: the mode the straggler detector switches to (gba | async | ssp | hopbw); back to sync on recovery."""
     switch_at: list[dict] = field(default_factory=list)
+    """auto, experiments: a schedule [{step, to}] that replaces the detector."""
     detector_window: int = Switching.window
+    """auto: detector window in global steps."""
     detector_k_on: float = Switching.k_on
+    """auto: a worker slower than k_on x the median of the others is a straggler ..."""
     detector_k_off: float = Switching.k_off
+    """... and has recovered below k_off (hysteresis)."""
     detector_patience: int = Switching.patience
+    """auto: consecutive windows beyond a threshold before a switch."""
 
     def spec(self, mode: str, workers: int | None = None, events_path: str = "", data_cache: str = "") -> RunSpec:
         """The validated RunSpec of ``mode``, the same hyper-parameters for every mode. ``workers``

@@ -36,6 +36,7 @@ class TokenizerParams:
     """
 
     vocab_size: int = 2048
+    """Byte-level BPE vocabulary (tokens; <= 65,535 since streams are uint16)."""
     seed: int = 0
 
     def __post_init__(self):

@@ -47,10 +47,15 @@ class ValidationParams:
     """
 
     seeds: list[int] = field(default_factory=lambda: [2])
+    """CPT data-order seeds of every validation run (default 2: neither probe seed, a fresh draw)."""
     verify_limited_domain: bool = True
+    """Train usage 2's answer (limited domain data) once and report predicted vs measured."""
     verify_allocate_compute: bool = False
+    """Train usage 3's answer (resource allocation) once, at the nearest real size."""
     allocation_sizes: list[str] = field(default_factory=list)
+    """Sizes usage 3's N may be rounded to; empty = the probed sizes (their base models exist)."""
     ratio_decimals: int = 3
+    """The trained ratios are the plan's rounded to this many decimals."""
 
     def __post_init__(self):
         from ops.mixture.probe import SIZES

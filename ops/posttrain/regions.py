@@ -48,10 +48,12 @@ class RegionParams:
     """
 
     k_topics: int = 8
+    """k-means clusters of the TF-IDF topic regions."""
     min_items: int = 5
     high_loss_quantile: float = 0.9
     high_loss_weight: float = 0.5
     top_k: int = 3
+    """Regions (by failure mass) that targeted_synthesis works on."""
     min_module_share: float = 0.6
     seed: int = 0
 

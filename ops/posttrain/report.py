@@ -49,6 +49,8 @@ class ComparisonParams:
     """
 
     n_boot: int = 2000
+    """Bootstrap resamples of the 95% intervals (two-level percentile bootstrap over training seeds
+    and items; paired over items for differences)."""
     seed: int = 0
 
     def __post_init__(self):

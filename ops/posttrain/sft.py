@@ -69,6 +69,7 @@ class SftPlan(JsonSpec):
     eval_batch: int = 64
     seed: int = 0
     eot_token: str = "<|endoftext|>"   # ends every response; padding id (production: the model's EOS token)
+    """The token that ends each response (a Hugging Face model's EOS token)."""
 
     HYPER = ("global_batch", "steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "domain_ratio",
              "max_new_tokens", "seed", "eot_token")
@@ -127,6 +128,8 @@ class Stage2Plan(SftPlan):
 
     steps: int = 60
     lr: float = 6e-4
+    """Peak stage-2 learning rate: about where stage 1's cosine ended (4e-4), so stage 2 continues
+    without a re-warming shock. Measured: 1.5e-3 and 3e-3 lowered overall accuracy below stage 1's."""
     warmup_steps: int = 5
 
 

@@ -57,14 +57,19 @@ class SynthesisParams:
     """
 
     pool_per_module: int = 150
+    """Generator items per (module, level) in the synthesis pool (targeted and random draw from it)."""
     pool_seed: int = 303
     budget: int = 600
+    """New items per arm (targeted and the random control get the same number)."""
     retrieval_k: int = 3
     near_threshold: float = NearDedupParams.threshold
     num_perm: int = NearDedupParams.num_perm
     verify_timeout_s: float = 5.0
     workers: int = 2
     teacher_requests: int = 0
+    """Teacher synthesis requests (each also costs one solve request). Off by default on the
+    embedded profile: SmolLM2-135M rarely writes a question whose answer it can then verify, and
+    each request takes seconds on 2 cores; set it with a production teacher endpoint."""
     teacher_max_tokens: int = 96
     seed: int = 0
 

@@ -43,8 +43,12 @@ class PolicySpec:
     model_dir: Optional[str] = None
     lr: float = 1e-6
     temperature: float = 1.0
+    """Sampling temperature of the engines; the trainer scores the sampled tokens under the same
+    distribution (temperature, top_k, top_p: ``ops.lm.sampling.SamplingConfig``)."""
     top_k: int = 0
+    """Keep only the k most likely tokens when sampling (0 = off)."""
     top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
     seed: int = 0
     threads: int = 1
     tiny_hidden: int = 64

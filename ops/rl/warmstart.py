@@ -72,15 +72,20 @@ class WarmStartSpec(JsonSpec):
     warmup_steps: int = 30
     min_lr_ratio: float = 0.1          # cosine decay to lr * min_lr_ratio at max_steps
     max_steps: int = 1000
+    """Optimizer steps at most (training stops earlier at the target pass rate)."""
     batch_problems: int = 32           # problems (sequences) per optimizer step
+    """Problems (sequences) per optimizer step."""
     max_lines: int = 60                # longest chain (quotient) of a training problem
     alpha: float = 0.5                 # training length law p(q) ~ q^-alpha (RL distribution: 1.2)
+    """Training length law p(q) ~ q^-alpha (the RL distribution has 1.2)."""
     multi_turn_fraction: float = 0.5   # share of problems in the multi-turn tool form
     eval_every: int = 25
+    """Optimizer steps between held-out evaluations (the stopping rule's cadence)."""
     eval_seed: int = 7
     eval_size: int = 128
     eval_temperature: float = 1.0
     target_pass_rate: float = 0.4
+    """Stop at the first evaluation whose sampled pass rate reaches this (0.2-0.7 keeps GRPO groups mixed)."""
     final_eval_seed: int = 99
     final_eval_size: int = 512
     max_new_tokens: int = 256

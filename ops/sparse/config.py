@@ -9,15 +9,20 @@ from dataclasses import dataclass, field, fields
 @dataclass
 class TrainConfig:
     dim: int = 8
+    """FM latent width per field (each table row holds dim + 1: the first-order weight too)."""
     hidden: tuple[int, ...] = (64, 32)
+    """Widths of the MLP's hidden layers."""
     dropout: float = 0.2
     epochs: int = 3
     batch_size: int = 256
     sparse_lr: float = 0.01
+    """SparseAdagrad learning rate of the embedding rows."""
     dense_lr: float = 1e-3
+    """torch.optim.Adam learning rate of the DeepFM MLP."""
     emb_l2: float = 1e-5
     """L2 on the embeddings looked up in a batch (per-sample mean), applied through the sparse grads."""
     crosses: list[str] = field(default_factory=lambda: ["gender*age_bucket", "age_bucket*occupation"])
+    """Crossed fields 'a*b' of single-valued columns."""
     coalesce: bool = True
     seed: int = 0
     threads: int = 1
@@ -38,7 +43,9 @@ class CTREventsParams:
     """
 
     user_events_path: str | None = None
+    """A user's CTR events Parquet (user_id, item_id, timestamp, click + feature columns); None = MovieLens-100k."""
     test_fraction: float = 0.2
+    """The latest share of events (by timestamp) held out as the test set."""
 
     def __post_init__(self):
         if not 0.0 < self.test_fraction < 1.0:
@@ -59,6 +66,7 @@ class CTRModelParams(TrainConfig):
     """
 
     baseline_C: float = 1.0
+    """Inverse regularisation of the scikit-learn logistic-regression baseline."""
 
     def __post_init__(self):
         self.hidden = tuple(self.hidden)

@@ -46,12 +46,19 @@ class LawFitParams:
     """
 
     forms: list[str] = field(default_factory=lambda: ["L3", "r_additive", "chinchilla"])
+    """Law forms compared (ops.mixture.law.FORMS); the first is the one the plan uses."""
     huber_delta: float = HUBER_DELTA
+    """Huber delta on log-loss residuals (docs/mixture.md)."""
     holdout_last_k: int = 2
+    """Unseen-D axis: the last k checkpoints of every run are held out."""
     n_boot: int = N_BOOT
+    """Bootstrap refits (resampled runs) behind the plan's uncertainty."""
     early_checkpoints: int = 2
+    """Cross-domain law: checkpoints per run that count as an unseen domain's cheap early signal."""
     min_subdomain_share: float = 0.03
+    """Sub-domains with a smaller share of domain tokens are left out of the cross-domain law."""
     workers: int = 0
+    """Processes for the independent fits (0 = every core this process may use; 1 = in process)."""
 
     def __post_init__(self):
         self.forms = list(self.forms)
@@ -91,7 +98,14 @@ class FitFloorParams:
     """
 
     min_heldout_r2: float = 0.3
+    """Every held-out axis (unseen N, D, r) of both targets must reach this R^2. At probe scale the
+    general loss moves a few tenths of a nat across N, D and r_d against ~0.05-0.1 nats of
+    single-seed training noise: the embedded probes reach 0.48-0.94 held out (README), so 0.3
+    catches a broken fit (R^2 <= 0, an exploding extrapolation) without failing an honest one.
+    Raise it for production-size probes."""
     noise_multiple: float = NOISE_MULTIPLE
+    """dcpt_fit_within_noise: the held-out mean squared error allowed, in units of the probes' seed
+    noise variance (floor = 1 - noise_multiple x (1 - noise ceiling))."""
 
     def __post_init__(self):
         if _finite("dcpt_fit_heldout_r2.min_heldout_r2", self.min_heldout_r2) > 1.0:
@@ -128,12 +142,20 @@ class MixturePlanParams:
     """
 
     target_n_params: float = 0.0
+    """Non-embedding parameters N of the target model; 0 = the largest probed size (whose measured
+    base general loss is then L_g0)."""
     target_tokens: float = 0.0
+    """CPT tokens D of the target run; 0 = 4x the largest probed D (a 4x extrapolation in D)."""
     max_general_degradation: float = 0.03
+    """T: allowed relative rise of the general loss over the base model's (paper example: 3%)."""
     domain_tokens: float = 0.0
+    """Usage 2: the domain tokens available; 0 = a quarter of target_tokens."""
     compute_flops: float = 0.0
+    """Usage 3: the CPT compute budget C (FLOPs, C = 6 N D); 0 = 6 x target N x target D."""
     max_extrapolation: float = 10.0
+    """Usage 3 searches N (and D = C / 6N) no further than this multiple of the largest probed N (D)."""
     quantiles: list[float] = field(default_factory=lambda: [10.0, 90.0])
+    """Percentiles of the bootstrap spread reported with each answer."""
 
     def __post_init__(self):
         for name in ("target_n_params", "target_tokens", "max_general_degradation", "domain_tokens", "compute_flops"):

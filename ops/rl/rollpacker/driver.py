@@ -64,23 +64,33 @@ class RunSpec(PolicySpec):
     ``validate`` is the one check, run by the asset and by the launched driver (``load_spec``)."""
 
     problems_path: str = ""
-    methods: list = field(default_factory=lambda: ["baseline", "rollpacker"])
+    methods: list[str] = field(default_factory=lambda: ["baseline", "rollpacker"])
+    """Subset of baseline | tail_batching | tail_batching+reward | rollpacker (tail batching + reward
+    scheduler + stream trainer)."""
     prompts_per_step: int = 2
+    """P0: prompts per step."""
     responses_per_prompt: int = 4
+    """R0: responses per prompt (the GRPO group)."""
     eta: float = 1.25
+    """Short-round over-provisioning (paper: 1.25)."""
     steps: int = 2
+    """GRPO steps per method (with eta 1.25 and P0 2: a short round, then a long round)."""
     max_new_tokens: int = 48
     timeout_s: float = 120.0
+    """Wall-clock limit of one rollout."""
     max_prompt_tokens: int = 200
     max_failed_fraction: float = 0.25
+    """A step fails when more than this fraction of its rewards could not be computed."""
     reward_workers: int = 1
     ray_address: Optional[str] = None
     num_cpus: int = 2
+    """CPUs of the local Ray instance (ignored with compute.ray_address)."""
     task: str = "curated"
     task_seed: int = 0
     eval_size: int = 0
     eval_every: int = 0
     eval_temperature: float = 1.0
+    """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
