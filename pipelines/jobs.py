@@ -29,13 +29,13 @@ def _jobs(name: str, selection: dg.AssetSelection, ops: Sequence[str], stage: st
     out = []
     for preset in PRESETS:
         config = preset_run_config(preset, ops)
-        # ``small`` equals the assets' own defaults (tests/test_operating.py holds that), so the small
-        # job carries no default run config: a job with one ignores the resources a caller passes to
-        # ``execute_in_process`` (Dagster 1.13; measured: the steps wrote to the default lake).
+        # ``small`` is the assets' own defaults and sets nothing, so the small job carries no default
+        # run config: a job with one ignores the resources a caller passes to ``execute_in_process``
+        # (Dagster 1.13; measured: the steps wrote to the default lake).
         out.append(dg.define_asset_job(
             name if preset == "small" else f"{name}_{preset}",
             selection=selection,
-            config=config if config["ops"] and preset != "small" else None,
+            config=config if config["ops"] else None,
             tags={"crucible/stage": stage, "crucible/preset": preset, **(GPU_TAGS if gpu else {})},
             description=f"{description} [preset: {preset}]",
         ))
@@ -69,10 +69,12 @@ training_job, training_job_full = _jobs(
     "training_job", dg.AssetSelection.assets("ctr_events", "ctr_model"), ["ctr_model"], "training",
     "Build the CTR events (MovieLens-100k, time split) and train the DeepFM CTR model on the sparse engine.")
 
-# GBA vs sync all-reduce, async PS, SSP and Hop-BW under one straggler trace (one partition per mode).
+# GBA vs sync all-reduce, async PS, SSP and Hop-BW under one straggler trace, and auto (sync <-> GBA
+# switching on a straggler detector): one partition per mode.
 gba_job, gba_job_full = _jobs(
     "gba_job", dg.AssetSelection.assets("gba_run"), ["gba_run"], "training",
-    "Train the CTR model in one training mode (partition): sync | async | gba | ssp | hopbw.", gpu=True)
+    "Train the CTR model in one training mode (partition): sync | async | gba | ssp | hopbw | auto "
+    "(sync <-> GBA switching).", gpu=True)
 
 # The warm-started scratchpad policy of the RL runs (docs/rl_policy.md), on its own.
 rl_policy_job, rl_policy_job_full = _jobs(

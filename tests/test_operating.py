@@ -57,9 +57,9 @@ def test_source_refresh_job_is_one_source_partition_and_the_curation_below_it(de
 
 def test_both_presets_validate_against_every_job_config_schema(defs):
     from pipelines.jobs import LIFECYCLE
-    from pipelines.presets import FULL, PRESETS, SMALL, preset_run_config
+    from pipelines.presets import PRESETS, preset_run_config
 
-    assert set(SMALL) == set(FULL)
+    assert PRESETS["small"] == {}  # small = the assets' own defaults: nothing to set
     for name, _ in LIFECYCLE:
         for preset in PRESETS:
             job = defs.resolve_job_def(name if preset == "small" else f"{name}_{preset}")
@@ -68,8 +68,8 @@ def test_both_presets_validate_against_every_job_config_schema(defs):
             assert dg.validate_run_config(job, cfg) is not None
             assert dg.validate_run_config(job, {}) is not None            # the job's own default = its preset
             assert job.tags["crucible/preset"] == preset
-            if preset == "small":  # = the assets' own defaults: no default run config on the job
-                assert job.run_config is None
+            if preset == "small":  # no default run config on the job
+                assert job.run_config is None and cfg == {"ops": {}}
                 if job.partitions_def:
                     key = job.partitions_def.get_partition_keys()[0]
                     assert not job.partitioned_config.get_run_config_for_partition_key(key).get("ops")
@@ -79,32 +79,35 @@ def test_both_presets_validate_against_every_job_config_schema(defs):
                 assert job.partitioned_config.get_run_config_for_partition_key(key) == cfg
             elif cfg["ops"]:
                 assert job.run_config == cfg                               # the Launchpad's preset
+
+
+def _op_config_fields(defs) -> dict:
+    """Op name -> its run-config fields ({name: dagster Field}), from the code location's assets."""
+    out = {}
+    for a in defs.assets or ():
+        if isinstance(a, dg.AssetsDefinition) and a.op.config_schema is not None:
+            fields = getattr(a.op.config_schema.config_type, "fields", None)
+            if fields:
+                out[a.op.name] = fields
+    return out
+
+
+def test_every_full_knob_is_a_field_of_its_op_and_production_sized(defs):
+    """A ``full`` value for a field its op does not have would pass silently (Dagster Config allows
+    extra keys); one equal to the asset's default would set nothing."""
+    from pipelines.presets import FULL
+
+    fields = _op_config_fields(defs)
+    for op, values in FULL.items():
+        assert op in fields, f"FULL names {op!r}, which is no op with a run config"
+        unknown = set(values) - set(fields[op])
+        assert not unknown, f"FULL[{op!r}] sets fields {op} does not have: {sorted(unknown)}"
+        for k, v in values.items():
+            if v is not None:
+                assert v != fields[op][k].default_value, f"FULL[{op!r}][{k!r}] = {v!r} is the asset's default"
     # full is production-sized where it matters
-    assert FULL["sft_dataset"]["target_size"] >= 50 * SMALL["sft_dataset"]["target_size"]
-    assert FULL["cpt_probe_runs"]["cpt_tokens"] > 1000 * SMALL["cpt_probe_runs"]["cpt_tokens"]
-
-
-def test_small_preset_is_the_assets_own_defaults():
-    """Launching a small job and materializing from the asset graph must do the same thing."""
-    from assets.curation import AnnotateConfig, SftConfig
-    from assets.distillation import DistillConfig
-    from assets.gba import GBARunConfig
-    from assets.mixture import BaseModelConfig, LawFitConfig, ProbeRunConfig
-    from assets.recsys import CTRModelConfig
-    from assets.rollarc import RollArcRunConfig
-    from assets.rl_policy import RlPolicyConfig
-    from assets.rollpacker import RollPackerRunConfig
-    from assets.sources import RawProblemsConfig
-    from pipelines.presets import SMALL
-
-    classes = {"raw_problems": RawProblemsConfig, "annotated_problems": AnnotateConfig, "distilled_problems": DistillConfig,
-               "sft_dataset": SftConfig, "ctr_model": CTRModelConfig, "gba_run": GBARunConfig,
-               "rollpacker_run": RollPackerRunConfig, "rollarc_run": RollArcRunConfig, "rl_policy": RlPolicyConfig,
-               "cpt_base_models": BaseModelConfig, "cpt_probe_runs": ProbeRunConfig, "dcpt_law_fit": LawFitConfig}
-    assert set(classes) == set(SMALL)
-    for op, values in SMALL.items():
-        defaults = classes[op]().model_dump()
-        assert {k: defaults[k] for k in values} == values, op
+    assert FULL["sft_dataset"]["target_size"] >= 50 * fields["sft_dataset"]["target_size"].default_value
+    assert FULL["cpt_probe_runs"]["cpt_tokens"] > 1000 * fields["cpt_probe_runs"]["cpt_tokens"].default_value
 
 
 def test_a_partial_run_config_keeps_the_preset_for_the_other_ops(defs):
