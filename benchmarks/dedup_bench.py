@@ -905,12 +905,13 @@ def run_sub(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[in
     return rc, wall, out
 
 
-def _worker_result(methods: dict, label: str, work: Path, args: list, timeout: float):
-    """Run this script as a ``--worker`` subprocess writing ``work/<label>.npz``: (the loaded npz, its
-    ``meta`` dict), or None after recording ``{"error": output}`` under ``methods[label]``."""
+def _worker_result(methods: dict, label: str, work: Path, worker: str, corpus: Path, args: list, timeout: float):
+    """Run this script as a ``--worker <worker>`` subprocess on ``corpus`` writing ``work/<label>.npz``:
+    (the loaded npz, its ``meta`` dict), or None after recording ``{"error": output}`` under
+    ``methods[label]``. ``timeout`` in seconds."""
     res_path = work / f"{label}.npz"
-    rc, _wall, out = run_sub([sys.executable, str(BENCH / "dedup_bench.py"), *args, "--result", str(res_path)],
-                             timeout=timeout)
+    rc, _wall, out = run_sub([sys.executable, str(BENCH / "dedup_bench.py"), "--worker", worker, "--corpus", str(corpus),
+                              *args, "--result", str(res_path)], timeout=timeout)
     if rc != 0:
         methods[label] = {"error": out}
         return None
@@ -1052,8 +1053,8 @@ def main() -> None:
         whatifs = [w for w in args.whatif.split(",") if w and w != f"{cru_br[0]}x{cru_br[1]}"]
     for label, br, repeats in [("crucible", "", args.crucible_repeats)] + [(f"whatif_crucible_{w}", w, 1) for w in whatifs]:
         _log(f"{label}: near_dedup{' with lsh_params -> ' + br if br else ''}")
-        got = _worker_result(methods, label, work, ["--worker", "crucible", "--corpus", str(corpus_path),
-                                                    "--crucible-repeats", str(repeats), "--bands-rows", br], 600)
+        got = _worker_result(methods, label, work, "crucible", corpus_path,
+                             ["--crucible-repeats", str(repeats), "--bands-rows", br], 600)
         if got is None:
             continue
         r, meta = got
@@ -1096,8 +1097,7 @@ def main() -> None:
         loops.append(("datasketch_loop_crucible_params", f"{cru_br[0]}x{cru_br[1]}"))
     for name, params in loops:
         _log(f"{name} on {limit} docs")
-        got = _worker_result(methods, name, work, ["--worker", "datasketch", "--corpus", str(corpus_path),
-                                                   "--limit", str(limit), "--bands-rows", params], 900)
+        got = _worker_result(methods, name, work, "datasketch", corpus_path, ["--limit", str(limit), "--bands-rows", params], 900)
         if got is None:
             continue
         r, meta = got
@@ -1248,8 +1248,8 @@ def main() -> None:
     # of the two Crucible timings (the outputs must be identical: the stage is deterministic)
     if "wall_seconds" in methods.get("crucible", {}) and not args.skip_peers:
         _log("crucible again (after the peers)")
-        got = _worker_result(methods, "crucible_after_peers", work, ["--worker", "crucible", "--corpus", str(corpus_path),
-                                                                   "--crucible-repeats", str(args.crucible_repeats)], 600)
+        got = _worker_result(methods, "crucible_after_peers", work, "crucible", corpus_path,
+                             ["--crucible-repeats", str(args.crucible_repeats)], 600)
         if got is not None:
             r, meta = got
             first = np.load(work / "crucible.npz")
