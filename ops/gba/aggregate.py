@@ -22,18 +22,16 @@ import torch
 
 @dataclass
 class Gradient:
-    """One worker's gradient over one local batch (sums over its samples, not means).
-
-    Attributes:
-        dense: [P] float32, sum over the batch of d loss_i / d dense parameters.
-        sparse: per table ``(ids int64 [U] unique, grads float32 [U, d] summed, counts int64 [U])``.
-        samples: local batch size n. loss_sum: sum of the per-sample BCE (for the training curve).
-    """
+    """One worker's gradient over one local batch (sums over its samples, not means)."""
 
     dense: torch.Tensor
+    """[P] float32, sum over the batch of d loss_i / d dense parameters."""
     sparse: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    """Per table ``(ids int64 [U] unique, grads float32 [U, d] summed, counts int64 [U])``."""
     samples: int
+    """Local batch size n, in samples."""
     loss_sum: float = 0.0
+    """Sum of the per-sample BCE over the batch (for the training curve)."""
     compute_s: float = 0.0
     """Wall seconds the worker spent computing it (every forward/backward pass; the step time of
     the straggler detector, ``ops.gba.switching``)."""
@@ -41,13 +39,16 @@ class Gradient:
 
 @dataclass
 class Update:
-    """One optimizer step: ``dense`` [P] averaged over ``samples``; ``sparse`` per table ``(ids [U],
-    grads [U, d])`` averaged per row over the samples that touched it."""
+    """One optimizer step: the averaged gradients of everything aggregated since the last step."""
 
     dense: torch.Tensor
+    """[P] dense gradient, the weighted sum averaged over ``samples``."""
     sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    """Per table ``(ids [U], grads [U, d])``, each row averaged over the samples that touched it."""
     samples: int
+    """Samples the update covers (the global batch G in sync and GBA)."""
     gradients: int
+    """Local-batch gradients aggregated into it."""
     loss: float
     """Mean per-sample training loss of the covered samples (at the parameters each worker pulled)."""
 
@@ -80,10 +81,15 @@ class Aggregator:
     """
 
     dense: torch.Tensor | None = None
+    """[P] weighted sum of the dense gradients added so far; None = nothing added since the last take."""
     rows: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    """Per table, the added ``(ids [U], weighted grads [U, d], counts [U])`` parts, summed per row at take."""
     samples: int = 0
+    """Samples of the gradients added so far (unweighted)."""
     gradients: int = 0
+    """Gradients added so far."""
     loss_sum: float = 0.0
+    """Sum of the added gradients' per-sample losses (unweighted)."""
 
     def add(self, g: Gradient, weight: float = 1.0) -> None:
         """Add one gradient with weight ``weight``. Raises ValueError for a weight outside (0, 1]

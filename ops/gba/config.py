@@ -47,75 +47,68 @@ LOCAL_BATCH = 256
 
 @dataclass(frozen=True)
 class Policy:
-    """The knobs that define each mode (not model hyper-parameters: they never change the optimizer).
-
-    Attributes:
-        decay: GBA's staleness decay f(tau) (token control, GBA §3.2); see ``StalenessDecay``. Any
-            callable ``int -> [0, 1]`` works in-process; launched runs serialize a StalenessDecay.
-        ssp_bound: SSP's staleness bound s (Ho et al., NeurIPS 2013): a worker may run at most s
-            local batches ahead of the slowest live worker; beyond that its pull waits.
-        backup_workers: Hop-BW's backup workers (Chen et al. 2016, "Revisiting distributed
-            synchronous SGD"; Luo et al., ASPLOS 2019, Hop): each global step waits for the
-            gradients of W - backup_workers workers and drops the rest.
-    """
+    """The knobs that define each mode (not model hyper-parameters: they never change the optimizer)."""
 
     decay: StalenessDecay = field(default_factory=StalenessDecay)
+    """GBA's staleness decay f(tau) (token control, GBA §3.2); see ``StalenessDecay``. Any callable
+    ``int -> [0, 1]`` works in-process; launched runs serialize a StalenessDecay."""
     ssp_bound: int = 3
+    """SSP's staleness bound s, in local batches (>= 0; Ho et al., NeurIPS 2013): a worker may run at most
+    s local batches ahead of the slowest live worker; beyond that its pull waits."""
     backup_workers: int = 1
+    """Hop-BW's backup workers, in [0, W) (Chen et al. 2016, "Revisiting distributed synchronous SGD";
+    Luo et al., ASPLOS 2019, Hop): each global step waits for W - backup_workers workers, drops the rest."""
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """Processes, timeouts and reporting of a run.
-
-    Attributes:
-        workers: W worker processes (PS modes add one parameter-server process; sync runs W ranks).
-        rpc_timeout_s: the timeout of every RPC (torch.distributed.rpc) and collective (gloo).
-        wait_timeout_s: the longest a worker may wait for permission to pull (SSP, Hop-BW) or for
-            the start; past it the worker fails with an error naming the wait.
-        start_timeout_s: how long the RPC world (PS + every worker) may take to assemble; a process
-            whose world is not up by then exits with an error (so does a worker whose PS died).
-        stop_timeout_s: how long the PS waits at the end for live workers to collect their stop.
-        run_timeout_s: wall-clock limit of the training loop (the launch adds its own limit).
-        eval_every: evaluate the test AUC every this many global steps (in samples: eval_every x G).
-        target_auc: the test AUC whose first crossing gives "time to target".
-        threads: torch intra-op threads per process.
-        checkpoint_every: write a checkpoint every this many global steps (in samples:
-            checkpoint_every x G; ``ops.gba.checkpoint``); a relaunch with the same run directory
-            resumes from the last one. 0 = never.
-        num_ps: parameter-server processes of the PS modes: the sparse tables are sharded by ID
-            over them (owner = namespaced id % num_ps); process 0 also holds the dense parameters
-            and the token control. 1 = one PS holds everything.
-    """
+    """Processes, timeouts and reporting of a run."""
 
     workers: int = 2
+    """W worker processes, >= 1 (PS modes add the parameter-server processes; sync runs W ranks)."""
     rpc_timeout_s: float = 30.0
+    """Timeout of every RPC (torch.distributed.rpc) and collective (gloo), in s (> 0)."""
     wait_timeout_s: float = 60.0
+    """Longest a worker may wait for permission to pull (SSP, Hop-BW) or for the start, in s (> 0); past
+    it the worker fails with an error naming the wait."""
     start_timeout_s: float = 120.0
+    """How long the RPC world (PS + every worker) may take to assemble, in s (> 0); a process whose world
+    is not up by then exits with an error (so does a worker whose PS died)."""
     stop_timeout_s: float = 30.0
+    """How long the PS waits at the end for live workers to collect their stop, in s (> 0)."""
     run_timeout_s: float = 600.0
+    """Wall-clock limit of the training loop, in s (> 0; the launch adds its own limit)."""
     eval_every: int = 16
+    """Evaluate the test AUC every this many global steps, >= 1 (in samples: eval_every x G)."""
     target_auc: float = 0.68
+    """The test AUC whose first crossing gives "time to target"."""
     threads: int = 1
+    """torch intra-op threads per process (also its OMP_NUM_THREADS)."""
     checkpoint_every: int = 16
+    """Write a checkpoint every this many global steps, >= 0 (in samples: checkpoint_every x G;
+    ``ops.gba.checkpoint``); a relaunch with the same run directory resumes from the last one. 0 = never."""
     num_ps: int = 1
+    """Parameter-server processes of PS modes (>= 1; 1 = one PS holds all): sparse tables are sharded by ID
+    over them (owner = namespaced id % num_ps); process 0 also holds the dense parameters and token control."""
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run: mode + hyper-parameters + cluster + policies + straggler trace.
-
-    ``train`` is the single set of hyper-parameters every mode uses: ``train.batch_size`` is the
-    global batch G, ``train.epochs`` the passes over the train split (in applied samples),
-    learning rates, dims, dropout and seed as in ``ops.sparse.config.TrainConfig``.
-    """
+    """One run: mode + hyper-parameters + cluster + policies + straggler trace."""
 
     mode: str = "gba"
+    """Training mode, one of ``MODES``: sync | async | gba | ssp | hopbw | auto."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=GLOBAL_BATCH, epochs=1))
+    """The one set of hyper-parameters every mode uses (``ops.sparse.config.TrainConfig``): ``batch_size``
+    is the global batch G, ``epochs`` the passes over the train split (in applied samples)."""
     local_batch: int = LOCAL_BATCH
+    """b: samples per worker gradient (>= 1); G must be a multiple (sync, Hop-BW, auto: of W x b)."""
     cluster: Cluster = field(default_factory=Cluster)
+    """Processes, timeouts and reporting cadence (``Cluster``)."""
     policy: Policy = field(default_factory=Policy)
+    """The mode policies: GBA's staleness decay, SSP's bound, Hop-BW's backup workers (``Policy``)."""
     trace: StragglerTrace = field(default_factory=StragglerTrace)
+    """The seeded straggler trace every mode replays (``StragglerTrace``)."""
     switching: Switching = field(default_factory=Switching)
     """Mode ``auto`` only: the detector's rule and target, or a switch schedule."""
     events_path: str = ""
@@ -232,34 +225,6 @@ class RunConfig:
     one mode and changes nothing but the mode (GBA paper §1, §3). The ``gba_run`` asset's Launchpad
     config mirrors it (docs/gba.md, "Configuration"); defaults come from the structured parts
     (``TrainConfig``, ``Cluster``, ``Policy``, ``StalenessDecay``, ``StragglerTrace``).
-
-    Attributes:
-        workers: W (sync: ranks; PS modes: worker processes beside the PS); None = the launcher's
-            process count (``spec(workers=...)``).
-        global_batch: G, samples per synchronous optimizer step; GBA aggregates exactly this many.
-        local_batch: b, samples per worker gradient; G must be a multiple (sync and Hop-BW: of W x b).
-        epochs: passes over the train split, counted in applied samples.
-        dim, hidden, dropout, sparse_lr, dense_lr, emb_l2, crosses, seed: the DeepFM model and its
-            optimizers (``ops.sparse.config.TrainConfig``).
-        straggler: the trace kind: none | persistent (worker ``slow_worker`` ``slowdown`` x slower)
-            | random (every worker, random delays).
-        slowdown, slow_worker, trace_seed: the trace (``StragglerTrace``).
-        delay_distribution, mean_extra: random trace: exponential | pareto extra time, as a multiple
-            of compute time.
-        slow_onset, slow_recovery: the persistent straggler is slow from its local batch
-            ``slow_onset`` up to (not including) ``slow_recovery`` (-1: to the end).
-        num_ps: parameter-server processes (the sparse tables sharded by ID over them).
-        auto_target, switch_at: mode ``auto``: the mode the detector switches to; or a schedule
-            ``[{"step": N, "to": mode}, ...]`` replacing the detector (experiments).
-        detector_window, detector_k_on, detector_k_off, detector_patience: the detector's rule
-            (``ops.gba.switching``).
-        staleness_threshold, staleness_decay, drop_after: GBA's f(tau) = staleness_decay ** (tau -
-            threshold) above the threshold (global steps); gradients staler than ``drop_after`` are
-            dropped (None: never).
-        ssp_bound, backup_workers: SSP's bound s (local batches); Hop-BW's backup workers.
-        eval_every, checkpoint_every: cadence in global steps (checkpoint 0: never).
-        target_auc: the test AUC whose first crossing gives "time to target".
-        rpc_timeout_s, run_timeout_s: every RPC / collective (s); the training loop (s).
     """
 
     workers: int | None = None
@@ -267,29 +232,41 @@ class RunConfig:
     global_batch: int = GLOBAL_BATCH
     """G: samples per synchronous optimizer step; GBA aggregates exactly this many."""
     local_batch: int = LOCAL_BATCH
-    """b: samples per worker gradient; G must be a multiple (sync and Hop-BW: of W x b)."""
+    """b: samples per worker gradient; G must be a multiple (sync, Hop-BW and auto: of W x b)."""
     epochs: float = 1.0
     """Passes over the train split, counted in applied samples."""
     dim: int = TrainConfig.dim
+    """FM latent width per field (``TrainConfig.dim``; each table row holds dim + 1)."""
     hidden: tuple[int, ...] = TrainConfig.hidden
+    """Widths of the DeepFM MLP's hidden layers (``TrainConfig.hidden``)."""
     dropout: float = TrainConfig.dropout
+    """Dropout probability after each hidden layer of the MLP (``TrainConfig.dropout``)."""
     sparse_lr: float = TrainConfig.sparse_lr
+    """SparseAdagrad learning rate of the embedding rows (``TrainConfig.sparse_lr``)."""
     dense_lr: float = TrainConfig.dense_lr
+    """torch.optim.Adam learning rate of the DeepFM MLP (``TrainConfig.dense_lr``)."""
     emb_l2: float = TrainConfig.emb_l2
+    """L2 on the embeddings looked up in a batch, via the sparse grads (``TrainConfig.emb_l2``)."""
     crosses: list[str] = field(default_factory=lambda: list(TrainConfig().crosses))
+    """Crossed fields 'a*b' of single-valued columns (``TrainConfig.crosses``)."""
     seed: int = TrainConfig.seed
+    """Seed of the model init, the sample stream's epoch permutations and dropout (``TrainConfig.seed``)."""
     straggler: str = "persistent"
     """Straggler trace: none | persistent (one worker slowdown x slower) | random (every worker, random delays)."""
     slowdown: float = StragglerTrace.slowdown
+    """Persistent straggler: its compute-time multiplier (>= 1; ``StragglerTrace.slowdown``)."""
     slow_worker: int = StragglerTrace.slow_worker
+    """Persistent straggler: its worker index; negative counts from the end (-1 = the last worker)."""
     delay_distribution: str = StragglerTrace.distribution
     """random trace: exponential | pareto extra time, as a multiple of compute time."""
     mean_extra: float = StragglerTrace.mean_extra
+    """Random trace: mean extra time per local batch, as a multiple of compute time (>= 0)."""
     slow_onset: int = StragglerTrace.onset
     """Persistent straggler: slow from its local batch slow_onset ..."""
     slow_recovery: int = StragglerTrace.recovery
     """... up to (not including) its local batch slow_recovery (-1: to the end)."""
     trace_seed: int = StragglerTrace.seed
+    """Seed of the trace: the draw for (worker, local batch k) depends only on (trace_seed, worker, k)."""
     staleness_threshold: int = StalenessDecay.threshold
     """GBA: gradients with staleness above this many global steps are decayed."""
     staleness_decay: float = StalenessDecay.rate
@@ -297,14 +274,19 @@ class RunConfig:
     drop_after: int | None = StalenessDecay.drop_after
     """GBA: drop gradients staler than this (None: never drop, only decay)."""
     ssp_bound: int = Policy.ssp_bound
+    """SSP: bound s, the local batches a worker may run ahead of the slowest live worker (>= 0)."""
     backup_workers: int = Policy.backup_workers
+    """Hop-BW: backup workers; each global step waits for W - backup_workers workers (in [0, W))."""
     eval_every: int = Cluster.eval_every
     """Evaluate the test AUC every this many global steps."""
     checkpoint_every: int = Cluster.checkpoint_every
     """Checkpoint every this many global steps (0: never); a retried launch resumes from the last one."""
     target_auc: float = Cluster.target_auc
+    """The test AUC whose first crossing gives "time to target"."""
     rpc_timeout_s: float = Cluster.rpc_timeout_s
+    """Timeout of every RPC and collective, in s (> 0)."""
     run_timeout_s: float = Cluster.run_timeout_s
+    """Wall-clock limit of the training loop, in s (> 0)."""
     num_ps: int = Cluster.num_ps
     """PS modes: parameter-server processes; the sparse tables are sharded by ID over them."""
     auto_target: str = Switching.target

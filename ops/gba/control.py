@@ -48,6 +48,7 @@ class Work:
     """Pull granted: compute on parameters at global step ``token``."""
 
     token: int
+    """Global step (optimizer steps applied) of the parameters the worker pulls; staleness counts from it."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,9 @@ class Wait:
     """Pull refused for now: ask again after ``seconds``."""
 
     seconds: float
+    """How long the worker waits before asking again, in s (``Control.poll_s``)."""
     reason: str
+    """Why the pull is refused (start barrier, SSP bound, lock-step tokens used up), for errors and logs."""
 
 
 STOP = "stop"
@@ -63,18 +66,16 @@ STOP = "stop"
 
 @dataclass(frozen=True)
 class PushVerdict:
-    """What the server does with a pushed gradient.
-
-    Attributes:
-        tau: staleness (steps). weight: f(tau) in [0, 1]; 0 = dropped. apply: the aggregate is
-        complete, apply one optimizer step now. next_batch: the worker's next local batch number,
-        or None = stop.
-    """
+    """What the server does with a pushed gradient."""
 
     tau: int
+    """Staleness of the gradient: optimizer steps now - its token (>= 0)."""
     weight: float
+    """Its weight in the aggregate, f(tau) in [0, 1]; 0 = dropped."""
     apply: bool
+    """The aggregate is complete: apply one optimizer step now."""
     next_batch: int | None
+    """The worker's next local batch number, or None = stop."""
 
 
 class ProtocolError(RuntimeError):
@@ -83,41 +84,64 @@ class ProtocolError(RuntimeError):
 
 @dataclass
 class Control:
-    """The scheduling state of one PS run. Not thread-safe: the server calls it under its lock.
-
-    Args:
-        spec: the run (mode, W, G, b, policies). total_samples: applied samples that end the run.
-        poll_s: how long a refused pull waits before asking again.
-    """
+    """The scheduling state of one PS run. Not thread-safe: the server calls it under its lock."""
 
     spec: RunSpec
+    """The run (mode, W, G, b, policies)."""
     total_samples: int
+    """Applied samples that end the run."""
     poll_s: float = 0.002
+    """How long a refused pull waits before asking again, in s."""
     step: int = 0
+    """Optimizer steps applied so far: the global step (async, SSP: one per applied local batch)."""
     samples_applied: int = 0
+    """Samples covered by the optimizer steps applied so far."""
     next_batch_no: int = 0
+    """The next fresh local batch number of the shared sample stream."""
     registered: set = field(default_factory=set)
+    """Workers that said ``hello`` (the start barrier waits for every worker)."""
     live: set = field(default_factory=set)
-    lost: dict = field(default_factory=dict)             # worker -> reason
-    claimed: dict = field(default_factory=dict)          # worker -> batch number handed out, not yet pushed
-    outstanding: dict = field(default_factory=dict)      # worker -> (token, batch) pulled, not yet pushed
-    clock: list = field(default_factory=list)            # SSP: gradients pushed per worker
-    slots: list = field(default_factory=list)            # Hop-BW: tokens of the current step per worker
+    """Workers not declared lost (set to every worker at construction)."""
+    lost: dict = field(default_factory=dict)
+    """Worker -> reason it was declared lost."""
+    claimed: dict = field(default_factory=dict)
+    """Worker -> batch number handed out, not yet pushed."""
+    outstanding: dict = field(default_factory=dict)
+    """Worker -> (token, batch) pulled, not yet pushed."""
+    clock: list = field(default_factory=list)
+    """SSP: gradients pushed per worker."""
+    slots: list = field(default_factory=list)
+    """Hop-BW (and sync on the server): tokens of the current global step per worker."""
     pending_samples: int = 0
+    """Samples of the accepted gradients not yet applied (GBA applies at exactly G)."""
     pending_gradients: int = 0
+    """Accepted gradients not yet applied."""
     taus: list = field(default_factory=list)
+    """Staleness of every gradient pushed while the run was live (not discarded at the end or at a switch)."""
     pushed: int = 0
+    """Gradients pushed, every one counted."""
     applied: int = 0
+    """Gradients accepted into an aggregate (weight > 0)."""
     decayed: int = 0
+    """Accepted gradients with weight < 1 (GBA's staleness decay)."""
     dropped: int = 0
+    """Gradients dropped with weight 0 (GBA: f(tau) = 0, e.g. past drop_after; lock-step: an old step's)."""
     discarded_at_end: int = 0
+    """Gradients pushed after the run was done or by a worker declared lost (not counted in ``taus``)."""
     batches_by_worker: list = field(default_factory=list)
-    lost_work: list = field(default_factory=list)        # (worker, token or None, batch) dropped with a lost worker
-    reissue: list = field(default_factory=list)          # batch numbers to hand out before fresh ones (resume)
+    """Local batches pushed per worker."""
+    lost_work: list = field(default_factory=list)
+    """(worker, token or None, batch) dropped with a lost worker."""
+    reissue: list = field(default_factory=list)
+    """Batch numbers to hand out before fresh ones (resume; batches dropped at a switch)."""
     done: bool = False
-    mode: str = ""                                       # the rule in force (spec.mode; auto: the phase)
-    phase_start: int = 0                                 # optimizer step the current phase began at
-    dropped_at_switch: int = 0                           # pre-switch gradients not applied (batch handed out again)
+    """``total_samples`` have been applied: the run is over and pulls get STOP."""
+    mode: str = ""
+    """The rule in force (spec.mode; auto: the phase)."""
+    phase_start: int = 0
+    """Optimizer step the current phase began at."""
+    dropped_at_switch: int = 0
+    """Pre-switch gradients not applied (their batch handed out again)."""
 
     def __post_init__(self):
         w = self.spec.cluster.workers

@@ -20,10 +20,15 @@ class CTRData:
     """Encoded train/test tensors: feats are ``{field: (ids int64 [N, L], lengths int64 [N])}``."""
 
     fields: list[str]
+    """Feature names in model order: the feature columns, then the crosses 'a*b'."""
     train: dict
+    """Train split features, ``{field: (ids, lengths)}`` over its N rows."""
     y_train: torch.Tensor
+    """Train split click labels, float32 [N] in {0, 1}."""
     test: dict
+    """Test split features, ``{field: (ids, lengths)}``."""
     y_test: torch.Tensor
+    """Test split click labels, float32 in {0, 1}."""
 
     @property
     def n_train(self) -> int:

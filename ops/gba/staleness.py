@@ -29,8 +29,11 @@ class StalenessDecay:
     """f(tau): the weight of a gradient of staleness tau (global steps). See the module docstring."""
 
     threshold: int = 1
+    """Staleness tau (global steps) up to which a gradient keeps weight 1 (>= 0)."""
     rate: float = 0.5
+    """Decay base above the threshold: f(tau) = rate ** (tau - threshold), in [0, 1]."""
     drop_after: int | None = None
+    """Drop (weight 0) gradients with staleness above this, >= threshold; None = never drop, only decay."""
 
     def check(self) -> None:
         """Raises GBAConfigError naming the field (negative threshold, rate outside [0, 1], drop_after

@@ -39,26 +39,24 @@ SWITCH_TARGETS = ("sync", "gba", "async", "ssp", "hopbw")
 
 @dataclass(frozen=True)
 class Switching:
-    """The switch policy of an ``auto`` run (ignored by the other modes).
-
-    Attributes:
-        target: the mode the detector switches to when a straggler appears (back to ``sync`` when
-            it recovers): gba | async | ssp | hopbw.
-        schedule: experiments: ``((global step, to mode), ...)`` in increasing steps; when given it
-            replaces the detector (the detector still measures, its verdicts are not applied).
-        window: detector window, in global steps of applied samples.
-        k_on, k_off: straggler ratio thresholds (k_off < k_on, the hysteresis band).
-        patience: consecutive windows beyond a threshold before a switch (m in the rule).
-        history: step times per worker in the median.
-    """
+    """The switch policy of an ``auto`` run (ignored by the other modes)."""
 
     target: str = "gba"
+    """The mode the detector switches to when a straggler appears (back to ``sync`` when it recovers):
+    gba | async | ssp | hopbw."""
     schedule: tuple[tuple[int, str], ...] = ()
+    """Experiments: ``((global step, to mode), ...)``, steps >= 1 and increasing; when given it replaces the
+    detector (the detector still measures, its verdicts are not applied)."""
     window: int = 2
+    """Detector window, in global steps of applied samples (>= 1)."""
     k_on: float = 2.0
+    """Straggler ratio threshold: r > k_on counts toward a switch to ``target`` (k_on > k_off: hysteresis)."""
     k_off: float = 1.3
+    """Recovery ratio threshold: r < k_off counts toward the switch back to sync (1 <= k_off < k_on)."""
     patience: int = 2
+    """Consecutive windows beyond a threshold before a switch (>= 1; m in the rule)."""
     history: int = 3
+    """Step times per worker in the median x_w (>= 1)."""
 
     def check(self) -> None:
         """Raises GBAConfigError naming the field: unknown target or schedule mode, a schedule whose
@@ -85,13 +83,16 @@ class Switching:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A switch the detector asks for: ``to`` (mode), ``worker`` (the straggler; None when
-    recovering), ``ratio`` (r at the deciding window) and a readable ``reason``."""
+    """A switch the detector asks for."""
 
     to: str
+    """The mode to switch to (``target``, or ``sync`` on recovery)."""
     worker: int | None
+    """The straggler's worker index; None when recovering."""
     ratio: float
+    """The straggler ratio r at the deciding window (max over workers of x_w / median of the others)."""
     reason: str
+    """A readable reason for the switch (for the record and the log)."""
 
 
 class StragglerDetector:

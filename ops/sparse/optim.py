@@ -19,8 +19,11 @@ class SparseAdagrad:
     squared gradients [dim]; ``w -= lr * g / (sqrt(state) + eps)``. Duchi et al. 2011."""
 
     lr: float = 0.05
+    """Learning rate."""
     eps: float = 1e-10
+    """Added to sqrt(state) in the denominator (numerical stability)."""
     initial_accumulator_value: float = 0.0
+    """Initial value of every row's sum of squared gradients."""
 
     def state_width(self, dim: int) -> int:
         return dim
@@ -43,9 +46,13 @@ class SparseAdam:
     rows in the batch: state = [m (dim), v (dim), t (1)]. Kingma & Ba 2015, Algorithm 1."""
 
     lr: float = 1e-3
+    """Learning rate."""
     beta1: float = 0.9
+    """Decay rate of the first-moment estimate m."""
     beta2: float = 0.999
+    """Decay rate of the second-moment estimate v."""
     eps: float = 1e-8
+    """Added to the bias-corrected sqrt(v) in the denominator (numerical stability)."""
 
     def state_width(self, dim: int) -> int:
         return 2 * dim + 1

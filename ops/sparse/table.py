@@ -35,6 +35,7 @@ class AdmitAfter:
     """An ID gets a row on its k-th sighting in training (k >= 1); before that it reads zeros."""
 
     k: int = 2
+    """The sighting in training on which an unseen ID gets a row (>= 1; 1 = admit at once)."""
 
     def __post_init__(self):
         if self.k < 1:
@@ -57,6 +58,7 @@ class EvictUnseen:
     """Evict an ID not looked up in training for more than ``n_steps`` optimizer steps."""
 
     n_steps: int = 1000
+    """Evict an ID not looked up in training for more than this many optimizer steps (``end_step`` calls)."""
 
 
 def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "") -> torch.Tensor:
