@@ -64,10 +64,16 @@ class DataParallel:
     size, this rank and its share of the global batch (``local_batch`` sequences)."""
 
     acc: Any
+    """The accelerate ``Accelerator`` of this process."""
     world: int
+    """World size: the number of ranks (processes) of the launch."""
     rank: int
+    """This process's rank, in [0, world)."""
     local_batch: int
+    """This rank's share of the global batch (sequences per optimizer step: global batch / world)."""
     launcher_group: Optional[int] = None
+    """Process group id of the accelerate/torchrun launcher (None: not started by one), which
+    ``kill_launch`` kills."""
 
     @classmethod
     def start(cls, global_batch: int) -> "DataParallel":

@@ -71,15 +71,20 @@ class ProbePlan(JsonSpec):
     """The spec of one probe launch. Token counts are in tokens (not sequences); ``global_batch`` in
     sequences per optimizer step over all ranks. ``validate`` raises ValueError naming the field."""
 
-    phase: str                      # "base" | "cpt"
-    data_dir: str                   # token streams + manifest.json (ops.mixture.tokens)
-    base_dir: str                   # <base_dir>/<size>/: base model + base losses
-    out_dir: str                    # <out_dir>/<run>/: CPT metrics.json
+    phase: str
+    """What the launch trains: "base" (pre-train each size's base model) or "cpt" (continue one)."""
+    data_dir: str
+    """Folder of the token streams and their manifest.json (``ops.mixture.tokens``)."""
+    base_dir: str
+    """Root of the base models: ``<base_dir>/<size>/`` holds a size's base model and base losses."""
+    out_dir: str
+    """Root of the CPT results: ``<out_dir>/<run>/metrics.json`` per CPT run."""
     runs: list[dict] = field(default_factory=list)
     """[{"size": "xs", "ratio": 0.25, "key": "...", "seed": 0, "tokens": None}]: ``seed`` (int >= 0,
     default 0) is a CPT run's data-order seed, ``tokens`` (int >= 1, default ``cpt_tokens``) its
     own CPT budget D; both are ignored by the base phase."""
     sizes: dict = field(default_factory=lambda: dict(SIZES))
+    """Probe size name -> GPT-2 shape ``{n_embd, n_layer, n_head}`` (n_embd a multiple of n_head)."""
     seq_len: int = 128
     """Context length of the probes (tokens per sequence)."""
     global_batch: int = 16
@@ -100,6 +105,7 @@ class ProbePlan(JsonSpec):
     warmup_steps: int = 10
     """Linear warm-up steps of the base learning rate."""
     weight_decay: float = 0.01
+    """AdamW weight decay of the base and the CPT (>= 0)."""
     val_seqs_general: int = 48
     """Validation blocks of the general stream (the first ones)."""
     val_seqs_per_subdomain: int = 24

@@ -27,17 +27,15 @@ class TokenizerParams:
     """Parameters of the tokenizer and its streams (:func:`build_streams`), the ``cpt_tokenizer``
     run config.
 
-    Attributes:
-        vocab_size: byte-level BPE vocabulary (tokens) in [300, 65535]: at least the 256 byte
-            symbols plus merges, at most what the uint16 streams hold.
-        seed: seed of the shuffle of train documents before they are joined into a stream.
     Raises:
         ValueError: ``vocab_size`` out of range (the message names it and the range).
     """
 
     vocab_size: int = 2048
-    """Byte-level BPE vocabulary (tokens; <= 65,535 since streams are uint16)."""
+    """Byte-level BPE vocabulary (tokens) in [300, 65535]: at least the 256 byte symbols plus merges,
+    at most what the uint16 streams hold."""
     seed: int = 0
+    """Seed of the shuffle of train documents before they are joined into a stream."""
 
     def __post_init__(self):
         if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, (int, np.integer)) \

@@ -25,37 +25,28 @@ import numpy as np
 class ValidationParams:
     """Parameters of the ``mixture_validation`` asset (docs/mixture.md, "Closed loop").
 
-    Attributes:
-        seeds: CPT data-order seeds of every validation run (non-empty, distinct, >= 0). The
-            default (2) is neither probe seed (0, 1): the verification is a fresh draw of the data
-            order, not a point the law was fitted on. With several seeds the verdict uses their
-            mean rise.
-        verify_limited_domain: also train usage 2's answer (limited domain data) once.
-        verify_allocate_compute: also train usage 3's answer (resource allocation) once, at the
-            nearest real size with D = C / 6N. Off in the main job: usage 3 spends the target's
-            whole compute C again on a smaller model (on the embedded probes ~1.5M tokens at
-            ~150k parameters, about as long as the rest of the validation), which the mixture
-            group's 6-minute budget cannot hold; ``benchmarks/dcpt_bench.py`` turns it on.
-        allocation_sizes: the sizes (keys of ``ops.mixture.probe.SIZES``) usage 3's answer may be
-            rounded to; empty = the probed sizes, whose base models exist. A size without a base
-            model has one pre-trained first (same base settings), which costs a base run.
-        ratio_decimals: the trained ratios are the plan's rounded to this many decimals (the
-            realised mixture is exact to one sequence per step, so finer ratios are not trainable);
-            in [1, 6].
     Raises:
         ValueError: a field outside its range (the message names it).
     """
 
     seeds: list[int] = field(default_factory=lambda: [2])
-    """CPT data-order seeds of every validation run (default 2: neither probe seed, a fresh draw)."""
+    """CPT data-order seeds of every validation run (non-empty, distinct, >= 0). The default (2) is neither
+    probe seed (0, 1): a fresh draw of the data order, not a point the law was fitted on. With several seeds
+    the verdict uses their mean rise."""
     verify_limited_domain: bool = True
     """Train usage 2's answer (limited domain data) once and report predicted vs measured."""
     verify_allocate_compute: bool = False
-    """Train usage 3's answer (resource allocation) once, at the nearest real size."""
+    """Train usage 3's answer (resource allocation) once, at the nearest real size with D = C / 6N. Off in
+    the main job: usage 3 spends the target's whole compute C again on a smaller model (on the embedded
+    probes ~1.5M tokens at ~150k parameters, about as long as the rest of the validation), which the
+    mixture group's 6-minute budget cannot hold; ``benchmarks/dcpt_bench.py`` turns it on."""
     allocation_sizes: list[str] = field(default_factory=list)
-    """Sizes usage 3's N may be rounded to; empty = the probed sizes (their base models exist)."""
+    """Sizes (keys of ``ops.mixture.probe.SIZES``) usage 3's N may be rounded to; empty = the probed sizes,
+    whose base models exist. A size without a base model has one pre-trained first (same base settings),
+    which costs a base run."""
     ratio_decimals: int = 3
-    """The trained ratios are the plan's rounded to this many decimals."""
+    """The trained ratios are the plan's rounded to this many decimals, in [1, 6] (the realised mixture is
+    exact to one sequence per step, so finer ratios are not trainable)."""
 
     def __post_init__(self):
         from ops.mixture.probe import SIZES
@@ -92,33 +83,31 @@ def general_rise(loss_general: float, base_general: float) -> float:
 
 @dataclass(frozen=True)
 class ClosedLoopVerdict:
-    """The verdict of the closed loop on the trade-off usage.
-
-    Attributes:
-        T: the plan's allowed relative rise of the general loss.
-        law_r_d: the ratio the law chose (as trained, rounded).
-        measured_rise: the measured rise at law_r_d (mean over seeds).
-        measured_rise_seeds: the rise of each seed's run at law_r_d.
-        grid_best_r_d: the probe grid's best feasible ratio (None: no grid point was feasible).
-        grid_best_measured_rise: the validation's measured rise at grid_best_r_d (None if not trained).
-        holds: measured_rise <= T.
-        accepted_r_d: law_r_d when the plan holds; otherwise the corrected choice, the trained ratio
-            with the lowest measured domain loss among those whose measured rise is <= T, or 0.0
-            when none is (no domain data can be added within T at this resolution).
-        corrected: accepted_r_d differs from law_r_d.
-        measured: per trained ratio {r_d, general_rise, loss_domain, loss_general, seeds}.
-    """
+    """The verdict of the closed loop on the trade-off usage. Rises are relative to the base model's
+    measured general loss, (L_g - L_g0) / L_g0; losses in nats/token."""
 
     T: float
+    """The plan's allowed relative rise of the general loss (>= 0)."""
     law_r_d: float
+    """The domain ratio r_d the law chose (as trained, rounded)."""
     measured_rise: float
+    """The measured relative general-loss rise at law_r_d (mean over seeds)."""
     measured_rise_seeds: tuple[float, ...]
+    """The measured relative rise of each seed's run at law_r_d."""
     grid_best_r_d: Optional[float]
+    """The probe grid's best feasible ratio (None: no grid point was feasible)."""
     grid_best_measured_rise: Optional[float]
+    """The validation's measured relative rise at grid_best_r_d (None if not trained)."""
     holds: bool
+    """measured_rise <= T: the plan is accepted."""
     accepted_r_d: float
+    """law_r_d when the plan holds; otherwise the corrected choice, the trained ratio with the lowest
+    measured domain loss among those whose measured rise is <= T, or 0.0 when none is (no domain data can
+    be added within T at this resolution)."""
     corrected: bool
+    """accepted_r_d differs from law_r_d."""
     measured: tuple[Mapping[str, Any], ...]
+    """Per trained ratio, ascending r_d: {r_d, general_rise, loss_domain, loss_general, seeds} (seed means)."""
 
     def describe(self) -> str:
         """One sentence naming the numbers (what the blocking check prints)."""

@@ -33,29 +33,26 @@ class RegionParams:
     """Parameters of the failure regions and their synthesis targets, the ``failure_regions`` run
     config (module docstring for the method).
 
-    Attributes:
-        k_topics: k-means clusters of the TF-IDF topic regions (>= 1).
-        min_items: regions with fewer items are dropped as noise (>= 1).
-        high_loss_quantile: a right item is high-loss when its gold-response loss is at or above
-            this quantile of all items (in [0, 1]).
-        high_loss_weight: failure mass of a right but high-loss item (in [0, 1]; wrong items have 1).
-        top_k: regions (by failure mass) that targeted synthesis works on (>= 1).
-        min_module_share: a topic region becomes a target only when one generator module holds at
-            least this share of it (in [0, 1]).
-        seed: seed of k-means.
     Raises:
         ValueError: a field outside its range (the message names it and the range).
     """
 
     k_topics: int = 8
-    """k-means clusters of the TF-IDF topic regions."""
+    """k-means clusters of the TF-IDF topic regions (>= 1)."""
     min_items: int = 5
+    """Regions with fewer items are dropped as noise (>= 1)."""
     high_loss_quantile: float = 0.9
+    """A right item is high-loss when its gold-response loss (nats/token) is at or above this quantile of
+    all items (in [0, 1])."""
     high_loss_weight: float = 0.5
+    """Failure mass of a right but high-loss item (in [0, 1]; wrong items have 1)."""
     top_k: int = 3
-    """Regions (by failure mass) that targeted_synthesis works on."""
+    """Regions (by failure mass) that targeted_synthesis works on (>= 1)."""
     min_module_share: float = 0.6
+    """A topic region becomes a target only when one generator module holds at least this share of its
+    items (in [0, 1])."""
     seed: int = 0
+    """Seed of k-means."""
 
     def __post_init__(self):
         for name in ("k_topics", "min_items", "top_k"):

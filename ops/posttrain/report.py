@@ -40,18 +40,15 @@ VERDICTS = ("targeted better", "no difference", "targeted worse")
 class ComparisonParams:
     """Parameters of the comparison (:func:`compare`), the ``failure_driven_comparison`` run config.
 
-    Attributes:
-        n_boot: bootstrap resamples of the 95% intervals (two-level percentile bootstrap over seeds
-            and items; paired over items for differences; >= 1).
-        seed: seed of the resampling.
     Raises:
         ValueError: ``n_boot`` below 1.
     """
 
     n_boot: int = 2000
-    """Bootstrap resamples of the 95% intervals (two-level percentile bootstrap over training seeds
+    """Bootstrap resamples of the 95% intervals (>= 1; two-level percentile bootstrap over training seeds
     and items; paired over items for differences)."""
     seed: int = 0
+    """Seed of the bootstrap resampling."""
 
     def __post_init__(self):
         if self.n_boot < 1:

@@ -49,27 +49,43 @@ class SftPlan(JsonSpec):
     mirrors them). Lengths in tokens; ``global_batch`` in sequences per step over all ranks.
     ``validate`` raises ValueError naming the field."""
 
-    data_dir: str                      # tokenizer.json (+ general_train.npy when domain_ratio < 1): cpt_tokenizer
-    eval_path: str                     # parquet: item_id, problem, response (gold, for the response loss)
+    data_dir: str
+    """The ``cpt_tokenizer`` folder: tokenizer.json (+ general_train.npy when domain_ratio < 1)."""
+    eval_path: str
+    """Evaluation parquet: item_id, problem, response (the gold response, for the response loss)."""
     runs: list[dict] = field(default_factory=list)
-    # run: {"key", "init_dir" (config.json + model.safetensors), "init_optimizer" (optional optimizer.pt),
-    #       "train_path" (parquet: problem, response), "out_dir", "eval_init" (bool),
-    #       "seed" (optional: this run's data-order seed, default ``seed``),
-    #       "eval_path" (optional: this run's evaluation items, default ``eval_path``)}
+    """Runs trained one after another: {"key", "init_dir" (config.json + model.safetensors), "init_optimizer"
+    (optional optimizer.pt), "train_path" (parquet: problem, response), "out_dir", "eval_init" (bool),
+    "seed" (optional: this run's data-order seed, default ``seed``), "eval_path" (optional: this run's
+    evaluation items, default ``eval_path``)}; keys distinct."""
     global_batch: int = 16
+    """Sequences per optimizer step, summed over ranks (>= 1, a multiple of the number of ranks)."""
     steps: int = 300
+    """Optimizer steps per run (>= 1)."""
     lr: float = 4e-3
-    min_lr_ratio: float = 0.1          # cosine decay to lr * min_lr_ratio
+    """Peak AdamW learning rate (> 0): linear warm-up, then cosine decay."""
+    min_lr_ratio: float = 0.1
+    """The cosine decays to lr * min_lr_ratio at the last step (in [0, 1])."""
     warmup_steps: int = 20
+    """Linear warm-up steps of the learning rate (>= 0)."""
     weight_decay: float = 0.01
-    domain_ratio: float = 1.0          # share of SFT sequences per step; the rest general replay
+    """AdamW weight decay (>= 0)."""
+    domain_ratio: float = 1.0
+    """Share of SFT sequences per step (in [0, 1]), the rest general replay; the D-CPT ``mixture_plan``
+    trade-off ratio when there is one, 1.0 = no general data."""
     checkpoint_every: int = 50
+    """Steps between resumable checkpoints (>= 1)."""
     log_every: int = 10
+    """Steps between logged training-loss points (window means), streamed as Pipes messages (>= 1)."""
     max_new_tokens: int = 16
+    """Greedy-decoding budget per evaluation item (tokens, >= 1)."""
     eval_batch: int = 64
+    """Evaluation items per generation batch on each rank (>= 1)."""
     seed: int = 0
-    eot_token: str = "<|endoftext|>"   # ends every response; padding id (production: the model's EOS token)
-    """The token that ends each response (a Hugging Face model's EOS token)."""
+    """Default data-order seed of the runs (a run's own ``seed`` overrides it)."""
+    eot_token: str = "<|endoftext|>"
+    """The token that ends every response and pads (non-empty, in the tokenizer; production: a Hugging Face
+    model's EOS token)."""
 
     HYPER = ("global_batch", "steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "domain_ratio",
              "max_new_tokens", "seed", "eot_token")
@@ -127,10 +143,12 @@ class Stage2Plan(SftPlan):
     per arm fit the main job's budget (docs/posttrain.md, "Defaults")."""
 
     steps: int = 60
+    """Optimizer steps per run (>= 1): about 3 epochs of the 600 new items plus replay."""
     lr: float = 6e-4
     """Peak stage-2 learning rate: about where stage 1's cosine ended (4e-4), so stage 2 continues
     without a re-warming shock. Measured: 1.5e-3 and 3e-3 lowered overall accuracy below stage 1's."""
     warmup_steps: int = 5
+    """Linear warm-up steps of the learning rate (>= 0)."""
 
 
 class _Sft:

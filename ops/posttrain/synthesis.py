@@ -35,43 +35,35 @@ class SynthesisParams:
     """Parameters of targeted synthesis, the ``targeted_synthesis`` run config (module docstring
     for the method).
 
-    Attributes:
-        pool_per_module: generator items per (module, level) in the synthesis pool (>= 1; the
-            targeted arm and the random control both draw from it).
-        pool_seed: the generator's seed for the pool (a fresh one: not stage 1's).
-        budget: new items per arm (>= 0; targeted and the random control get the same number).
-        retrieval_k: documents retrieved per region and per teacher request (>= 1).
-        near_threshold: MinHash Jaccard threshold of near duplicates, in (0, 1) (LSH; 0.8, as in
-            curation's near-dedup: docs/curation.md).
-        num_perm: MinHash permutations in [16, 8192].
-        verify_timeout_s: the verifier's wall clock per item (s, > 0).
-        workers: verifier processes (>= 1).
-        teacher_requests: teacher synthesis requests (>= 0; each also costs one solve request).
-            Off by default on the embedded profile: SmolLM2-135M rarely writes a question whose
-            answer it can then verify, and each request takes seconds on 2 cores; set it with a
-            production teacher endpoint.
-        teacher_max_tokens: completion tokens per teacher request (>= 1).
-        seed: seed of the targeted and random draws and of the teacher requests.
     Raises:
         ValueError: a field outside its range (the message names it and the range).
     """
 
     pool_per_module: int = 150
-    """Generator items per (module, level) in the synthesis pool (targeted and random draw from it)."""
+    """Generator items per (module, level) in the synthesis pool (>= 1; targeted and random draw from it)."""
     pool_seed: int = 303
+    """The generator's seed for the pool (a fresh one: not stage 1's)."""
     budget: int = 600
-    """New items per arm (targeted and the random control get the same number)."""
+    """New items per arm (>= 0; targeted and the random control get the same number)."""
     retrieval_k: int = 3
+    """Documents retrieved per region and per teacher request (>= 1)."""
     near_threshold: float = NearDedupParams.threshold
+    """MinHash Jaccard threshold of near duplicates, in (0, 1) (LSH; 0.8, as in curation's near-dedup:
+    docs/curation.md)."""
     num_perm: int = NearDedupParams.num_perm
+    """MinHash permutations (num_perm), in [16, 8192]."""
     verify_timeout_s: float = 5.0
+    """The verifier's wall clock per item (s, > 0)."""
     workers: int = 2
+    """Verifier processes (>= 1)."""
     teacher_requests: int = 0
-    """Teacher synthesis requests (each also costs one solve request). Off by default on the
+    """Teacher synthesis requests (>= 0; each also costs one solve request). Off by default on the
     embedded profile: SmolLM2-135M rarely writes a question whose answer it can then verify, and
     each request takes seconds on 2 cores; set it with a production teacher endpoint."""
     teacher_max_tokens: int = 96
+    """Completion tokens per teacher request (>= 1)."""
     seed: int = 0
+    """Seed of the targeted and random draws and of the teacher requests."""
 
     def __post_init__(self):
         from ops.curation import minhash
@@ -124,8 +116,11 @@ class FilterReport:
     """Counts of one filter pass: ``seen``, ``kept`` and rejections by reason (``REASONS``)."""
 
     seen: int = 0
+    """Items the filter was given."""
     kept: int = 0
+    """Items that passed every stage."""
     rejected: dict = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    """Rejected items per reason (keys: ``REASONS``)."""
 
     def as_rows(self) -> list[dict]:
         return [{"stage": "seen", "items": self.seen}] + [{"stage": f"rejected: {r}", "items": n} for r, n in self.rejected.items()] \

@@ -27,38 +27,28 @@ def _finite(name: str, value: float) -> float:
 class LawFitParams:
     """Parameters of the ``dcpt_law_fit`` asset.
 
-    Attributes:
-        forms: law forms compared (keys of ``FORMS``: L3, r_additive, chinchilla,
-            data_mixing_law, bimix); the first is the one the plan uses. Non-empty.
-        huber_delta: Huber delta on log-loss residuals (> 0; docs/mixture.md).
-        holdout_last_k: unseen-D axis: the last k checkpoints of every run are held out (>= 1).
-        n_boot: bootstrap refits (resampled runs) behind the plan's uncertainty (>= 0).
-        early_checkpoints: Cross-Domain law: checkpoints per run that count as an unseen domain's
-            cheap early signal (>= 1).
-        min_subdomain_share: sub-domains with a smaller share of domain tokens are left out of the
-            Cross-Domain law (in [0, 1)).
-        workers: processes the independent fits run on (form fits, held-out folds per target,
-            bootstrap per target, one Cross-Domain fit per unseen sub-domain); 0 = every core the
-            process may use (joblib's count, which honours cgroup CPU quotas), 1 = in this
-            process. The results do not depend on it (each fit is deterministic). >= 0.
     Raises:
         ValueError: a field outside its range (the message names it and the range).
     """
 
     forms: list[str] = field(default_factory=lambda: ["L3", "r_additive", "chinchilla"])
-    """Law forms compared (ops.mixture.law.FORMS); the first is the one the plan uses."""
+    """Law forms compared, non-empty (keys of ``ops.mixture.law.FORMS``: L3, r_additive, chinchilla,
+    data_mixing_law, bimix); the first is the one the plan uses."""
     huber_delta: float = HUBER_DELTA
-    """Huber delta on log-loss residuals (docs/mixture.md)."""
+    """Huber delta on log-loss residuals (> 0; docs/mixture.md)."""
     holdout_last_k: int = 2
-    """Unseen-D axis: the last k checkpoints of every run are held out."""
+    """Unseen-D axis: the last k checkpoints of every run are held out (>= 1)."""
     n_boot: int = N_BOOT
-    """Bootstrap refits (resampled runs) behind the plan's uncertainty."""
+    """Bootstrap refits (resampled runs) behind the plan's uncertainty (>= 0)."""
     early_checkpoints: int = 2
-    """Cross-domain law: checkpoints per run that count as an unseen domain's cheap early signal."""
+    """Cross-Domain law: checkpoints per run that count as an unseen domain's cheap early signal (>= 1)."""
     min_subdomain_share: float = 0.03
-    """Sub-domains with a smaller share of domain tokens are left out of the cross-domain law."""
+    """Sub-domains with a smaller share of domain tokens are left out of the Cross-Domain law (in [0, 1))."""
     workers: int = 0
-    """Processes for the independent fits (0 = every core this process may use; 1 = in process)."""
+    """Processes the independent fits run on (form fits, held-out folds per target, bootstrap per target,
+    one Cross-Domain fit per unseen sub-domain), >= 0; 0 = every core the process may use (joblib's count,
+    which honours cgroup CPU quotas), 1 = in this process. The results do not depend on it (each fit is
+    deterministic)."""
 
     def __post_init__(self):
         self.forms = list(self.forms)
@@ -85,27 +75,21 @@ class FitFloorParams:
     (docs/mixture.md, "Noise ceiling"). Without repeated seeds there is no ceiling and the fixed
     ``min_heldout_r2`` applies.
 
-    Attributes:
-        noise_multiple: the held-out MSE allowed, in units of the seed noise variance (>= 1;
-            default 2: the law's own error may be as large as the noise).
-        min_heldout_r2: the floor used where no noise ceiling exists (a single seed per probe
-            configuration; <= 1). Kept at 0.3, the value the single-seed check has used: it only
-            catches a broken fit (R^2 <= 0, an exploding extrapolation); it was set so that the
-            single-seed probes pass and says nothing about how good a fit could be. Run
-            repeated seeds to replace it by a floor derived from the noise.
     Raises:
         ValueError: a field outside its range (the message names it and the range).
     """
 
     min_heldout_r2: float = 0.3
-    """Every held-out axis (unseen N, D, r) of both targets must reach this R^2. At probe scale the
-    general loss moves a few tenths of a nat across N, D and r_d against ~0.05-0.1 nats of
-    single-seed training noise: the embedded probes reach 0.48-0.94 held out (README), so 0.3
-    catches a broken fit (R^2 <= 0, an exploding extrapolation) without failing an honest one.
-    Raise it for production-size probes."""
+    """The R^2 (<= 1) every held-out axis (unseen N, D, r) of both targets must reach where no noise ceiling
+    exists (a single seed per probe configuration). At probe scale the general loss moves a few tenths of a
+    nat across N, D and r_d against ~0.05-0.1 nats of single-seed training noise: the embedded probes reach
+    0.48-0.94 held out (README), so 0.3 (the value the single-seed check has used) only catches a broken fit
+    (R^2 <= 0, an exploding extrapolation) without failing an honest one, and says nothing about how good a
+    fit could be. Raise it for production-size probes; run repeated seeds to replace it by a noise floor."""
     noise_multiple: float = NOISE_MULTIPLE
-    """dcpt_fit_within_noise: the held-out mean squared error allowed, in units of the probes' seed
-    noise variance (floor = 1 - noise_multiple x (1 - noise ceiling))."""
+    """dcpt_fit_within_noise: the held-out mean squared error allowed, in units of the probes' seed noise
+    variance (>= 1; default 2: the law's own error may be as large as the noise); floor = 1 -
+    noise_multiple x (1 - noise ceiling)."""
 
     def __post_init__(self):
         if _finite("dcpt_fit_heldout_r2.min_heldout_r2", self.min_heldout_r2) > 1.0:
@@ -124,38 +108,26 @@ class MixturePlanParams:
     """The target of the ``mixture_plan`` asset (arXiv 2406.01375 §3, the three usages). Zero
     means: derived from the probe grid (documented per field).
 
-    Attributes:
-        target_n_params: non-embedding parameters N of the target model (>= 0); 0 = the largest
-            probed size (whose measured base general loss is then L_g0).
-        target_tokens: CPT tokens D of the target run (>= 0); 0 = 4x the largest probed D.
-        max_general_degradation: T, the allowed relative rise of the general loss over the base
-            model's (>= 0; paper example: 3%).
-        domain_tokens: usage 2, the domain tokens available (>= 0); 0 = a quarter of target_tokens.
-        compute_flops: usage 3, the CPT compute budget C (FLOPs, C = 6 N D; >= 0); 0 = 6 x target
-            N x target D.
-        max_extrapolation: usage 3 searches N (and D = C / 6N) no further than this multiple
-            (>= 1) of the largest probed N (D).
-        quantiles: the two percentiles (0 <= low < high <= 100) of the bootstrap spread reported
-            with each answer.
     Raises:
         ValueError: a field outside its range (the message names it and the range).
     """
 
     target_n_params: float = 0.0
-    """Non-embedding parameters N of the target model; 0 = the largest probed size (whose measured
+    """Non-embedding parameters N of the target model (>= 0); 0 = the largest probed size (whose measured
     base general loss is then L_g0)."""
     target_tokens: float = 0.0
-    """CPT tokens D of the target run; 0 = 4x the largest probed D (a 4x extrapolation in D)."""
+    """CPT tokens D of the target run (>= 0); 0 = 4x the largest probed D (a 4x extrapolation in D)."""
     max_general_degradation: float = 0.03
-    """T: allowed relative rise of the general loss over the base model's (paper example: 3%)."""
+    """T: allowed relative rise of the general loss over the base model's (>= 0; paper example: 3%)."""
     domain_tokens: float = 0.0
-    """Usage 2: the domain tokens available; 0 = a quarter of target_tokens."""
+    """Usage 2: the domain tokens available (>= 0); 0 = a quarter of target_tokens."""
     compute_flops: float = 0.0
-    """Usage 3: the CPT compute budget C (FLOPs, C = 6 N D); 0 = 6 x target N x target D."""
+    """Usage 3: the CPT compute budget C (FLOPs, C = 6 N D; >= 0); 0 = 6 x target N x target D."""
     max_extrapolation: float = 10.0
-    """Usage 3 searches N (and D = C / 6N) no further than this multiple of the largest probed N (D)."""
+    """Usage 3 searches N (and D = C / 6N) no further than this multiple (>= 1) of the largest probed
+    N (D)."""
     quantiles: list[float] = field(default_factory=lambda: [10.0, 90.0])
-    """Percentiles of the bootstrap spread reported with each answer."""
+    """The two percentiles (0 <= low < high <= 100) of the bootstrap spread reported with each answer."""
 
     def __post_init__(self):
         for name in ("target_n_params", "target_tokens", "max_general_degradation", "domain_tokens", "compute_flops"):

@@ -55,22 +55,27 @@ class CrossDomainFit:
     (the shared floor is carried by F), mu = 1 and the geometric mean of K over the training
     domains to 1, so F = geometric mean of the floors and K_i = F / Phi_i (K > 1: a lower-loss
     domain than the average training domain). Only Phi is fitted; K is reported from it.
-    ``params`` holds E (= 0), A, alpha, B, eta, beta, C, gamma, eps, F and mu (= 1); ``k`` the
-    training domains' K; ``k_range`` = (K_min, K_max), the bounds an unseen domain's K is
-    estimated in: the training domains' range widened ``K_MARGIN`` (10) times at each end (None
-    for a fit made before the range was recorded); ``at_bound`` as ``LawFit.at_bound`` (floors
-    named E_<domain>).
     """
 
     target: str
+    """The loss fitted: 'domain' (law in r = r_d) or 'general' (r = 1 - r_d)."""
     params: Mapping[str, float]
+    """The shared parameters: E (= 0), A, alpha, B, eta, beta, C, gamma, eps, F and mu (= 1)."""
     k: Mapping[str, float]
+    """Training domain -> its Domain-specific Learnable Coefficient K (geometric mean 1)."""
     huber: float
+    """In-sample mean Huber loss of log residuals (delta ``huber_delta``), over all training domains."""
     r2: float
+    """In-sample R^2 on loss, over all training domains."""
     n_points: int
+    """Probe points the law was fitted on (all training domains)."""
     huber_delta: float = HUBER_DELTA
+    """Huber delta on log-loss residuals used by the fit (> 0)."""
     k_range: tuple[float, float] | None = None
+    """(K_min, K_max), the bounds an unseen domain's K is estimated in: the training domains' range widened
+    ``K_MARGIN`` (10) times at each end (None for a fit made before the range was recorded)."""
     at_bound: Mapping[str, str | None] | None = None
+    """As ``LawFit.at_bound`` ({parameter: 'lower' | 'upper' | None}), the floors named E_<domain>."""
 
     def predict(self, N, D, r_d, K: float | str) -> np.ndarray:
         """Loss (nats/token) at N, D, domain ratio r_d, for K (a float) or a training domain."""

@@ -105,18 +105,33 @@ def _nonlinear(form: LawForm) -> list[str]:
 @dataclass
 class _Problem:
     form: LawForm
+    """The law form being fitted."""
     xN: np.ndarray
+    """log N - lN0 per point (log non-embedding parameters, centred on the geometric-mean N)."""
     xD: np.ndarray
+    """log D - lD0 per point (log CPT tokens, centred on the geometric-mean D)."""
     r: np.ndarray
+    """The law's own ratio per point (r = r_d for target 'domain', 1 - r_d for 'general'), in [0, 1]."""
     logy: np.ndarray
+    """log of the observed target loss per point (nats/token)."""
     group: np.ndarray
+    """Floor group per point, in [0, n_groups): its own floor E (one per domain in the Cross-Domain law)."""
     n_groups: int
+    """Number of floor groups (1 for a single-domain fit)."""
     lN0: float
+    """Mean log N of the points (the centring of xN)."""
     lD0: float
+    """Mean log D of the points (the centring of xD)."""
     delta: float
+    """Huber delta on log-loss residuals (> 0)."""
     bound_override: Mapping[str, tuple[float, float]] | None = None
+    """{name: (lo, hi)} overriding the form's bounds of E, alpha, beta, eta, gamma, eps or t
+    (finite, lo <= hi; E and eps > 0)."""
     names: list[str] = field(init=False)
+    """Optimiser coordinates of theta: e<g> per group, a, alpha, b, [eta], beta, then [c, gamma, leps]
+    (dcpt with C), [t] (data mixing law) or [gamma, leps] (bimix)."""
     bounds: list[tuple[float, float]] = field(init=False)
+    """L-BFGS-B bounds per coordinate of ``names`` (log coefficients in log space)."""
 
     def __post_init__(self) -> None:
         self.rpos = self.r > 0
@@ -441,24 +456,27 @@ class _Problem:
 
 @dataclass(frozen=True)
 class LawFit:
-    """A fitted law for one target loss (arXiv 2406.01375 §3).
-
-    ``params`` are natural parameters of ``FORMS[form]`` in the law's own ratio (r = r_d for
-    target 'domain', r = 1 - r_d for target 'general'). ``huber`` is the in-sample mean Huber
-    loss of log residuals (delta ``huber_delta``), ``r2`` the in-sample R^2 on loss.
-    ``at_bound``: {parameter: 'lower' | 'upper' | None}, where the optimum sits on a bound of the
-    fit (None for a fit made before this was recorded). A parameter on a bound is not identified
-    by the data: the optimum would lie beyond it. For A, B, C 'lower' means the term is off.
-    """
+    """A fitted law for one target loss (arXiv 2406.01375 §3)."""
 
     form: str
+    """Name of the law form fitted (a key of ``FORMS``)."""
     target: str
+    """The loss fitted: 'domain' (law in r = r_d, loss_domain) or 'general' (r = 1 - r_d, loss_general)."""
     params: Mapping[str, float]
+    """Natural parameters of ``FORMS[form]`` in the law's own ratio (r = r_d for target 'domain', r = 1 -
+    r_d for target 'general')."""
     huber: float
+    """In-sample mean Huber loss of log residuals (delta ``huber_delta``)."""
     r2: float
+    """In-sample R^2 on loss (NaN when the observed losses do not vary)."""
     n_points: int
+    """Probe points the law was fitted on."""
     huber_delta: float = HUBER_DELTA
+    """Huber delta on log-loss residuals used by the fit (> 0)."""
     at_bound: Mapping[str, str | None] | None = None
+    """{parameter: 'lower' | 'upper' | None}, where the optimum sits on a bound of the fit (None for a fit
+    made before this was recorded). A parameter on a bound is not identified by the data: the optimum would
+    lie beyond it. For A, B, C 'lower' means the term is off."""
 
     @property
     def identified(self) -> bool | None:

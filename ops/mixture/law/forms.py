@@ -104,11 +104,17 @@ class LawForm:
     """
 
     name: str
+    """The form's key in ``FORMS`` (L3, r_additive, chinchilla, data_mixing_law, bimix)."""
     param_names: tuple[str, ...]
+    """Natural parameter names, in order (E first), as in ``LawFit.params``."""
     has_eta: bool
+    """dcpt family: the D term carries r^eta (False: eta = 0, the D term ignores r)."""
     has_c: bool
+    """dcpt family: the anchored r term C((r + eps)^-gamma - (1 + eps)^-gamma) is present (False: dropped)."""
     description: str
+    """One-line formula and source of the form (for reports)."""
     family: str = "dcpt"
+    """The family: "dcpt", "data_mixing_law" or "bimix" (ValueError otherwise)."""
 
     def __post_init__(self):
         if self.family not in _FAMILIES:
@@ -243,11 +249,17 @@ def _positive(name: str, value: float) -> float:
 @dataclass(frozen=True)
 class _Data:
     N: np.ndarray
+    """Non-embedding parameters per point (the ``n_params`` column; finite, > 0)."""
     D: np.ndarray
+    """CPT tokens per point (the ``tokens`` column; finite, > 0)."""
     r_d: np.ndarray
+    """Domain ratio of each point's mixture (the ``domain_ratio`` column; in [0, 1])."""
     loss: np.ndarray
+    """The target loss per point (nats/token, > 0); NaN when loaded without a loss column."""
     domain: np.ndarray | None
-    seed: np.ndarray | None = None  # training seed of each point's run (str), if given
+    """Domain name per point (str; the ``domain`` column), or None when not needed."""
+    seed: np.ndarray | None = None
+    """Training seed of each point's run (str), if given (None: no ``seed`` column)."""
 
     @property
     def n(self) -> int:

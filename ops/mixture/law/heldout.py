@@ -141,11 +141,14 @@ def generalisation(points, target: str, form: str = "L3", huber_delta: float = H
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Refits of one law on resampled runs. ``fit`` is the fit on all points."""
+    """Refits of one law on resampled runs."""
 
     fit: LawFit
+    """The fit on all points."""
     fits: tuple[LawFit, ...]
+    """The refits, one per bootstrap resample of whole runs (stratified by model size)."""
     seed: int
+    """Seed of the resampling (same seed and points: the domain and general bootstraps draw the same runs)."""
 
     def params(self) -> dict[str, np.ndarray]:
         """Parameter samples: {name: array of shape (len(fits),)}."""

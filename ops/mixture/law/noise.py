@@ -36,27 +36,25 @@ NOISE_MULTIPLE = 2.0  # r2_floor default: held-out MSE may be at most 2x the see
 
 @dataclass(frozen=True)
 class SeedNoise:
-    """Seed noise of one target loss.
-
-    Attributes:
-        target: 'domain' or 'general'.
-        log_std: pooled seed standard deviation of log loss (ddof = 1 within each configuration,
-            pooled over configurations by degrees of freedom): the noise floor of a log-space fit.
-        loss_std: the same pooled seed standard deviation of the loss itself (nats/token).
-        point_log_std: per point, the seed std of log loss of its configuration (NaN where the
-            configuration has a single seed); shape (n_points,).
-        point_var: per point, the seed variance of the loss (ddof = 1) of its configuration, or
-            the pooled relative variance times loss^2 where it has a single seed; shape (n_points,).
-        n_configs: configurations with >= 2 seeds; n_seeds_max: most seeds of one configuration.
-    """
+    """Seed noise of one target loss."""
 
     target: str
+    """The loss: 'domain' or 'general'."""
     log_std: float
+    """Pooled seed standard deviation of log loss (ddof = 1 within each configuration, pooled over
+    configurations by degrees of freedom): the noise floor of a log-space fit."""
     loss_std: float
+    """The same pooled seed standard deviation of the loss itself (nats/token)."""
     point_log_std: np.ndarray
+    """Per point, the seed std of log loss of its configuration (NaN where the configuration has a single
+    seed); shape (n_points,)."""
     point_var: np.ndarray
+    """Per point, the seed variance of the loss (ddof = 1) of its configuration, or the pooled relative
+    variance times loss^2 where it has a single seed; shape (n_points,)."""
     n_configs: int
+    """Configurations with >= 2 seeds."""
     n_seeds_max: int
+    """Most seeds of one configuration."""
 
     def ceiling(self, loss: np.ndarray, idx: np.ndarray | None = None) -> float | None:
         """Noise ceiling of R^2 on the points ``idx`` (default all) of ``loss`` (the same points the

@@ -43,25 +43,32 @@ def _spread(plans: Sequence["MixturePlan"], q: tuple[float, float]) -> dict[str,
 
 @dataclass(frozen=True)
 class MixturePlan:
-    """Answer of one usage with its predicted losses (nats/token).
-
-    status: 'constrained' (the general-loss constraint binds at the answer), 'unconstrained'
-    (the best point of the search range satisfies the constraint; all_feasible says whether
-    every point did) or 'infeasible' (no candidate satisfies it; see each usage for the answer
-    returned then). ``spread`` (with ``boot=``): {field: [lo, hi]} percentiles over refits.
-    """
+    """Answer of one usage with its predicted losses (nats/token)."""
 
     usage: str
+    """The usage answered: 'tradeoff', 'limited_domain' or 'allocate_compute'."""
     r_d: float
+    """Domain ratio of the CPT mixture, in [0, 1]."""
     n_params: float
+    """Model size N (non-embedding parameters)."""
     tokens: float
+    """CPT tokens D (limited_domain: domain tokens / r_d; allocate_compute: C / (k N))."""
     loss_domain: float | None
+    """Predicted domain loss at the answer (nats/token); None when allocate_compute fits the general law."""
     loss_general: float | None
+    """Predicted general loss at the answer (nats/token); None when allocate_compute had no general law."""
     loss_general_base: float | None
+    """L_g0, the general loss the rise is measured against (nats/token): the measured one when passed, else
+    the general law at r_d = 0 and the same N, D; None without a general law."""
     max_rel_increase: float | None
+    """T, the allowed relative rise of the general loss over L_g0 (None: no general-loss constraint)."""
     status: str
+    """'constrained' (the general-loss constraint binds at the answer), 'unconstrained' (the best point of
+    the search range satisfies it) or 'infeasible' (no candidate does; see each usage for the answer then)."""
     all_feasible: bool
+    """Every point of the search grid satisfies the general-loss constraint."""
     spread: Mapping[str, Any] | None = None
+    """With ``boot=``: {field: [lo, hi]} percentiles over the bootstrap refits, plus ``q`` and ``n_boot``."""
 
     @property
     def feasible(self) -> bool:
