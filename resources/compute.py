@@ -26,50 +26,47 @@ def free_port() -> int:
 
 
 class ComputeResource(dg.ConfigurableResource):
-    """Where and how training workers run.
-
-    Attributes:
-        launcher: ``accelerate`` (``accelerate launch``) or ``torchrun``.
-        num_processes: processes per launch (ranks). On CPU each is one gloo rank.
-        cpu: force CPU training (the embedded default). Multi-process CPU runs need
-            ``ACCELERATE_USE_CPU=true`` *and* ``--multi_gpu``: ``accelerate launch --cpu
-            --num_processes 2`` silently starts a single process (docs/platform-notes.md, "accelerate on CPU").
-        accelerate_config_file: an accelerate YAML config (production GPU profile); when set it
-            replaces ``--multi_gpu/--num_processes/--mixed_precision`` on the command line.
-        mixed_precision: ``no`` | ``fp16`` | ``bf16`` (ignored on CPU).
-        threads_per_process: ``OMP_NUM_THREADS`` for each rank (CPU oversubscription guard).
-        launch_timeout_s: wall-clock limit of one launch; the process group is killed after it.
-        ray_address: Ray cluster for the RL assets (``None`` = a local instance) when the driver
-            runs in the Dagster step's process (it then connects as a Ray driver; use a GCS address
-            ``host:6379`` from a cluster node).
-        ray_jobs_address: the Ray Jobs API of a cluster (its dashboard, ``http://head:8265``). When set,
-            the RL drivers are submitted as Ray Jobs (``run_ray_job``): the repository travels as
-            the job's ``runtime_env`` working_dir, the driver runs on the cluster and connects to it,
-            and ``ray_address`` is ignored. The lake must be a filesystem the cluster shares.
-        ray_job_poll_s: seconds between job status polls.
-        rl_engine_gpus / rl_trainer_gpus: GPUs each RL engine / trainer actor requests from Ray
-            (``num_gpus``; 0 = CPU, the embedded default; the GPU profile sets 1). The models then
-            run on the CUDA device Ray assigns (``ops.rl.runs.PolicySpec``).
-        tracking_uri: an MLflow tracking URI (``http://mlflow:5000``); None = no experiment tracking
-            (the default). When set, every launched driver logs its training curves there, one MLflow
-            run per launch (``ops.tracking``; docs/operations.md, "Experiment tracking").
-        tracking_experiment: the MLflow experiment those runs go to.
-    """
+    """Where and how training workers run."""
 
     launcher: Literal["accelerate", "torchrun"] = "accelerate"
+    """``accelerate`` (``accelerate launch``) or ``torchrun``."""
     num_processes: int = 2
+    """Processes per launch (ranks; >= 1). On CPU each is one gloo rank."""
     cpu: bool = True
+    """Force CPU training (the embedded default). Multi-process CPU runs need ``ACCELERATE_USE_CPU=true``
+    *and* ``--multi_gpu``: ``accelerate launch --cpu --num_processes 2`` silently starts a single process
+    (docs/platform-notes.md, "accelerate on CPU")."""
     accelerate_config_file: Optional[str] = None
+    """An accelerate YAML config (production GPU profile); when set it replaces
+    ``--multi_gpu/--num_processes/--mixed_precision`` on the command line."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    """``no`` | ``fp16`` | ``bf16`` (ignored on CPU)."""
     threads_per_process: int = 1
+    """``OMP_NUM_THREADS`` for each rank (CPU oversubscription guard)."""
     launch_timeout_s: float = 1800.0
+    """Wall-clock limit of one launch (s); the process group is killed after it."""
     ray_address: Optional[str] = None
+    """Ray cluster for the RL assets (None = a local instance) when the driver runs in the Dagster step's
+    process (it then connects as a Ray driver; use a GCS address ``host:6379`` from a cluster node)."""
     ray_jobs_address: Optional[str] = None
+    """The Ray Jobs API of a cluster (its dashboard, ``http://head:8265``). When set, the RL drivers are
+    submitted as Ray Jobs (``run_ray_job``): the repository travels as the job's ``runtime_env``
+    working_dir, the driver runs on the cluster and connects to it, and ``ray_address`` is ignored. The
+    lake must be a filesystem the cluster shares."""
     ray_job_poll_s: float = 1.0
+    """Seconds between Ray job status polls."""
     rl_engine_gpus: float = 0.0
+    """GPUs each RL engine actor requests from Ray (``num_gpus``; 0 = CPU, the embedded default; the GPU
+    profile sets 1). The model then runs on the CUDA device Ray assigns (``ops.rl.runs.PolicySpec``)."""
     rl_trainer_gpus: float = 0.0
+    """GPUs each RL trainer actor requests from Ray (``num_gpus``; 0 = CPU, the embedded default; the GPU
+    profile sets 1). The model then runs on the CUDA device Ray assigns (``ops.rl.runs.PolicySpec``)."""
     tracking_uri: Optional[str] = None
+    """An MLflow tracking URI (``http://mlflow:5000``); None = no experiment tracking (the default). When
+    set, every launched driver logs its training curves there, one MLflow run per launch (``ops.tracking``;
+    docs/operations.md, "Experiment tracking")."""
     tracking_experiment: str = "crucible"
+    """The MLflow experiment those runs go to."""
 
     def launch_command(self, script: str, args: Sequence[str] = (), num_processes: Optional[int] = None,
                        port: Optional[int] = None, module: bool = False) -> list[str]:

@@ -55,32 +55,29 @@ class LakeResource(dg.ConfigurableResource):
       manifest. ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
       folders, checkpoints: files that need rename, SQLite or mmap), and the catalog is
       ``<work_dir>/catalog.duckdb`` (never on the object store).
-
-    Attributes:
-        root: lake root folder or object-store URL; defaults to ``$CRUCIBLE_HOME`` or ``./.crucible``.
-        catalog_lock_timeout_s: how long to retry when another process holds the catalog's lock
-            (then the view refresh is skipped with a warning; the data is already written).
-        endpoint_url: S3-compatible endpoint (MinIO, Ceph RGW, a loopback moto server); empty =
-            AWS. Credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID`` /
-            ``AWS_SECRET_ACCESS_KEY``, a profile, IRSA, an instance role), never from config.
-        region: S3 region; empty = the AWS chain's (``AWS_REGION`` / ``AWS_DEFAULT_REGION``).
-        work_dir: object-store roots only: the POSIX working folder; empty = ``$CRUCIBLE_HOME``
-            or ``./.crucible``.
-        catalog: the DuckDB catalog file; empty = ``<root>/catalog.duckdb`` (local root) or
-            ``<work_dir>/catalog.duckdb`` (object store).
-        keep_versions: object stores: committed versions kept per table (2 = current and previous).
-        orphan_grace_s: object stores: an uncommitted upload (a killed write) older than this is
-            deleted by the next commit of the same table.
     """
 
     root: str = ""
+    """Lake root folder or object-store URL; empty = ``$CRUCIBLE_HOME`` or ``./.crucible``."""
     catalog_lock_timeout_s: float = 5.0
+    """How long to retry while another process holds the catalog's lock (s); then the view refresh is
+    skipped with a warning (the data is already written)."""
     endpoint_url: str = ""
+    """S3-compatible endpoint (MinIO, Ceph RGW, a loopback moto server); empty = AWS. Credentials come
+    from the standard AWS chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, a profile, IRSA, an
+    instance role), never from config."""
     region: str = ""
+    """S3 region; empty = the AWS chain's (``AWS_REGION`` / ``AWS_DEFAULT_REGION``)."""
     work_dir: str = ""
+    """Object-store roots only: the POSIX working folder; empty = ``$CRUCIBLE_HOME`` or ``./.crucible``."""
     catalog: str = ""
+    """The DuckDB catalog file; empty = ``<root>/catalog.duckdb`` (local root) or
+    ``<work_dir>/catalog.duckdb`` (object store)."""
     keep_versions: int = 2
+    """Object stores: committed versions kept per table (>= 1; 2 = current and previous)."""
     orphan_grace_s: float = 3600.0
+    """Object stores: an uncommitted upload (a killed write) older than this (s; >= 0) is deleted by the
+    next commit of the same table."""
 
     # -- where things are ------------------------------------------------------------------------
     @property

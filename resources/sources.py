@@ -87,9 +87,11 @@ def source_partition_keys(path: str | None = None) -> list[str]:
 
 
 class SourcesResource(dg.ConfigurableResource):
-    """Where user sources are declared. ``config_file`` defaults to ``$CRUCIBLE_SOURCES``."""
+    """Where user sources are declared."""
 
     config_file: str = ""
+    """The sources YAML file; empty = ``$CRUCIBLE_SOURCES``, else (under the prod profile) the prod config's
+    ``sources_file``."""
 
     def user_sources(self) -> dict[str, UserSource]:
         """Valid user sources by name (see :meth:`source_error` for the others)."""

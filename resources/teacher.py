@@ -24,36 +24,35 @@ def default_model_dir() -> str:
 
 
 class TeacherResource(dg.ConfigurableResource):
-    """Where the teacher is and how to call it.
-
-    Attributes:
-        base_url: OpenAI-compatible endpoint ending in ``/v1``; empty starts the embedded server.
-        model: model name sent to the endpoint (embedded default: the served directory).
-        api_key_env: environment variable holding the API key (never the key itself).
-        model_dir: embedded server's model directory (default ``$CRUCIBLE_MODELS/SmolLM2-135M-Instruct``).
-        port: embedded server port on 127.0.0.1 (0 = a free port).
-        timeout_s / max_retries / concurrency / request_budget: see ``TeacherClient`` (retries and
-            their backoff are the openai SDK's)
-            (throughput of the embedded server per concurrency: benchmarks/results/teacher.json).
-        startup_timeout_s: wait for the embedded server's health check.
-        max_batch: concurrent requests the embedded server decodes together (1 = one at a time).
-        seed_honoured: the endpoint at ``base_url`` samples each seeded request from its own seeded
-            generator (vLLM does) though its responses do not say so; the embedded server says so
-            itself. False: a sample counts as seeded only when its response says so.
-    """
+    """Where the teacher is and how to call it."""
 
     base_url: str = ""
+    """OpenAI-compatible endpoint ending in ``/v1``; empty starts the embedded server."""
     model: str = ""
+    """Model name sent to the endpoint (required with ``base_url``; embedded default: the served directory)."""
     api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key (never the key itself)."""
     model_dir: str = ""
+    """Embedded server's model directory (empty: ``$CRUCIBLE_MODELS/SmolLM2-135M-Instruct``)."""
     port: int = 0
+    """Embedded server's TCP port on 127.0.0.1 (0 = a free port)."""
     timeout_s: float = 180.0
+    """Per-request timeout of ``TeacherClient`` (s; connect, read, write each; > 0)."""
     max_retries: int = 3
+    """Retries after a request's first attempt (>= 0); retries and their backoff are the openai SDK's."""
     concurrency: int = 16
+    """Requests in flight (>= 1); throughput of the embedded server per concurrency:
+    benchmarks/results/teacher.json."""
     request_budget: int = 5000
+    """Maximum HTTP attempts over the client's life (>= 0); past it requests fail as ``budget exhausted``."""
     startup_timeout_s: float = 180.0
+    """How long to wait for the embedded server's ``/health`` check (s)."""
     max_batch: int = 16
+    """Concurrent requests the embedded server decodes together (>= 1; 1 = one at a time)."""
     seed_honoured: bool = False
+    """The endpoint at ``base_url`` samples each seeded request from its own seeded generator (vLLM does)
+    though its responses do not say so (the embedded server says so itself). False: a sample counts as
+    seeded only when its response says so."""
 
     @property
     def embedded(self) -> bool:

@@ -36,25 +36,20 @@ class AnnotateParams:
     """Parameters of annotation (:func:`annotate` and the teacher's ``llm`` labels), the
     ``annotated_problems`` run config.
 
-    Attributes:
-        seed: seed of the per-class subsampling, the classifiers and the rows sent to the teacher.
-        max_per_class: rule-labelled rows per class used to fit each classifier (>= 1; larger
-            classes are subsampled).
-        min_confidence: classifier labels below this confidence are flagged ``needs_llm_label``
-            (>= 0; above 1 flags every classifier label).
-        llm_label_max_rows: rows flagged ``needs_llm_label`` sent to the teacher for a domain label
-            (>= 0; 0 = no teacher call).
     Raises:
         ValueError: a field outside its range (the message names it).
     """
 
     seed: int = 0
+    """Seed of the per-class subsampling, the classifiers and the rows sent to the teacher."""
     max_per_class: int = 2000
-    """Rows per class used to fit each classifier (larger classes are subsampled)."""
+    """Rule-labelled rows per class used to fit each classifier (>= 1; larger classes are subsampled)."""
     min_confidence: float = 0.5
-    """Classifier labels below this confidence are flagged needs_llm_label."""
+    """Classifier labels below this confidence are flagged needs_llm_label (>= 0; above 1 flags every
+    classifier label)."""
     llm_label_max_rows: int = 16
-    """Rows the classifier is unsure of (needs_llm_label) sent to the teacher for a domain label."""
+    """Rows the classifier is unsure of (needs_llm_label) sent to the teacher for a domain label
+    (>= 0; 0 = no teacher call)."""
 
     def __post_init__(self):
         if self.max_per_class < 1:

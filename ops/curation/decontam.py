@@ -99,29 +99,50 @@ class DecontamConfig:
     policy: str = "strict"
     """strict (default): copies, template siblings and rephrasings removed; ngram: copies and light edits only."""
     ngram: int = 8
+    """Word n-gram length of the n-gram overlap layer and the sibling layer (tokens; >= 2)."""
     short_words: int = 8
+    """Benchmark items under this many tokens match by compact key (exact layer), have no siblings (>= 0)."""
     min_words: int = 3
+    """Natural-language words an n-gram needs to be informative (in [0, ngram])."""
     max_benchmark_df: int = 4
+    """An n-gram in this many benchmark items or more is frequent: no evidence (n-gram, sibling layer; >= 1)."""
     max_train_df: int = 50
+    """An n-gram in this many training rows or more is frequent: no evidence (n-gram, sibling layer; >= 1)."""
     containment: float = 0.8
+    """N-gram layer: flag when the row's n-grams cover this share of the smaller n-gram set (in (0, 1])."""
     minhash_threshold: float = 0.75
+    """MinHash layer (word 5-grams): exact Jaccard at or above which a candidate is flagged (in (0, 1))."""
     num_perm: int = 128
+    """MinHash permutations of the MinHash layer in [16, 8192] (signature width)."""
     match_normalization: bool = True
+    """Compare texts in matching form (match_normalize); False restores the former light normalisation,
+    for comparison only."""
     sibling_containment: float = 0.5
+    """Sibling layer: flag a row holding this share of an item's (rare) masked or plain n-grams (in (0, 1])."""
     semantic_benchmarks: list[str] = field(default_factory=lambda: ["math500"])
     """Benchmarks the semantic (rephrasing) layer compares against."""
     semantic_threshold: float = 0.85
     """Embedding cosine at or above which a row is a rephrasing of a benchmark item."""
     semantic_prefilter: float = 0.3
+    """TF-IDF cosine at or above which a (row, item) pair passes the semantic prefilter (in [-1, 1])."""
     semantic_floor: float = 0.2
+    """Prefilter's second rule: a pair at TF-IDF cosine >= this passes if >= semantic_margin x the next item's
+    (in [-1, 1])."""
     semantic_margin: float = 2.0
+    """Factor by which a pair's TF-IDF cosine (>= semantic_floor) must beat the next item's to pass (>= 1)."""
     semantic_top_k: int = 1
+    """Nearest semantic_benchmarks items (by TF-IDF cosine) the prefilter keeps per row (>= 1)."""
     semantic_max_tokens: int = 128
+    """Word pieces kept per text by the embedder (tokens; >= 1; the model's own limit is 256, 128 covers 90% of
+    MATH problems)."""
     judge: bool = False
     """Ask the teacher about pairs in the borderline band [judge_low, semantic_threshold); fail-closed."""
     judge_low: float = 0.75
+    """Embedding cosine where the judge's borderline band starts (in [-1, 1], <= semantic_threshold)."""
     judge_max_pairs: int = 200
+    """Borderline pairs sent to the judge, best first (>= 0); pairs past it are removed fail-closed."""
     judge_timeout_s: float = 600.0
+    """Wall-clock limit of the one judge call over all asked pairs (s; > 0); a time-out fails closed."""
 
     def __post_init__(self):
         if self.policy not in POLICIES:

@@ -43,15 +43,13 @@ DEFAULT_PRIORITY = ("math_test", "mmlu_dev_val", "arc", "mathematics_dataset")
 class ExactDedupParams:
     """Parameters of exact dedup (:func:`exact_dedup`), the ``exact_deduped_problems`` run config.
 
-    Attributes:
-        source_priority: survivor rule after "has a reference solution": earlier sources win;
-            unlisted sources come after, alphabetically. Distinct, non-empty source names.
     Raises:
         DedupConfigError: a name repeated, empty or not a string (the message names it).
     """
 
     source_priority: list[str] = field(default_factory=lambda: list(DEFAULT_PRIORITY))
-    """Survivor rule after 'has a reference solution': earlier sources win; unlisted come last."""
+    """Survivor rule after 'has a reference solution': earlier sources win; unlisted come last,
+    alphabetically. Distinct, non-empty source names."""
 
     def __post_init__(self):
         names = list(self.source_priority) if isinstance(self.source_priority, (list, tuple)) else None
@@ -68,12 +66,6 @@ class NearDedupParams(ExactDedupParams):
     """Parameters of MinHash-LSH near dedup (:func:`near_dedup`), the ``near_deduped_problems`` run
     config (defaults: docs/curation.md, "Exact and near deduplication"; Logics-STEM arXiv 2601.01562 §2, stage 2).
 
-    Attributes:
-        threshold: Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH).
-        num_perm: MinHash permutations in [16, 8192] (signature width).
-        seed: seed of datasketch's permutation family.
-        word_n: word n-gram shingles (texts under ``word_n`` tokens use character n-grams).
-        char_n: character n-gram length of those short texts.
     Raises:
         DedupConfigError: a value outside its range (the message names the field and the range).
     """
@@ -81,10 +73,13 @@ class NearDedupParams(ExactDedupParams):
     threshold: float = 0.8
     """Jaccard threshold in (0, 1]; 1.0 = exact shingle-set dedup (no LSH)."""
     num_perm: int = 128
-    """MinHash permutations in [16, 8192]."""
+    """MinHash permutations in [16, 8192] (signature width)."""
     seed: int = 1
+    """Seed of datasketch's permutation family."""
     word_n: int = 5
+    """Word n-gram shingle length (>= 1); texts under ``word_n`` tokens use character n-grams."""
     char_n: int = 3
+    """Character n-gram length of the shingles of those short texts (>= 1)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -156,19 +151,16 @@ def exact_dedup(df: pl.DataFrame, source_priority: list[str]) -> tuple[pl.DataFr
 
 @dataclass
 class NearDedupResult:
-    """Output of :func:`near_dedup`.
-
-    Attributes:
-        keep: shape (n,) bool, True for survivors and for rows in no cluster.
-        survivor: shape (n,) int64, index of the row's survivor (itself when kept).
-        similarity: shape (n,) float64, exact Jaccard with the survivor (1.0 when kept).
-        stats: counters (candidate pairs, verified pairs, rejected candidates, bands, rows).
-    """
+    """Output of :func:`near_dedup`."""
 
     keep: np.ndarray
+    """Shape (n,) bool, True for survivors and for rows in no cluster."""
     survivor: np.ndarray
+    """Shape (n,) int64, index of the row's survivor (itself when kept)."""
     similarity: np.ndarray
+    """Shape (n,) float64, exact Jaccard with the survivor (1.0 when kept)."""
     stats: dict = field(default_factory=dict)
+    """Counters (candidate pairs, screened by estimate, verified pairs, rejected candidates, bands, rows)."""
 
 
 def near_dedup(texts: list[str], rank: np.ndarray, params: NearDedupParams | None = None, **fields) -> NearDedupResult:

@@ -31,42 +31,29 @@ from .verify import VerifyItem, verify_stable
 class DistillParams:
     """Parameters of distillation (the ``distilled_problems`` run config).
 
-    Attributes:
-        verify_timeout_s: wall-clock seconds per verification (> 0; math-verify in worker processes).
-        workers: verification worker processes (>= 1).
-        teacher: run the teacher path (False: reference path only).
-        teacher_max_rows: rows sent to the teacher (>= 0; a seeded slice); sized so that the
-            embedded teacher adds < 4 min.
-        teacher_also_reference_rows: also ask the teacher for rows that have a verified reference
-            solution (long-CoT responses).
-        k_samples: teacher samples per row (>= 1).
-        temperature: sampling temperature (>= 0; 0 = greedy).
-        max_tokens: completion tokens per sample (>= 1).
-        keep_per_problem: verified teacher responses kept per problem in distilled_problems (>= 1;
-            all stay in teacher_responses).
-        seed: run seed: picks the teacher slice and, with (problem_id, sample index), the sampler
-            seed of every teacher request (:func:`teacher_seed`).
-        prompt_templates: per answer type (numeric, expression, text, proof, multiple_choice), a
-            template with "{problem}" replacing ops/teacher/prompts.py:TEMPLATES (final answer in
-            \\boxed{}).
     Raises:
         ValueError: a field out of range or a bad template (the message names it).
     """
 
     verify_timeout_s: float = 10.0
-    """Wall-clock seconds per verification (math-verify runs in worker processes)."""
+    """Wall-clock seconds per verification (> 0; math-verify runs in worker processes)."""
     workers: int = 2
+    """Verification worker processes (>= 1)."""
     teacher: bool = True
     """Run the teacher path (False: reference path only)."""
     teacher_max_rows: int = 24
-    """Rows sent to the teacher (a seeded slice); sized so the embedded teacher adds < 4 min."""
+    """Rows sent to the teacher (>= 0; a seeded slice); sized so the embedded teacher adds < 4 min."""
     teacher_also_reference_rows: bool = False
     """Also ask the teacher for rows that have a verified reference solution (long-CoT responses)."""
     k_samples: int = 2
+    """Teacher samples per row (>= 1)."""
     temperature: float = 0.7
+    """Sampling temperature of the teacher requests (>= 0; 0 = greedy)."""
     max_tokens: int = 160
+    """Completion tokens per sample (>= 1)."""
     keep_per_problem: int = 1
-    """Verified teacher responses kept per problem in distilled_problems (all stay in teacher_responses)."""
+    """Verified teacher responses kept per problem in distilled_problems (>= 1; all stay in
+    teacher_responses)."""
     seed: int = 0
     """Run seed: the teacher slice and the sampler seed of every teacher request (with problem_id
     and sample index; ops/curation/distill.py:teacher_seed)."""

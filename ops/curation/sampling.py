@@ -20,24 +20,19 @@ class SftParams:
     """Parameters of the stratified SFT sample (:func:`stratified_sample`), the ``sft_dataset`` run
     config.
 
-    Attributes:
-        target_size: rows in the SFT dataset (>= 1; all verified rows when fewer).
-        stratum_floor: minimum rows per stratum (domain x difficulty x answer type; >= 0); smaller
-            strata are kept whole.
-        seed: seed of the within-stratum ranking (a seeded hash of ``problem_id``).
-        tolerance: allowed relative deviation of a stratum from the plan, in [0, 0.5] (checked by
-            a blocking asset check).
     Raises:
         ValueError: a field out of range (the message names it and every range).
     """
 
     target_size: int = 2000
-    """Rows in the SFT dataset (all verified rows when fewer)."""
+    """Rows in the SFT dataset (>= 1; all verified rows when fewer)."""
     stratum_floor: int = 20
-    """Minimum rows per stratum (domain x difficulty x answer type); smaller strata are kept whole."""
+    """Minimum rows per stratum (domain x difficulty x answer type; >= 0); smaller strata are kept whole."""
     seed: int = 0
+    """Seed of the within-stratum ranking (a seeded hash of ``problem_id``)."""
     tolerance: float = 0.05
-    """Allowed relative deviation of a stratum from the plan (checked by a blocking asset check)."""
+    """Allowed relative deviation of a stratum from the plan, in [0, 0.5] (checked by a blocking asset
+    check)."""
 
     def __post_init__(self):
         for name, ok in (("target_size", self.target_size >= 1), ("stratum_floor", self.stratum_floor >= 0),

@@ -41,26 +41,20 @@ class SourceError(ValueError):
 class RawProblemsParams:
     """Parameters of reading one source partition, the ``raw_problems`` run config.
 
-    Attributes:
-        mathematics_dataset_per_module: generated problems per (module, difficulty) of
-            :func:`mathematics_dataset` (>= 1): 56 modules x 3 difficulties x this.
-        mathematics_dataset_seed: the generator's seed.
-        limit: keep at most this many rows per source (smoke runs and tests; >= 0); None keeps all.
-        max_quarantine_fraction: fail the partition when more than this share (in [0, 1]) of a
-            user file's rows is quarantined (likely a wrong field mapping); the quarantine table
-            is still written for inspection.
     Raises:
         ValueError: a field outside its range (the message names it).
     """
 
     mathematics_dataset_per_module: int = 20
-    """Generated problems per (module, difficulty): 56 modules x 3 difficulties x this."""
+    """Generated problems per (module, difficulty) of :func:`mathematics_dataset` (>= 1): 56 modules x
+    3 difficulties x this."""
     mathematics_dataset_seed: int = 0
+    """Seed of the mathematics_dataset generator (each (difficulty, module) stream is seeded from it)."""
     limit: int | None = None
-    """Keep at most this many rows per source (smoke runs and tests); None keeps all."""
+    """Keep at most this many rows per source (smoke runs and tests; >= 0); None keeps all."""
     max_quarantine_fraction: float = 0.5
-    """Fail the partition when more than this share of a user file's rows is quarantined (likely a
-    wrong field mapping); the quarantine table is still written for inspection."""
+    """Fail the partition when more than this share (in [0, 1]) of a user file's rows is quarantined
+    (likely a wrong field mapping); the quarantine table is still written for inspection."""
 
     def __post_init__(self):
         if self.mathematics_dataset_per_module < 1:
@@ -244,20 +238,17 @@ def benchmark_items() -> list[dict]:
 
 @dataclass
 class UserSource:
-    """A user's own problem file.
-
-    Attributes:
-        name: partition key of ``raw_problems`` (letters, digits, ``_``, ``-``).
-        path: a ``.jsonl``/``.json`` or ``.parquet`` file.
-        fields: Crucible field -> the file's field. ``problem`` is required; ``answer``,
-            ``solution``, ``choices``, ``subject``, ``level``, ``record`` are optional.
-        max_problem_chars: longer problems are quarantined (default 20,000 characters).
-    """
+    """A user's own problem file."""
 
     name: str
+    """Partition key of ``raw_problems`` (letters, digits, ``_``, ``-``; not a built-in source's name)."""
     path: str
+    """A ``.jsonl``/``.json``/``.ndjson`` or ``.parquet`` file (``~`` is expanded)."""
     fields: dict[str, str] = field(default_factory=lambda: {"problem": "problem"})
+    """Crucible field -> the file's field. ``problem`` is required; ``answer``, ``solution``,
+    ``choices``, ``subject``, ``level``, ``record`` are optional."""
     max_problem_chars: int = 20_000
+    """Longer problems are quarantined (characters)."""
 
     def __post_init__(self):
         import re
