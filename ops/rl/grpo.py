@@ -33,26 +33,23 @@ from ops.lm.sampling import SamplingConfig, sampling_logprobs
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Loss hyper-parameters.
-
-    Attributes:
-        clip_eps: PPO clip range eps (ratio clipped to [1 - eps, 1 + eps_high]).
-        clip_eps_high: upper clip (None = clip_eps; DAPO's clip-higher uses a larger one).
-        kl_coef: beta of the KL penalty to the reference policy (0 disables it; needs ref log-probs).
-        scale: ``std`` (GRPO) or ``none`` (Dr. GRPO: centre only).
-        std_floor: groups with std <= this get advantage 0 (zero-signal groups).
-        eps: added to std in the division.
-        agg: ``seq-mean-token-mean`` (mean over responses of each response's token mean; GRPO) or
-            ``token-mean`` (mean over all tokens of the batch; DAPO).
-    """
+    """Loss hyper-parameters. ``__post_init__`` raises ValueError naming the field (``grpo.<field>``)."""
 
     clip_eps: float = 0.2
+    """PPO clip range eps, in (0, 1): the ratio pi / pi_old is clipped to [1 - eps, 1 + eps_high]."""
     clip_eps_high: Optional[float] = None
+    """Upper clip eps_high (None = clip_eps; DAPO's clip-higher uses a larger one)."""
     kl_coef: float = 0.0
+    """beta of the KL penalty to the reference policy (>= 0; 0 disables it; > 0 needs ref log-probs)."""
     scale: str = "std"
+    """``std`` (GRPO: divide by the group's std) or ``none`` (Dr. GRPO: centre only)."""
     std_floor: float = 1e-6
+    """Groups whose reward std is <= this get advantage 0 (zero-signal groups)."""
     eps: float = 1e-6
+    """Added to the group's std in the division."""
     agg: str = "seq-mean-token-mean"
+    """``seq-mean-token-mean`` (mean over responses of each response's token mean; GRPO) or ``token-mean``
+    (mean over all tokens of the batch; DAPO)."""
 
     def __post_init__(self):
         if self.scale not in ("std", "none"):

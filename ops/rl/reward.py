@@ -47,13 +47,18 @@ class RewardServiceError(RuntimeError):
 
 @dataclass
 class RewardItem:
-    """One response to score. ``key`` is the caller's id (e.g. ``uid/index``)."""
+    """One response to score."""
 
     key: str
+    """The caller's id (e.g. ``uid/index``), returned in the result."""
     response: str
+    """The response text; its last ``\\boxed{}`` outside think blocks is the final answer."""
     answer: Optional[str]
+    """The reference answer."""
     solution: Optional[str] = None
+    """The reference solution (its last ``\\boxed{}`` is the fallback when answer does not parse)."""
     answer_type: str = "numeric"
+    """``numeric`` | ``expression`` | ``multiple_choice`` | ``text``."""
 
 
 @dataclass
@@ -61,10 +66,15 @@ class RewardResult:
     """``score`` is None when it could not be computed (``failed``/``bad_gold``: ``failed`` flag set)."""
 
     key: str
+    """The item's key."""
     score: Optional[float]
+    """1.0 verified, 0.0 wrong or unparseable, None when it could not be computed (failed, bad_gold)."""
     status: str
+    """``verified`` | ``wrong`` | ``unparseable`` | ``bad_gold`` | ``failed``."""
     attempts: int = 0
+    """Requests the client made for it (``RewardClient``, retries included); 0 when scored in process."""
     error: Optional[str] = None
+    """Why it failed (None when scored)."""
 
     @property
     def failed(self) -> bool:

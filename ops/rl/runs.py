@@ -20,28 +20,14 @@ PROBLEM_COLUMNS = ("problem_id", "problem", "answer")
 @dataclass(kw_only=True)
 class PolicySpec:
     """The policy and its optimizer as both drivers give them to the engine and trainer actors
-    (``ops.rl.ray_actors``; JSON-serialisable, part of a driver's spec).
-
-    Attributes:
-        tokenizer_dir: Hugging Face directory of the tokenizer (and chat template).
-        model_dir: the policy's weights; None = the tiny random 2-layer Llama (wiring checks only).
-        lr: AdamW learning rate of the trainer.
-        temperature: sampling temperature of the engines (the trainer's old policy is the
-            engine's sampling distribution).
-        top_k: keep only the k most likely tokens when sampling (0 = off); top_p: nucleus sampling
-            mass (1.0 = off). Both sides read them through ``ops.lm.sampling.SamplingConfig``.
-        seed: initial weights of the tiny policy, sampling and data order.
-        threads: torch threads of each engine actor (and of RollPacker's trainer).
-        tiny_hidden: hidden width of the tiny random policy.
-        reward_timeout_s: limit of one reward request (s); reward_retries: retries of a failed one.
-        engine_gpus / trainer_gpus: GPUs each engine / trainer actor requests from Ray (``num_gpus``;
-            fractions share a device). 0 (the CPU default) runs on CPU; > 0 puts the model on the
-            CUDA device Ray assigns, and an actor without one fails naming the field.
-    """
+    (``ops.rl.ray_actors``; JSON-serialisable, part of a driver's spec)."""
 
     tokenizer_dir: str
+    """Hugging Face directory of the tokenizer (and chat template)."""
     model_dir: Optional[str] = None
+    """The policy's weights (Hugging Face directory); None = the tiny random 2-layer Llama (wiring checks)."""
     lr: float = 1e-6
+    """AdamW learning rate of the trainer."""
     temperature: float = 1.0
     """Sampling temperature of the engines; the trainer scores the sampled tokens under the same
     distribution (temperature, top_k, top_p: ``ops.lm.sampling.SamplingConfig``)."""
@@ -50,12 +36,23 @@ class PolicySpec:
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 = off)."""
     seed: int = 0
+    """Seed of the tiny policy's initial weights, of sampling and of the data order."""
     threads: int = 1
+    """Torch threads of each engine actor (and of RollPacker's trainer)."""
     tiny_hidden: int = 64
+    """Hidden width of the tiny random policy (used only when model_dir is None)."""
     reward_timeout_s: float = 30.0
+    """Limit of one reward request (s)."""
     reward_retries: int = 2
+    """Retries of a failed reward request."""
     engine_gpus: float = 0.0
+    """GPUs each engine actor requests from Ray (``num_gpus``; fractions share a device), >= 0. 0 (the CPU
+    default) runs on CPU; > 0 puts the model on the CUDA device Ray assigns, and an actor without one fails
+    naming the field."""
     trainer_gpus: float = 0.0
+    """GPUs each trainer actor requests from Ray (``num_gpus``; fractions share a device), >= 0. 0 (the CPU
+    default) runs on CPU; > 0 puts the model on the CUDA device Ray assigns, and an actor without one fails
+    naming the field."""
 
     def check_sampling(self, prefix: str) -> None:
         """Raises ValueError naming ``<prefix>.temperature`` / ``.top_k`` / ``.top_p`` when the sampling

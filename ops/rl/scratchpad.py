@@ -44,11 +44,14 @@ TASK = "repeated-subtraction"
 
 @dataclass(frozen=True)
 class Problem:
-    """One problem: ``N mod a`` by repeated subtraction. ``uid``: stable id (``<prefix>-<seed>-<k>``)."""
+    """One problem: ``N mod a`` by repeated subtraction."""
 
     uid: str
+    """Stable id (``<prefix>-<seed>-<k>``)."""
     a: int
+    """The divisor a (2..9 in ``sample_problem``'s problems)."""
     n: int
+    """The dividend N (the answer is N mod a)."""
 
     @property
     def lines(self) -> int:

@@ -18,48 +18,44 @@ FINISH_REASONS = ("stop", "length", "timeout", "abort")
 
 @dataclass(frozen=True)
 class Prompt:
-    """One problem to roll out.
-
-    Attributes:
-        uid: stable id (``problem_id``); the simulated engine keys its length trace on it.
-        token_ids: the chat-formatted prompt tokens (engines that need text may use ``text``).
-        text: the problem statement (for logs and text engines).
-        answer, solution: the reference for the reward (see ``ops.rl.reward``).
-        answer_type: ``numeric`` | ``expression`` | ``multiple_choice`` | ``text``.
-    """
+    """One problem to roll out."""
 
     uid: str
+    """Stable id (``problem_id``); the simulated engine keys its length trace on it."""
     token_ids: tuple[int, ...] = ()
+    """The chat-formatted prompt tokens (engines that need text may use ``text``)."""
     text: str = ""
+    """The problem statement (for logs and text engines)."""
     answer: Optional[str] = None
+    """The reference answer for the reward (``ops.rl.reward``)."""
     solution: Optional[str] = None
+    """The reference solution (the verifier falls back to its last ``\\boxed{}`` when answer does not parse)."""
     answer_type: str = "numeric"
+    """``numeric`` | ``expression`` | ``multiple_choice`` | ``text``."""
 
 
 @dataclass
 class Completion:
-    """One generated response.
-
-    Attributes:
-        prompt_uid, index: which prompt and which of its n samples.
-        token_ids: generated tokens [T] (EOS included when it ended with EOS; T may be 0).
-        logprobs: log-probability [T] of each token under the sampling distribution of the engine.
-        finish_reason: one of FINISH_REASONS.
-        policy_version: the weight version the engine held when it generated this response.
-        t_finish_s: seconds from the start of the engine call to this response's end.
-        text: decoded response (filled by engines that have a tokenizer).
-        num_tokens: the response length when ``token_ids`` is not materialised (simulated engine).
-    """
+    """One generated response. ``__post_init__`` raises ValueError for an unknown finish_reason."""
 
     prompt_uid: str
+    """Which prompt (its ``uid``)."""
     index: int
+    """Which of the prompt's n samples (0-based)."""
     token_ids: list[int]
+    """Generated tokens [T] (EOS included when it ended with EOS; T may be 0)."""
     logprobs: list[float]
+    """Log-probability [T] of each token under the sampling distribution of the engine."""
     finish_reason: str
+    """One of FINISH_REASONS (``stop`` | ``length`` | ``timeout`` | ``abort``)."""
     policy_version: Optional[int]
+    """The weight version the engine held when it generated this response."""
     t_finish_s: float = 0.0
+    """Seconds from the start of the engine call to this response's end."""
     text: str = ""
+    """Decoded response (filled by engines that have a tokenizer)."""
     num_tokens: Optional[int] = None
+    """The response length (tokens) when ``token_ids`` is not materialised (simulated engine)."""
 
     def __post_init__(self):
         if self.finish_reason not in FINISH_REASONS:
@@ -73,18 +69,15 @@ class Completion:
 
 @dataclass
 class RolloutBatch:
-    """The result of one ``Engine.generate`` call.
-
-    Attributes:
-        completions: every requested response (len = prompts x n), finished, truncated, timed out
-            or aborted, in request order (prompt-major).
-        timings: ``wall_s`` (seconds of the call; simulated seconds for a simulated engine),
-            ``decode_steps``, ``slot_steps_busy`` / ``slot_steps_total`` (generation-slot time used
-            / available) and ``bubble_ratio`` = 1 - busy / total (idle fraction of the slots).
-    """
+    """The result of one ``Engine.generate`` call."""
 
     completions: list[Completion]
+    """Every requested response (len = prompts x n), finished, truncated, timed out or aborted, in request
+    order (prompt-major)."""
     timings: dict[str, float] = field(default_factory=dict)
+    """``wall_s`` (seconds of the call; simulated seconds for a simulated engine), ``decode_steps``,
+    ``slot_steps_busy`` / ``slot_steps_total`` (generation-slot time used / available) and ``bubble_ratio`` =
+    1 - busy / total (idle fraction of the slots)."""
 
 
 #: Called by an engine with each response as it finishes (in finish order); returning True aborts

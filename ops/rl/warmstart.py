@@ -62,36 +62,57 @@ class WarmStartSpec(JsonSpec):
     steps; lengths in tokens; pass rates in [0, 1]. ``validate`` raises ValueError naming the field
     (``warmstart.<field>``)."""
 
-    out_dir: str                       # the policy folder written at the end
+    out_dir: str
+    """The policy folder written at the end (config.json, model.safetensors, tokenizer, metrics.json)."""
     n_embd: int = 128
+    """GPT-2 hidden width (>= 1, a multiple of n_head)."""
     n_layer: int = 4
+    """GPT-2 transformer layers (>= 1)."""
     n_head: int = 4
-    n_positions: int = 320             # the longest training row at max_lines 60: 266 tokens (longest_row)
+    """GPT-2 attention heads (>= 1)."""
+    n_positions: int = 320
+    """GPT-2 context length (tokens), >= 16 and >= the longest training row at max_lines (``longest_row``:
+    266 tokens at max_lines 60)."""
     lr: float = 2e-3
+    """Peak AdamW learning rate (> 0)."""
     weight_decay: float = 0.0
+    """AdamW weight decay (>= 0)."""
     warmup_steps: int = 30
-    min_lr_ratio: float = 0.1          # cosine decay to lr * min_lr_ratio at max_steps
+    """Optimizer steps of linear learning-rate warm-up before the cosine decay (>= 0)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay to lr * min_lr_ratio at max_steps, in [0, 1]."""
     max_steps: int = 1000
     """Optimizer steps at most (training stops earlier at the target pass rate)."""
-    batch_problems: int = 32           # problems (sequences) per optimizer step
+    batch_problems: int = 32
     """Problems (sequences) per optimizer step."""
-    max_lines: int = 60                # longest chain (quotient) of a training problem
-    alpha: float = 0.5                 # training length law p(q) ~ q^-alpha (RL distribution: 1.2)
+    max_lines: int = 60
+    """Longest chain (quotient) of a training problem (lines, >= 1)."""
+    alpha: float = 0.5
     """Training length law p(q) ~ q^-alpha (the RL distribution has 1.2)."""
-    multi_turn_fraction: float = 0.5   # share of problems in the multi-turn tool form
+    multi_turn_fraction: float = 0.5
+    """Share of training problems in the multi-turn tool form (the rest single-turn), in [0, 1]."""
     eval_every: int = 25
     """Optimizer steps between held-out evaluations (the stopping rule's cadence)."""
     eval_seed: int = 7
+    """Seed of the stopping rule's held-out problems (``problems(eval_seed, eval_size)``: RL distribution)."""
     eval_size: int = 128
+    """Held-out problems scored at each evaluation, one sampled response each (>= 1)."""
     eval_temperature: float = 1.0
+    """Sampling temperature of the stopping rule's evaluation (>= 0; 0 = greedy)."""
     target_pass_rate: float = 0.4
     """Stop at the first evaluation whose sampled pass rate reaches this (0.2-0.7 keeps GRPO groups mixed)."""
     final_eval_seed: int = 99
+    """Seed of the final held-out problems (``problems(final_eval_seed, final_eval_size)``)."""
     final_eval_size: int = 512
+    """Final held-out problems, scored greedy and sampled at the end (>= 1)."""
     max_new_tokens: int = 256
+    """Response budget of each held-out response, in every evaluation (tokens, >= 1)."""
     checkpoint_every: int = 100
+    """Optimizer steps between resume checkpoints (model, optimizer, scheduler, RNG, curves), >= 1."""
     log_every: int = 10
+    """Optimizer steps between logged points of the loss curve (window mean), >= 1."""
     seed: int = 0
+    """Seed of the initial weights, of the training batches (one stream per step) and of evaluation sampling."""
 
     CADENCE = ("out_dir", "checkpoint_every", "log_every")
 

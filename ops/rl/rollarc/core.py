@@ -54,37 +54,39 @@ class RollArcError(RuntimeError):
 class ArcConfig:
     """Scheduler settings. The defaults are the embedded default's sizes (2 CPU cores: the
     ``rollarc_run`` asset adds < 3 minutes to the main job); the ``full`` preset is production-sized
-    (pipelines/presets.py, docs/rollarc.md).
-
-    Attributes:
-        steps: optimizer steps (the same for RollArc and the baseline).
-        groups_per_step: G, groups (tasks) per optimizer step.
-        group_size: R, trajectories per group that are trained (GRPO's group), 1..1024.
-        redundancy: extra trajectories launched per group (RollArc only; <= group_size); the first R
-            to finish with a reward win.
-        async_ratio: the staleness bound (0 = synchronous).
-        max_turns: LLM calls per episode; reaching it ends the episode ``truncated``.
-        turn_timeout_s: limit of one env step (and of one LLM call).
-        episode_timeout_s: limit of one whole episode, reward included.
-        reward_timeout_s: limit of one reward request.
-        group_wait_timeout_s: how long the trainer waits for its next group before failing.
-        train_timeout_s: limit of one optimizer step plus the weight sync.
-        max_failed_fraction: a step fails when more than this fraction of its trained trajectories
-            have no reward (failed scoring, env errors and timeouts have none).
+    (pipelines/presets.py, docs/rollarc.md). ``__post_init__`` raises ValueError naming the field
+    (``rollarc.<field>``) when one is out of range.
     """
 
     steps: int = 3
+    """Optimizer steps (the same for RollArc and the baseline), 1..1,000,000."""
     groups_per_step: int = 1
+    """G: groups (tasks) per optimizer step, 1..8192."""
     group_size: int = 2
+    """R: trajectories per group that are trained (GRPO's group), 1..1024."""
     redundancy: int = 1
+    """Extra trajectories launched per group (RollArc only), 0..group_size: the first R to finish with a
+    reward win, the rest are cancelled (counted as dropped)."""
     async_ratio: int = 1
+    """Staleness bound in policy versions (optimizer steps), >= 0: a group whose oldest segment is more
+    than this many versions behind the trainer's step is discarded, and the producer creates groups at
+    most this many steps ahead; 0 = synchronous."""
     max_turns: int = 2
+    """LLM calls per episode, 1..1024; reaching it ends the episode ``truncated``."""
     turn_timeout_s: float = 30.0
+    """Limit of one env step and of one LLM call (s, > 0); past it the trajectory ends ``timeout``."""
     episode_timeout_s: float = 120.0
+    """Limit of one whole episode, reward included (s, > 0)."""
     reward_timeout_s: float = 30.0
+    """Limit of one reward request (s, > 0); past it the trajectory has no reward (``timeout``)."""
     group_wait_timeout_s: float = 300.0
+    """How long the trainer waits for its next fresh group before the run fails (s, > 0)."""
     train_timeout_s: float = 300.0
+    """Limit of one optimizer step, of the weight sync that follows it and of ``on_step``'s checkpoint
+    (s, > 0)."""
     max_failed_fraction: float = 1.0
+    """A step fails when more than this fraction of its trained trajectories have no reward (failed
+    scoring, env errors and timeouts have none), in [0, 1]."""
 
     def __post_init__(self):
         checks = (("steps", self.steps >= 1), ("groups_per_step", self.groups_per_step >= 1),
@@ -192,35 +194,37 @@ class GroupBuffer:
 class RunResult:
     """What a run measured (JSON-serialisable via ``to_dict``).
 
-    Attributes:
-        method: ``rollarc`` | ``monolithic``.
-        steps: one dict per optimizer step (train metrics, wait seconds, staleness of its groups,
-            reward mean, statuses).
-        wall_s: seconds from the first rollout to the last publish.
-        trained_trajectories / generated_trajectories: kept for training / launched (redundant and
-            discarded ones included).
-        staleness_hist: {staleness: trained groups}; discarded_groups: count; dropped_trajectories:
-            redundant trajectories cancelled; statuses: episode status counts (trained trajectories).
-        tasks_consumed: tasks taken from the task iterator (one per group created, trained or not);
-            a resumed run continues after them.
-
     During a run ``steps``, the counters, ``staleness_hist``, ``discarded_groups``, ``wall_s`` and
     ``tasks_consumed`` are current whenever ``on_step`` is called (a checkpoint can snapshot them);
     ``statuses`` is set at the end.
     """
 
     method: str
+    """``monolithic``, ``rollarc`` or another name given to ``run_rollarc`` (``async0``, ``rollarc_a<k>``)."""
     config: dict
+    """The ``ArcConfig`` of the run, as a dict."""
     steps: list = field(default_factory=list)
+    """One dict per optimizer step (train metrics, wait seconds, staleness of its groups, reward mean,
+    statuses)."""
     wall_s: float = 0.0
+    """Seconds from the first rollout to the last publish (summed over the launches of a resumed run)."""
     trained_trajectories: int = 0
+    """Trajectories kept for training."""
     generated_trajectories: int = 0
+    """Trajectories launched (redundant and discarded ones included)."""
     staleness_hist: dict = field(default_factory=dict)
+    """{staleness (policy versions): trained groups}."""
     discarded_groups: int = 0
+    """Groups discarded as staler than ``async_ratio``."""
     dropped_trajectories: int = 0
+    """Launched trajectories not kept (redundant ones cancelled once their group had ``group_size``)."""
     statuses: dict = field(default_factory=dict)
+    """Episode status counts of the trained trajectories (set at the end)."""
     trajectories: list = field(default_factory=list)
+    """One summary row per trained trajectory (``traj_summary``: no token ids)."""
     tasks_consumed: int = 0
+    """Tasks taken from the task iterator (one per group created, trained or not); a resumed run
+    continues after them."""
 
     @property
     def trajectories_per_s(self) -> float:

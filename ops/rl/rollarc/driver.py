@@ -82,19 +82,31 @@ class RunSpec:
     ``role_spec``."""
 
     problems_path: str
+    """The curated problems table (``decontaminated_problems``) of the ToolMath environment (task curated)."""
     tokenizer_dir: str
+    """Hugging Face directory of the tokenizer (and chat template)."""
     model_dir: Optional[str] = None
+    """The policy's weights; None = the tiny random 2-layer Llama (wiring checks only)."""
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    """Methods to run, in order: a non-empty subset of ``METHODS`` without repeats (monolithic, rollarc,
+    async0, rollarc_a1, rollarc_a2)."""
     envs: list[str] = field(default_factory=lambda: list(ENVS))
+    """Environments mixed round-robin over groups: a non-empty subset of ``envs.ENV_NAMES`` (task curated)."""
     arc: dict = field(default_factory=dict)
+    """``core.ArcConfig`` fields over its defaults (scheduler: steps, G, R, redundancy, async_ratio, ...)."""
     roles: dict = field(default_factory=dict)
+    """``ray_roles.RoleSpec`` fields over its defaults (token budgets, routing, engines, env latency, ...)."""
     frozenlake_size: int = 4
+    """Side of each FrozenLake map (cells; the environment accepts 2..32)."""
     seed: int = 0
+    """Seed of the policy (``PolicySpec.seed``: tiny weights, sampling), the ToolMath problem order, the
+    FrozenLake maps and the injected env latency."""
     task: str = "curated"
     """``curated``: FrozenLake and ToolMath on ``problems_path`` (``envs``); ``scratchpad``: every group
     is a ``checked_subtraction`` episode (``envs`` unused) on ``ops.rl.scratchpad.problems(task_seed,
     ..., max_lines)``, the char-level policy (no chat template: plain rendering, stop at ``?``)."""
     task_seed: int = 0
+    """Scratchpad only: seed of the problem stream (``scratchpad.problems(task_seed, ...)``), >= 0."""
     eval_size: int = 0
     """Held-out scratchpad problems (``problems(task_seed + 1000, eval_size)``), scored single-turn by
     the trainer's ``heldout`` (sampled at ``eval_temperature``); 0 = no evaluation."""
@@ -103,6 +115,7 @@ class RunSpec:
     asynchronous method runs while its rollouts go on (their work is not paused); its seconds are
     excluded from the method's times all the same."""
     eval_temperature: float = 1.0
+    """Scratchpad only: temperature of the held-out evaluation (>= 0; 0 = greedy)."""
     max_lines: int = 60
     """Scratchpad quotient cap (``scratchpad.problems``' ``max_lines``)."""
     check_work: int = 0
@@ -114,7 +127,9 @@ class RunSpec:
     batching servers), env threads, trainer and reward process for every method (the equal-budget
     comparison). ``ray``: every method on ``RayRoles``."""
     ray_address: Optional[str] = None
+    """Ray cluster to connect to (``auto`` inside a Ray Job); None = a local instance with num_cpus CPUs."""
     num_cpus: int = 2
+    """CPUs of the local Ray instance (ignored with ray_address)."""
     checkpoint_every: int = 2
     """Save the trainer state every this many optimizer steps of a method (resume granularity; the
     last step is never saved: the finished method is). A SmolLM2 save (weights + AdamW moments,
@@ -221,11 +236,14 @@ class RunConfig:
     checkpoint cadence (``RunSpec``). Defaults come from those classes."""
 
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    """Methods to run, in order: a non-empty subset of monolithic | rollarc | async0 | rollarc_a1 | rollarc_a2
+    (``METHODS``; async0 / rollarc_a<k> fix async_ratio)."""
     envs: list[str] = field(default_factory=lambda: list(ENVS))
     """Environments, round-robin over groups."""
     steps: int = ArcConfig.steps
     """Optimizer steps per method."""
     groups_per_step: int = ArcConfig.groups_per_step
+    """G: groups (tasks) per optimizer step, 1..8192."""
     group_size: int = ArcConfig.group_size
     """Trajectories per group that are trained (the GRPO group)."""
     redundancy: int = ArcConfig.redundancy
@@ -233,16 +251,22 @@ class RunConfig:
     async_ratio: int = ArcConfig.async_ratio
     """Staleness bound in optimizer steps (0 = synchronous)."""
     max_turns: int = ArcConfig.max_turns
+    """LLM calls per episode, 1..1024; reaching it ends the episode ``truncated``."""
     turn_timeout_s: float = ArcConfig.turn_timeout_s
+    """Limit of one env step and of one LLM call (s, > 0)."""
     episode_timeout_s: float = ArcConfig.episode_timeout_s
+    """Limit of one whole episode, reward included (s, > 0)."""
     max_failed_fraction: float = ArcConfig.max_failed_fraction
     """A step fails when more than this fraction of its trajectories has no reward."""
     max_new_tokens: int = RoleSpec.max_new_tokens
+    """Response budget per LLM call (tokens)."""
     max_prompt_tokens: int = RoleSpec.max_prompt_tokens
     """Context kept per LLM call (left-truncated: the latest turns stay)."""
     route_policy: str = RoleSpec.route_policy
     """``affinity`` (prefill-heavy requests to gpu_compute, decode-heavy to gpu_bandwidth) or ``uniform``."""
     prefill_heavy_ratio: float = RoleSpec.prefill_heavy_ratio
+    """Prompt / expected-decode tokens at or above which a request is prefill-heavy (affinity: to
+    gpu_compute), > 0; 4.0 suits H800- vs H20-class pools, 12 the embedded default's CPU pools."""
     engines_compute: int = _ROLE.engines["gpu_compute"]
     """Engine actors on the gpu_compute pool."""
     engines_bandwidth: int = _ROLE.engines["gpu_bandwidth"]
@@ -250,14 +274,21 @@ class RunConfig:
     env_latency: str = RoleSpec.env_latency
     """Injected env step latency: none | low | medium | heavy (same mean)."""
     env_latency_mean_s: float = RoleSpec.env_latency_mean_s
+    """Mean of the injected per-step env latency (s, >= 0)."""
     reward_max_replicas: int = RoleSpec.reward_max_replicas
+    """Most replicas of the elastic reward pool (Ray Serve autoscaling, >= 1)."""
     lr: float = RoleSpec.lr
+    """AdamW learning rate of the trainer."""
     temperature: float = RoleSpec.temperature
+    """Sampling temperature of the engines (the trainer scores under the same distribution)."""
     top_k: int = RoleSpec.top_k
+    """Keep only the k most likely tokens when sampling (0 = off)."""
     top_p: float = RoleSpec.top_p
+    """Nucleus sampling mass (1.0 = off)."""
     eval_temperature: float = RunSpec.eval_temperature
     """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
     seed: int = RunSpec.seed
+    """Seed of the policy, sampling, the ToolMath problem order, the FrozenLake maps and the env latency."""
     num_cpus: int = RunSpec.num_cpus
     """CPUs of the local Ray instance (ignored with compute.ray_address)."""
     checkpoint_every: int = RunSpec.checkpoint_every

@@ -47,41 +47,45 @@ class RoleSpec(PolicySpec):
     """What the roles need (JSON-serialisable; part of the driver's RunSpec): the policy
     (``ops.rl.runs.PolicySpec``: tokenizer_dir, model_dir (None = the tiny random policy), lr,
     temperature, seed, tiny_hidden, threads of each engine actor, reward_timeout_s and
-    reward_retries of one reward request) and the placement and sizes below.
-
-    Attributes:
-        engines: engine actors per pool (``gpu_compute``, ``gpu_bandwidth``).
-        route_policy: ``affinity`` | ``uniform`` (router.RequestRouter).
-        prefill_heavy_ratio: prompt / expected-decode tokens at or above which a request is
-            prefill-heavy (affinity: to ``gpu_compute``). It depends on the pools' hardware: 4.0 for
-            H800-class vs H20-class GPUs (``router.DEFAULT_PREFILL_HEAVY_RATIO``). On the embedded
-            default both pools are the same CPU and replies are short (16 tokens): 12 separates the
-            first turn (system + first observation, ~250 tokens) from later, longer-context turns so
-            that both pools serve.
-        max_new_tokens: response budget per LLM call; max_prompt_tokens: context kept (left-truncated).
-        max_batch, batch_wait_s: engine dynamic batching (requests, seconds).
-        env_workers, env_concurrency: environment actors and sessions per actor.
-        env_latency, env_latency_mean_s: injected per-step latency kind (envs.EnvLatency) and mean (s).
-        reward_min_replicas / reward_max_replicas / reward_target_ongoing: Serve autoscaling.
-        trainer_threads: torch threads of the trainer actor (the heaviest role).
-    """
+    reward_retries of one reward request) and the placement and sizes below."""
 
     engines: dict = field(default_factory=lambda: {"gpu_compute": 1, "gpu_bandwidth": 1})
+    """Engine actors per pool ({``gpu_compute``: n, ``gpu_bandwidth``: n}; >= 1 engine in all)."""
     route_policy: str = "affinity"
+    """``affinity`` (prefill-heavy requests to gpu_compute, the rest to gpu_bandwidth) | ``uniform``
+    (``router.RequestRouter``)."""
     prefill_heavy_ratio: float = 12.0
+    """Prompt / expected-decode tokens at or above which a request is prefill-heavy (affinity: to
+    ``gpu_compute``), > 0. It depends on the pools' hardware: 4.0 for H800-class vs H20-class GPUs
+    (``router.DEFAULT_PREFILL_HEAVY_RATIO``). On the embedded default both pools are the same CPU and replies
+    are short (16 tokens): 12 separates the first turn (system + first observation, ~250 tokens) from later,
+    longer-context turns so that both pools serve."""
     max_new_tokens: int = 16
+    """Response budget per LLM call (tokens)."""
     max_prompt_tokens: int = 256
+    """Context kept per LLM call (tokens; left-truncated: the latest turns stay)."""
     max_batch: int = 8
+    """Engine dynamic batching: most requests an engine generates in one batch."""
     batch_wait_s: float = 0.02
+    """Engine dynamic batching: how long a partial batch waits for more requests (s)."""
     llm_timeout_s: float = 60.0
+    """Wall-clock limit of one engine generation call (s, > 0)."""
     env_workers: int = 1
+    """Environment actors on ``cpu_env`` (at least 1 is started)."""
     env_concurrency: int = 64
+    """Environment sessions (trajectories) each environment actor serves at once (``max_concurrency``)."""
     env_latency: str = "heavy"
+    """Injected per-step env latency kind (``envs.EnvLatency``): none | low | medium | heavy (same mean)."""
     env_latency_mean_s: float = 1.0
+    """Mean of the injected per-step env latency (s, >= 0)."""
     reward_min_replicas: int = 1
+    """Serve autoscaling of the reward pool: fewest replicas (0 <= min <= reward_max_replicas)."""
     reward_max_replicas: int = 2
+    """Serve autoscaling of the reward pool: most replicas (>= 1)."""
     reward_target_ongoing: float = 1.0
+    """Serve autoscaling of the reward pool: target ongoing requests per replica (> 0)."""
     trainer_threads: int = 2
+    """Torch threads of the trainer actor on Ray (the heaviest role)."""
 
 
 # ------------------------------------------------------------------------------ shared helpers

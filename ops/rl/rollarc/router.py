@@ -46,21 +46,20 @@ DEFAULT_PREFILL_HEAVY_RATIO = 4.0
 class PoolProfile:
     """Speed of one engine of a pool (one GPU serving a 7B-class dense model in bf16).
 
-    Attributes:
-        name: the pool (``gpu_compute`` | ``gpu_bandwidth``).
-        prefill_tok_s: prompt tokens per second of prefill (compute-bound).
-        decode_tok_s: decode steps per second, i.e. tokens per second of *each* running sequence;
-            a step costs 1 / decode_tok_s seconds whatever the batch size up to max_batch
-            (memory-bound: the weights are read once per step).
-        max_batch: concurrent sequences (continuous-batching slots; bounded by KV-cache memory).
     Raises:
         ValueError: a speed <= 0 or max_batch < 1 (named).
     """
 
     name: str
+    """The pool (``gpu_compute`` | ``gpu_bandwidth``)."""
     prefill_tok_s: float
+    """Prompt tokens per second of prefill (compute-bound), > 0."""
     decode_tok_s: float
+    """Decode steps per second, i.e. tokens per second of *each* running sequence (> 0); a step costs
+    1 / decode_tok_s seconds whatever the batch size up to max_batch (memory-bound: the weights are read once
+    per step)."""
     max_batch: int
+    """Concurrent sequences (continuous-batching slots; bounded by KV-cache memory), >= 1."""
 
     def __post_init__(self):
         if self.prefill_tok_s <= 0:

@@ -164,22 +164,19 @@ os._exit(0)
 
 @dataclass
 class SandboxResult:
-    """Outcome of one sandboxed run.
-
-    Attributes:
-        ok: the code ran to completion without an exception or a limit.
-        output: printed text plus ``repr`` of a final expression (capped at ``max_output_chars``).
-        error: "" when ok; else ``"ExcType: message"``, ``"CPU time limit exceeded (... s)"``,
-            ``"wall-clock limit exceeded (... s)"`` or ``"sandbox failed: ..."``.
-        cpu_s: CPU seconds (user + system) the child used, from ``wait4`` rusage.
-        wall_s: wall-clock seconds from spawn to reap.
-    """
+    """Outcome of one sandboxed run."""
 
     ok: bool
+    """The code ran to completion without an exception or a limit."""
     output: str
+    """Printed text plus ``repr`` of a final expression (capped at ``max_output_chars``)."""
     error: str
+    """``""`` when ok; else ``"ExcType: message"``, ``"CPU time limit exceeded (... s)"``, ``"wall-clock limit
+    exceeded (... s)"`` or ``"sandbox failed: ..."``."""
     cpu_s: float
+    """CPU seconds (user + system) the child used, from ``wait4`` rusage."""
     wall_s: float
+    """Wall-clock seconds from spawn to reap."""
 
 
 def run_python(expr_or_code: str, cpu_s: float = 1.0, wall_s: float = 2.0, mem_mb: int = 256,

@@ -27,52 +27,49 @@ POOLS = ("gpu_compute", "gpu_bandwidth", "cpu_env", "reward")
 
 @dataclass(frozen=True)
 class Task:
-    """One environment instance to solve.
-
-    Attributes:
-        uid: stable id (the group id derives from it and the step).
-        env: environment name (``frozenlake`` | ``tool_math``).
-        spec: what the environment needs to reset: e.g. ``{"map_seed": 3, "size": 4}`` for
-            FrozenLake, ``{"problem": ..., "answer": ..., "answer_type": ...}`` for tool math.
-    """
+    """One environment instance to solve."""
 
     uid: str
+    """Stable id (the group id derives from it and the step)."""
     env: str
+    """Environment name (``frozenlake`` | ``tool_math`` | ``checked_subtraction``)."""
     spec: dict
+    """What the environment needs to reset: e.g. ``{"map_seed": 3, "size": 4}`` for FrozenLake,
+    ``{"problem": ..., "answer": ..., "answer_type": ...}`` for tool math."""
 
 
 @dataclass
 class StepResult:
-    """One environment step. ``observation`` is the text shown to the policy next turn;
-    ``done`` ends the episode; ``info`` carries what the verifier needs (e.g. the final answer)."""
+    """One environment step."""
 
     observation: str
+    """The text shown to the policy next turn."""
     done: bool
+    """Whether the episode ended (goal, hole, answer given)."""
     info: dict = field(default_factory=dict)
+    """What the verifier needs (e.g. the final answer, the FrozenLake actions)."""
 
 
 @dataclass
 class Segment:
-    """One LLM call of a trajectory.
-
-    Attributes:
-        prompt_ids: the full context fed to the policy for this turn [P] (chat template of the
-            conversation so far); response_ids [T] and logprobs [T]: what the engine sampled and
-            the log-probabilities under the sampling distribution.
-        policy_version: the engine's published weight version when it served the call.
-        pool: the engine pool that served it (``gpu_compute`` | ``gpu_bandwidth``).
-        finish_reason: ``stop`` | ``length`` | ``timeout`` | ``abort`` (see ops.rl.types).
-        latency_s: seconds from request to response (queueing included).
-    """
+    """One LLM call of a trajectory."""
 
     prompt_ids: list[int]
+    """The full context fed to the policy for this turn [P] (chat template of the conversation so far)."""
     response_ids: list[int]
+    """What the engine sampled [T]."""
     logprobs: list[float]
+    """Log-probabilities [T] of the response tokens under the sampling distribution."""
     policy_version: int
+    """The engine's published weight version when it served the call."""
     pool: str
+    """The engine pool that served it: ``gpu_compute`` | ``gpu_bandwidth`` (``colocated``: LocalRoles)."""
     finish_reason: str
+    """``stop`` | ``length`` | ``timeout`` | ``abort`` (see ops.rl.types)."""
     latency_s: float = 0.0
+    """Seconds from request to response (queueing included)."""
     text: str = ""
+    """The decoded response (the action the environment gets)."""
 
 
 @dataclass
@@ -81,20 +78,35 @@ class Trajectory:
     then excludes it from its group — never 0.0)."""
 
     group_id: str
+    """The group it belongs to."""
     index: int
+    """Its index among the group's launched trajectories (from 0)."""
     task: Task
+    """The task it solves (the group's)."""
     created_step: int
+    """The trainer step at which its group was created."""
     segments: list[Segment] = field(default_factory=list)
+    """Its LLM calls, in turn order."""
     status: str = "ok"
+    """How the episode ended (``EPISODE_STATUSES``): ``ok`` | ``truncated`` | ``timeout`` | ``env_error``."""
     reward: Optional[float] = None
+    """The verifier's score; None = not computed / failed (GRPO then excludes it — never 0.0)."""
     reward_status: str = ""
+    """The verifier's status (e.g. ``verified``, ``wrong``, ``failed``, ``timeout``), or the episode status."""
     turns: int = 0
+    """LLM calls made."""
     env_s: float = 0.0
+    """Seconds in environment reset and steps."""
     llm_s: float = 0.0
+    """Seconds in LLM calls."""
     reward_s: float = 0.0
+    """Seconds waiting for the reward."""
     wall_s: float = 0.0
+    """Seconds of the whole episode, reward included."""
     error: Optional[str] = None
+    """What ended it when it failed (an exception or a limit), else None."""
     submission: dict = field(default_factory=dict)
+    """The last step's ``info`` (what the verifier scores: final answer, FrozenLake actions)."""
 
     def __post_init__(self):
         if self.status not in EPISODE_STATUSES:
@@ -116,11 +128,17 @@ class Group:
     """The kept trajectories of one task (``R`` of them) plus the count of redundant ones dropped."""
 
     group_id: str
+    """Stable id (``s<step>-g<n>-<task uid>``)."""
     task: Task
+    """The task of every trajectory of the group."""
     created_step: int
+    """The trainer step at which it was created."""
     trajectories: list[Trajectory]
+    """The kept trajectories (R of them), by index."""
     dropped: int = 0
+    """Launched trajectories not kept (redundant ones cancelled once the group had R); 0 in the baseline."""
     finished_at: float = 0.0
+    """``time.monotonic()`` when it completed (the buffer's tie-break after created_step)."""
 
     @property
     def oldest_version(self) -> int:

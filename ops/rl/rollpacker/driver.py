@@ -64,6 +64,7 @@ class RunSpec(PolicySpec):
     ``validate`` is the one check, run by the asset and by the launched driver (``load_spec``)."""
 
     problems_path: str = ""
+    """The curated problems table (``decontaminated_problems``); required with task ``curated``."""
     methods: list[str] = field(default_factory=lambda: ["baseline", "rollpacker"])
     """Subset of baseline | tail_batching | tail_batching+reward | rollpacker (tail batching + reward
     scheduler + stream trainer)."""
@@ -76,19 +77,27 @@ class RunSpec(PolicySpec):
     steps: int = 2
     """GRPO steps per method (with eta 1.25 and P0 2: a short round, then a long round)."""
     max_new_tokens: int = 48
+    """Response budget per rollout response and per held-out response (tokens, >= 1)."""
     timeout_s: float = 120.0
     """Wall-clock limit of one rollout."""
     max_prompt_tokens: int = 200
+    """Context kept per curated chat prompt (tokens; the problem is left-truncated to fit)."""
     max_failed_fraction: float = 0.25
     """A step fails when more than this fraction of its rewards could not be computed."""
     reward_workers: int = 1
+    """Verifier processes of the reward actor (``ops.rl.reward.RewardScorer``, >= 1)."""
     ray_address: Optional[str] = None
+    """Ray cluster to connect to (``auto`` inside a Ray Job); None = a local instance with num_cpus CPUs."""
     num_cpus: int = 2
     """CPUs of the local Ray instance (ignored with compute.ray_address)."""
     task: str = "curated"
+    """Where the epoch's prompts come from (``TASKS``): ``curated`` | ``scratchpad``."""
     task_seed: int = 0
+    """Scratchpad only: seed of the epoch's problem stream (held-out problems: task_seed + 1000)."""
     eval_size: int = 0
+    """Scratchpad only: held-out problems scored by the trainer's policy (>= 0; 0 = no evaluation)."""
     eval_every: int = 0
+    """Scratchpad only: GRPO steps between held-out evaluations (>= 0; 0 = before and after only)."""
     eval_temperature: float = 1.0
     """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
 

@@ -32,26 +32,26 @@ from ops.rl.types import Completion, Prompt
 
 @dataclass
 class StepConfig:
-    """Per-step settings shared by both methods.
-
-    Attributes:
-        max_new_tokens: response budget per generate call.
-        timeout_s: wall-clock limit of one rollout (case ``rollout-never-ends``).
-        stop: stop strings.
-        reward_overlap, stream_train: RollPacker's reward scheduler and stream trainer.
-        max_failed_fraction: the step fails when more rewards than this fraction failed.
-        drain_timeout_s: limit on waiting for rewards and queued gradients after the rollout.
-        grpo: loss configuration.
-    """
+    """Per-step settings shared by both methods."""
 
     max_new_tokens: int = 64
+    """Response budget per generate call (tokens)."""
     timeout_s: float = 120.0
+    """Wall-clock limit of one rollout (s; case ``rollout-never-ends``)."""
     stop: tuple = ()
+    """Stop strings of the engine."""
     reward_overlap: bool = True
+    """RollPacker's reward scheduler: score each response as soon as it finishes, during the rollout (False:
+    after the rollout)."""
     stream_train: bool = True
+    """RollPacker's stream trainer: compute each accepted group's gradients as soon as it is scored (False: one
+    batch after every reward)."""
     max_failed_fraction: float = 0.25
+    """The step fails (RewardServiceError) when more than this fraction of its rewards failed."""
     drain_timeout_s: float = 300.0
+    """Limit on waiting for rewards and queued gradients after the rollout (s)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """The GRPO loss configuration."""
 
 
 class _GuardedEngine:

@@ -38,20 +38,19 @@ class SchedulerConfigError(ValueError):
 
 @dataclass(frozen=True)
 class TailBatching:
-    """Parameters of tail batching (paper §4.1; defaults from the paper where it gives one).
-
-    Attributes:
-        prompts_per_step: P0, prompts trained per step (>= 1).
-        responses_per_prompt: R0, responses per prompt = the GRPO group size (>= 1).
-        eta: over-provisioning factor of short rounds (>= 1; the paper uses 1.25). eta = 1 turns
-            speculation off (short rounds then equal the baseline).
-        enabled: False runs the synchronous veRL-style baseline (P0 x R0, wait for all).
-    """
+    """Parameters of tail batching (paper §4.1; defaults from the paper where it gives one). Raises
+    SchedulerConfigError (a ValueError naming ``tail_batching.<field>``) when one is out of range."""
 
     prompts_per_step: int
+    """P0: prompts trained per step (>= 1)."""
     responses_per_prompt: int
+    """R0: responses per prompt = the GRPO group size (>= 1)."""
     eta: float = 1.25
+    """Over-provisioning factor of short rounds, in [1, 4] (the paper uses 1.25): a short round launches
+    ceil(eta*P0) prompts x ceil(eta*R0) responses. eta = 1 turns speculation off (short rounds then equal
+    the baseline)."""
     enabled: bool = True
+    """False runs the synchronous veRL-style baseline (P0 x R0, wait for all)."""
 
     def __post_init__(self):
         if self.prompts_per_step < 1:
@@ -74,15 +73,21 @@ class TailBatching:
 
 @dataclass
 class RoundPlan:
-    """One round: ``kind`` is ``short``, ``long`` or ``sync``; ``prompts`` are launched with ``n``
-    responses each; ``accept_prompts`` (P0) groups of ``accept_responses`` (R0) are trained."""
+    """One round: ``prompts`` are launched with ``n`` responses each; ``accept_prompts`` (P0) groups
+    of ``accept_responses`` (R0) are trained."""
 
     step: int
+    """The training step this round feeds (0-based, counted over the epoch)."""
     kind: str
+    """``short`` (over-provisioned, aborted early), ``long`` (queued prompts, to full length) or ``sync``."""
     prompts: list[Prompt]
+    """The prompts launched."""
     n: int
+    """Responses launched per prompt (ceil(eta*R0) in a short round, else R0)."""
     accept_prompts: int
+    """P0: groups trained from the round (the first prompts to collect accept_responses)."""
     accept_responses: int
+    """R0: responses accepted per prompt (the first to finish)."""
 
 
 class RoundPlanner:
@@ -141,7 +146,9 @@ class Group:
     """The R0 accepted responses of one prompt (a GRPO group), in finish order."""
 
     prompt: Prompt
+    """The prompt of the group."""
     completions: list[Completion]
+    """Its R0 accepted responses, in finish order."""
 
 
 @dataclass
@@ -150,10 +157,15 @@ class RoundResult:
     aborted (for the long-prompt queue), the engine batch and the round's metrics."""
 
     plan: RoundPlan
+    """The round that was run."""
     groups: list[Group]
+    """The accepted groups (P0 of R0 responses), in acceptance order."""
     aborted: list[Prompt]
+    """The launched prompts not accepted (they go, whole, to the long-prompt queue)."""
     batch: RolloutBatch
+    """The engine's batch: every response generated, aborted ones included, and its timings."""
     metrics: dict = field(default_factory=dict)
+    """The round's figures (``round_metrics``: lengths in tokens, rollout s, bubble ratio, finish reasons)."""
 
 
 class _Acceptor:

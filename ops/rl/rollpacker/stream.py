@@ -31,19 +31,21 @@ from ops.lm.sampling import SamplingConfig
 
 @dataclass
 class TrainSample:
-    """One response to train on: token ids, its advantage, valid flag (>= 1 token and finite reward).
-
-    ``old_logprobs`` [T]: log-probabilities of the response tokens under the policy that sampled them
-    (the engine's record). None = on-policy (the current weights are the old policy: ratio 1, as in
-    RollPacker's deferred step); set for asynchronous training (RollArc), where the sampling policy
-    may be ``async_ratio`` versions behind and the PPO ratio pi / pi_old corrects for it.
-    """
+    """One response to train on: token ids, its advantage, valid flag (>= 1 token and finite reward)."""
 
     prompt_ids: Sequence[int]
+    """Token ids of the prompt (context only, never trained)."""
     response_ids: Sequence[int]
+    """Token ids of the response [T]."""
     advantage: float
+    """The response's GRPO advantage (group-normalised), given to each of its tokens."""
     valid: bool
+    """Whether it is trained: >= 1 token and a finite reward (invalid ones are masked out of the loss)."""
     old_logprobs: Optional[Sequence[float]] = None
+    """Log-probabilities [T] of the response tokens under the policy that sampled them (the engine's
+    record). None = on-policy (the current weights are the old policy: ratio 1, as in RollPacker's deferred
+    step); set for asynchronous training (RollArc), where the sampling policy may be ``async_ratio`` versions
+    behind and the PPO ratio pi / pi_old corrects for it."""
 
 
 class StreamTrainer:
