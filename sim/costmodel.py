@@ -27,26 +27,30 @@ from ops.rl.rollpacker.scheduler import RoundResult
 
 @dataclass(frozen=True)
 class ClusterModel:
-    """Cluster and cost parameters (seconds; GPU-seconds for training).
-
-    Attributes:
-        gpus: simulated GPUs; gpus_per_instance: GPUs per inference instance (tensor parallel).
-        reward_workers: concurrent reward evaluations; reward_median_s, reward_sigma: log-normal
-            reward time per response.
-        train_gpu_s_per_token: training cost (forward + backward + log-prob recompute) per token.
-        sync_s: weight sync per step.
-    """
+    """Cluster and cost parameters (seconds; GPU-seconds for training). [open] The defaults are
+    calibrated, not published: the synchronous baseline spends ~70% of a step in rollout (module
+    docstring)."""
 
     gpus: int = 128
+    """Simulated GPUs; a multiple of gpus_per_instance (``instances`` raises ValueError otherwise)."""
     gpus_per_instance: int = 2
+    """GPUs per inference instance (tensor parallel); instances = gpus / gpus_per_instance."""
     max_seqs: int = 256
+    """Running sequences per instance (the ``SimEngine``'s continuous-batching slots, >= 1)."""
     step_base_s: float = 0.012
+    """Fixed part of a decode step (s, > 0): step_s(a) = step_base_s + step_per_seq_s x a running seqs."""
     step_per_seq_s: float = 0.00025
+    """Decode-step time per running sequence (s, >= 0; the ``SimEngine`` step model)."""
     reward_workers: int = 48
+    """Concurrent reward evaluations: CPU workers scoring responses FIFO."""
     reward_median_s: float = 1.5
+    """Median of the log-normal reward time per response (s)."""
     reward_sigma: float = 0.8
+    """Log-normal sigma of the reward time per response."""
     train_gpu_s_per_token: float = 0.0065
+    """Training cost per token (forward + backward + log-prob recompute), GPU-seconds per token."""
     sync_s: float = 5.0
+    """Weight sync at the end of every step (s)."""
 
     @property
     def instances(self) -> int:

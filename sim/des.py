@@ -364,12 +364,17 @@ def make_instances(loop: EventLoop, cost: Roofline, n: int, **kw) -> list[Instan
 
 @dataclass(frozen=True)
 class Allocation:
-    """The GPUs a method owns: ``colocated`` GPUs time-shared between rollout and training, or
-    ``rollout`` + ``trainer`` GPUs in separate pools."""
+    """The GPUs a method owns: colocated GPUs, or a rollout and a trainer pool (never both).
+
+    Raises: ValueError: a negative count, both or neither kind, or a disaggregated pool without GPUs.
+    """
 
     colocated: int = 0
+    """GPUs time-shared between rollout and training (0 for a disaggregated method)."""
     rollout: int = 0
+    """GPUs of the separate rollout pool (>= 1 when disaggregated; 0 when colocated)."""
     trainer: int = 0
+    """GPUs of the separate trainer pool (>= 1 when disaggregated; 0 when colocated)."""
 
     def __post_init__(self):
         if min(self.colocated, self.rollout, self.trainer) < 0:
@@ -499,22 +504,20 @@ class DESEngine:
 class ServedModel:
     """The model a simulated comparison serves and trains, and the GPUs it runs on: the base of
     ``RollPackerConfig`` and ``RollArcConfig``, whose cost model is ``roofline()``.
-
-    Attributes:
-        model, hardware, tp: the served / trained model (``sim.roofline.MODELS``), the GPU profile
-            (``sim.roofline.PROFILES``), GPUs per engine.
-        gpus: GPUs of every method (each subclass sets its default and its lower bound).
-        calibration (keyword only): measured step times (``sim.roofline.Calibration``) or None.
-        hw_overrides (keyword only): HardwareProfile fields to change (sensitivity runs), e.g.
-            {"train_mfu": 0.2}.
     """
 
     model: str = "qwen2.5-7b"
+    """The served / trained model, a ``sim.roofline.MODELS`` name."""
     hardware: str = "h800"
+    """The GPU profile, a ``sim.roofline.PROFILES`` name."""
     tp: int = 1
+    """GPUs per engine (tensor-parallel degree, >= 1)."""
     gpus: int = 1
+    """GPUs of every method (each subclass sets its default and its lower bound)."""
     calibration: Optional[Calibration] = field(default=None, kw_only=True)
+    """Keyword only: measured step times (``sim.roofline.Calibration``) or None."""
     hw_overrides: Optional[dict] = field(default=None, kw_only=True)
+    """Keyword only: HardwareProfile fields to change (sensitivity runs), e.g. {"train_mfu": 0.2}."""
 
     def roofline(self) -> Roofline:
         """The cost model: ``hardware``'s profile with ``hw_overrides``, ``model``, ``tp``, ``calibration``.
@@ -533,42 +536,47 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class RollPackerConfig(ServedModel):
-    """One RollPacker comparison (defaults: docs/rollpacker.md, "Simulator").
-
-    Attributes:
-        model, hardware, tp, calibration, hw_overrides: ``ServedModel``.
-        gpus: GPUs of every method (colocated: rollout and training time-share them).
-        prompts_per_step (P0), responses_per_prompt (R0), eta (1.25, the paper's), steps (the epoch
-            is steps x P0 prompts, the same for every method), max_new_tokens.
-        max_seqs: running sequences per engine (vLLM's default 256); token_budget: prefill tokens per
-            iteration (vLLM's max_num_batched_tokens for offline batches, 16,384).
-        reward_workers: CPU workers scoring responses; reward_median_s, reward_sigma,
-            reward_hang_fraction: verifier runtime model (``traces.reward_runtime``).
-            [assumption] 64 workers, median 1 s, sigma 0.8, 2% of responses hang until the timeout.
-        t_min_s, t_max_s, timeout_lambda: the adaptive timeout min(max(t_min, lambda x anchor), t_max)
-            (paper: 2 s, 30 s, 1.5); the baseline always waits t_max for a hanging response.
-        sync_fixed_s: per-step weight reshard between training and inference besides moving the bytes
-            over NVLink. [assumption] 2 s.
-        trace: the length trace (``LogNormalLengths`` by default; its seed is replaced by the run's).
+    """One RollPacker comparison (defaults: docs/rollpacker.md, "Simulator"); model, hardware, tp,
+    calibration and hw_overrides are ``ServedModel``'s.
     """
 
     gpus: int = 64
+    """GPUs of every method, a positive multiple of tp (colocated: rollout and training time-share them)."""
     prompts_per_step: int = 128
+    """P0: prompts trained per step (>= 1)."""
     responses_per_prompt: int = 8
+    """R0: responses per prompt, the GRPO group size (>= 1)."""
     eta: float = 1.25
+    """Tail batching's over-provisioning factor of short rounds, in [1, 4] (1.25, the paper's)."""
     steps: int = 20
+    """Training steps (>= 1); the epoch is steps x P0 prompts, the same for every method."""
     max_new_tokens: int = 32768
+    """Cap on every response (tokens); a longer drawn response ends ``length``."""
     max_seqs: int = 256
+    """Running sequences per engine (>= 1; vLLM's default 256)."""
     token_budget: int = 16384
+    """Prefill tokens per iteration (vLLM's max_num_batched_tokens for offline batches, 16,384)."""
     reward_workers: int = 64
+    """CPU workers scoring responses (>= 1). [assumption] 64."""
     reward_median_s: float = 1.0
+    """Median of a prompt's base verifier runtime (s; model: ``traces.reward_runtime``). [assumption] 1 s."""
     reward_sigma: float = 0.8
+    """Log-normal sigma of a prompt's base verifier runtime (``traces.reward_runtime``). [assumption] 0.8."""
     reward_hang_fraction: float = 0.02
+    """Share of responses whose verifier hangs until the timeout, in [0, 1). [assumption] 0.02."""
     t_min_s: float = 2.0
+    """Adaptive reward timeout min(max(t_min, lambda x anchor), t_max): its floor (s; paper: 2 s)."""
     t_max_s: float = 30.0
+    """The adaptive timeout's cap (s; paper: 30 s); the baseline always waits t_max for a hanging response."""
     timeout_lambda: float = 1.5
+    """The adaptive timeout's lambda: multiple of the anchor, the prompt's slowest finished verifier run
+    (paper: 1.5)."""
     sync_fixed_s: float = 2.0
+    """Per-step weight reshard between training and inference besides moving the bytes over NVLink (s).
+    [assumption] 2 s."""
     trace: object = field(default_factory=LogNormalLengths)
+    """The length trace (``LogNormalLengths`` by default, or ``MeasuredLengths``; its seed is replaced by
+    the run's)."""
 
     def __post_init__(self):
         if self.gpus < 1 or self.gpus % self.tp:
@@ -789,40 +797,48 @@ def simulate_rollpacker(cfg: RollPackerConfig, seed: int = 0, methods: Sequence[
 
 @dataclass(frozen=True)
 class RollArcConfig(ServedModel):
-    """One RollArc comparison (defaults: docs/rollarc.md, "Simulator").
-
-    Attributes:
-        model, hardware, tp, calibration, hw_overrides: ``ServedModel``. gpus: every method owns ``gpus`` GPUs.
-        steps, groups_per_step, group_size, redundancy (RollArc's methods only), max_turns.
-        env_latency (``low`` | ``medium`` | ``heavy`` | ``none``), env_mean_s, turn_timeout_s (an env
-            step past it ends the trajectory ``timeout``, for every method; the real driver's 30 s).
-        reward_s, reward_workers: the stateless verifier pool. [assumption] 0.5 s, 64 workers.
-        turns: ``traces.AgenticTurns`` token shapes.
-        trainer_gpus: GPUs of the disaggregated trainer pool; None: chosen by a pilot
-            (``choose_trainer_gpus``).
-        sync_fixed_s: per-publish fixed cost (reshard / engine reload) besides moving the bytes;
-            colocated: over NVLink, disaggregated: over ``network_bytes_s`` (400 Gb/s RDMA, 50 GB/s).
-        swap_s: engines' pause to swap in published weights (disaggregated; the transfer itself
-            overlaps generation). [assumption] 0.5 s.
+    """One RollArc comparison (defaults: docs/rollarc.md, "Simulator"); model, hardware, tp,
+    calibration and hw_overrides are ``ServedModel``'s.
     """
 
     gpus: int = 32
+    """GPUs every method owns (a multiple of tp, >= 2)."""
     steps: int = 8
+    """Training steps (>= 1)."""
     groups_per_step: int = 16
+    """G: groups trained per step (>= 1)."""
     group_size: int = 8
+    """R: trajectories trained per group (>= 1)."""
     redundancy: int = 1
+    """Extra trajectories launched per group, RollArc's methods only (>= 0); the first group_size to be
+    rewarded complete the group, the rest are cancelled."""
     max_turns: int = 10
+    """LLM turns after which an episode is truncated (>= 1)."""
     env_latency: str = "medium"
+    """Environment latency law: ``low`` | ``medium`` | ``heavy`` | ``none``."""
     env_mean_s: float = 1.0
+    """Mean environment step latency (s)."""
     turn_timeout_s: float = 30.0
+    """An env step past it ends the trajectory ``timeout``, for every method (s; the real driver's 30 s)."""
     reward_s: float = 0.5
+    """One call of the stateless verifier pool (s). [assumption] 0.5 s."""
     reward_workers: int = 64
+    """Workers of the stateless verifier pool (>= 1). [assumption] 64."""
     turns: AgenticTurns = field(default_factory=AgenticTurns)
+    """Token shapes and episode lengths (``traces.AgenticTurns``)."""
     trainer_gpus: Optional[int] = None
+    """GPUs of the disaggregated trainer pool, in [tp, gpus - tp]; None: chosen by a pilot
+    (``choose_trainer_gpus``)."""
     max_seqs: int = 256
+    """Running sequences per engine (vLLM's default 256)."""
     sync_fixed_s: float = 2.0
+    """Per-publish fixed cost (reshard / engine reload) besides moving the bytes (s); colocated: over
+    NVLink, disaggregated: over ``network_bytes_s``."""
     network_bytes_s: float = 50e9
+    """Link the disaggregated methods publish weights over (bytes/s; 400 Gb/s RDMA, 50 GB/s)."""
     swap_s: float = 0.5
+    """Engines' pause to swap in published weights (s; disaggregated; the transfer itself overlaps
+    generation). [assumption] 0.5 s."""
 
     def __post_init__(self):
         if self.gpus < 2 or self.gpus % self.tp:

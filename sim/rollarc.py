@@ -42,31 +42,33 @@ from ops.rl.rollarc.router import (DEFAULT_PREFILL_HEAVY_RATIO, DEFAULT_PROFILES
 class TurnShapes:
     """Token shapes of a multi-turn agentic episode (tokens), log-normal around their medians: one
     set of assumptions for the routing ablation (``AgenticWorkload``) and the DES
-    (``sim.traces.AgenticTurns``).
-
-    Attributes:
-        task_prompt_median, task_prompt_sigma: P_0, system prompt + task + tool schema.
-        first_decode_median: D_0, the first turn's reasoning; later_decode_median: D_k, k >= 1, a
-            short action / tool call; decode_sigma for both.
-        observation_median, observation_sigma: O_k, a tool output or environment observation.
-        max_new_tokens: cap on every response (also the estimator's default).
-        prefix_cache_hit: fraction of the re-sent history (P_{k-1} + D_{k-1}) the engine does not
-            prefill again, in [0, 1]. Default 0.9: serving engines keep the conversation's KV
-            (vLLM automatic prefix caching, SGLang RadixAttention); below 1 for evictions and turns
-            that land on another engine. [open] Modelled as one global rate, not per engine: the
-            router here does not pin a trajectory to the engine that holds its prefix. With 0 (no
-            cache) every turn re-prefills its whole context and the compute pool saturates.
+    (``sim.traces.AgenticTurns``). [open] The paper publishes no per-turn token model; the defaults
+    are modelled on tool-use / ReAct-style episodes (module docstring).
     """
 
     task_prompt_median: float = 600.0
+    """Median of P_0, the task prompt: system prompt + task + tool schema (tokens)."""
     task_prompt_sigma: float = 0.3
+    """Log-normal sigma of P_0."""
     first_decode_median: float = 700.0
+    """Median of D_0, the first turn's reasoning (tokens)."""
     later_decode_median: float = 100.0
+    """Median of D_k, k >= 1: a short action / tool call (tokens)."""
     decode_sigma: float = 0.5
+    """Log-normal sigma of D_0 and D_k (responses are clipped to [8, max_new_tokens])."""
     observation_median: float = 800.0
+    """Median of O_k, a tool output or environment observation appended to the context (tokens)."""
     observation_sigma: float = 0.8
+    """Log-normal sigma of O_k."""
     max_new_tokens: int = 2048
+    """Cap on every response (tokens); also the decode-length estimator's default."""
     prefix_cache_hit: float = 0.9
+    """Fraction of the re-sent history (P_{k-1} + D_{k-1}) the engine does not prefill again, in [0, 1].
+    Default 0.9: serving engines keep the conversation's KV (vLLM automatic prefix caching, SGLang
+    RadixAttention); below 1 for evictions and turns that land on another engine. [open] Modelled as
+    one global rate, not per engine: the router here does not pin a trajectory to the engine that
+    holds its prefix. With 0 (no cache) every turn re-prefills its whole context and the compute
+    pool saturates."""
 
     @staticmethod
     def lognormal(rng: random.Random, median: float, sigma: float) -> float:
@@ -88,15 +90,14 @@ class TurnShapes:
 
 @dataclass(frozen=True)
 class AgenticWorkload(TurnShapes):
-    """Parameters of the multi-turn workload of the routing ablation (tokens; seconds for env times).
-
-    Attributes:
-        task_prompt_median ... prefix_cache_hit: the token shapes (``TurnShapes``).
-        env_median_s, env_sigma: environment step latency after each turn.
+    """Parameters of the multi-turn workload of the routing ablation (tokens; seconds for env times);
+    the token shapes (task_prompt_median ... prefix_cache_hit) are ``TurnShapes``'s.
     """
 
     env_median_s: float = 0.5
+    """Median of the log-normal environment step latency after each turn (s)."""
     env_sigma: float = 0.7
+    """Log-normal sigma of the environment step latency."""
 
     def draw(self, n_trajectories: int, turns: int, seed: int) -> list[list["Turn"]]:
         """The seeded workload: [n_trajectories][turns] of ``Turn``.
@@ -126,25 +127,34 @@ class AgenticWorkload(TurnShapes):
 
 @dataclass(frozen=True)
 class Turn:
-    """One LLM call: prompt_tokens (context length), prefill_tokens (<= prompt_tokens, after the
-    prefix cache), decode_tokens (response length), env_s (environment time after it)."""
+    """One LLM call of a drawn trajectory."""
 
     prompt_tokens: int
+    """Context length (tokens): the whole conversation so far."""
     prefill_tokens: int
+    """Tokens left to prefill after the prefix cache (<= prompt_tokens)."""
     decode_tokens: int
+    """Response length (tokens)."""
     env_s: float
+    """Environment time after the call (s)."""
 
 
 @dataclass
 class Served:
-    """A served request: trajectory, turn, where it ran, submit/finish times (simulated s)."""
+    """A served request of ``simulate``: which turn, where it ran and when."""
 
     trajectory: int
+    """Index of the trajectory in the workload."""
     turn: int
+    """Turn of the trajectory (0-based)."""
     pool: str
+    """Pool that served it (``ROUTED_POOLS``)."""
     engine: int
+    """Engine index within the pool."""
     submit_s: float
+    """When the request was submitted (simulated s)."""
     finish_s: float
+    """When its last token was out (simulated s); ``latency_s`` = finish_s - submit_s."""
 
     @property
     def latency_s(self) -> float:

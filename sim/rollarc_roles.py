@@ -71,35 +71,37 @@ ENV_MODES = ("synthetic", "real")
 class SimConfig:
     """Cost-model parameters (simulated seconds, tokens).
 
-    Attributes:
-        engines: RollArc's rollout engines per pool (``router.ROUTED_POOLS``), default 8 + 8.
-        profiles: pool -> ``PoolProfile`` (default ``router.DEFAULT_PROFILES``: H800-class compute,
-            H20-class bandwidth).
-        colocated_engines: the baseline's engines, default ``{"gpu_compute": sum(engines)}``.
-        workload: per-turn token shapes (``sim.rollarc.AgenticWorkload``; its ``env_*`` fields are unused).
-        workload_turns: turns drawn per trajectory (an LLM call at a later turn raises ValueError).
-        env_latency: ``envs.LATENCY_KINDS`` kind; env_mean_s: its mean (s).
-        done_turns: (lo, hi) inclusive: the synthetic env is done after U{lo..hi} steps.
-        reward_s: one reward request. publish_s: one weight sync. train_fixed_s: per optimizer step.
-        train_tok_s: trainer tokens/s. Default 60,000: a 7B dense model on 8 H800-class GPUs, 6 x 7e9
-            FLOP per trained token at ~35% of 989 TFLOP/s each -> ~66k tokens/s, rounded down for the
-            old-log-prob pass. publish_s 3: 14 GB of bf16 weights at ~10 GB/s + engine reload.
     Raises:
         ValueError: a pool without profile, unknown latency kind, or a bad number (named).
     """
 
     engines: Mapping[str, int] = field(default_factory=lambda: {"gpu_compute": 8, "gpu_bandwidth": 8})
+    """RollArc's rollout engines per pool (``router.ROUTED_POOLS``; ints >= 0, >= 1 in all), default 8 + 8."""
     profiles: Mapping[str, PoolProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
+    """Pool -> ``PoolProfile``, needed for every pool with engines (default ``router.DEFAULT_PROFILES``:
+    H800-class compute, H20-class bandwidth)."""
     colocated_engines: Optional[Mapping[str, int]] = None
+    """The baseline's engines per pool (>= 1 in all); None: ``{"gpu_compute": sum(engines)}``."""
     workload: AgenticWorkload = field(default_factory=AgenticWorkload)
+    """Per-turn token shapes (``sim.rollarc.AgenticWorkload``; its ``env_*`` fields are unused)."""
     workload_turns: int = 16
+    """Turns drawn per trajectory (>= 1); an LLM call at a later turn raises ValueError."""
     env_latency: str = "medium"
+    """Environment latency law, an ``envs.LATENCY_KINDS`` kind."""
     env_mean_s: float = 1.0
+    """Mean of the environment step latency (s, >= 0)."""
     done_turns: tuple = (4, 12)
+    """(lo, hi) inclusive, 1 <= lo <= hi: the synthetic env is done after U{lo..hi} steps."""
     reward_s: float = 0.5
+    """One reward request (s, >= 0)."""
     train_tok_s: float = 60_000.0
+    """Trainer tokens/s (> 0). Default 60,000: a 7B dense model on 8 H800-class GPUs, 6 x 7e9 FLOP per
+    trained token at ~35% of 989 TFLOP/s each -> ~66k tokens/s, rounded down for the old-log-prob pass."""
     train_fixed_s: float = 2.0
+    """Fixed cost per optimizer step (s, >= 0), besides tokens / train_tok_s."""
     publish_s: float = 3.0
+    """One weight sync to every engine (s, >= 0). Default 3: 14 GB of bf16 weights at ~10 GB/s + engine
+    reload."""
 
     def __post_init__(self):
         for name, eng in (("engines", self.engines), ("colocated_engines", self.colocated_engines or {})):
@@ -148,16 +150,28 @@ class _Engine:
 
 @dataclass
 class _Traj:
+    """One live episode of ``SimRoles`` (keyed ``group_id/index``), drawn at ``env_reset``."""
+
     task: Task
+    """The episode's task."""
     index: int
+    """Trajectory index within its group (the key's tail; 0 when it is not a number)."""
     turns: list
+    """The drawn turns ([workload_turns] of ``sim.rollarc.Turn``)."""
     latency: EnvLatency
+    """The seeded environment-latency stream (``SimConfig.env_latency``, ``env_mean_s``)."""
     done_after: int
+    """The synthetic env is done after this many steps (drawn from U{done_turns})."""
     rng: random.Random
+    """Seeded per-trajectory RNG: the turn count, then the real mode's action / answer text."""
     steps: int = 0
+    """Environment steps taken so far."""
     injected_s: float = 0.0
+    """Environment latency injected so far (simulated s)."""
     env: object = None
-    clock: float = 0.0                      # intended end (loop s) of its last modelled operation
+    """The real environment (``make_env(task.env)``) in ``real`` env_mode, else None."""
+    clock: float = 0.0
+    """Intended end (loop s) of its last modelled operation."""
 
 
 def _seed(*parts) -> int:

@@ -53,6 +53,7 @@ class LogNormalTrace(LogNormalLaw):
     """
 
     seed: int = 0
+    """Seed of the prompt difficulty hash (z_prompt) and of the sequential response stream (z)."""
 
     def __post_init__(self):
         object.__setattr__(self, "_rng", random.Random(self.seed))      # the draw stream (state, not a field)

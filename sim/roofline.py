@@ -51,38 +51,38 @@ CALIBRATION_SCHEMA = "crucible.gpu_calibration/1"
 class HardwareProfile:
     """One GPU: vendor peaks plus the efficiency factors a real engine reaches.
 
-    Attributes:
-        name: profile id (``h800``, ``h20``, ``h200``, ``cpu-tiny``).
-        peak_flops: dense BF16 tensor FLOP/s (vendor sheets quote 2:4-sparse figures, twice these).
-        hbm_bytes_s: HBM bandwidth (bytes/s). hbm_bytes: HBM capacity (bytes).
-        link_bytes_s: NVLink bandwidth per GPU (bytes/s, as the sheet quotes it), for tensor
-            parallelism and the colocated weight reshard.
-        compute_efficiency: fraction of ``peak_flops`` inference GEMMs reach. [assumption] 0.5.
-        bandwidth_efficiency: fraction of ``hbm_bytes_s`` a decode step reaches (memory-bandwidth
-            utilisation). [assumption] 0.7.
-        train_mfu: model-FLOP utilisation of a training step. 0.4: the Llama 3 report (arXiv
-            2407.21783, Table 4) gives 38-43% BF16 MFU on H100s; RL trainers with variable-length
-            sequences usually reach less, so this is on the optimistic side.
-        step_overhead_s: fixed CPU-side cost of one engine iteration (scheduling, sampling, kernel
-            launches; CUDA graphs keep it at a few ms). [assumption] 3 ms.
-        memory_utilization: share of HBM the engine may use (vLLM's ``gpu_memory_utilization``
-            default, 0.9); the KV cache gets what the weights leave of it.
-        allreduce_latency_s: latency of one tensor-parallel all-reduce. [assumption] 10 us.
     The efficiency factors are parameters, the same for every profile, not tuned to any result;
     a GPU calibration replaces them by measurement.
     """
 
     name: str
+    """Profile id (``h800``, ``h20``, ``h200``, ``cpu-tiny``)."""
     peak_flops: float
+    """Dense BF16 tensor FLOP/s (> 0; vendor sheets quote 2:4-sparse figures, twice these)."""
     hbm_bytes_s: float
+    """HBM bandwidth (bytes/s, > 0)."""
     hbm_bytes: float
+    """HBM capacity (bytes, > 0)."""
     link_bytes_s: float
+    """NVLink bandwidth per GPU (bytes/s as the sheet quotes it, > 0), for tensor parallelism and the
+    colocated weight reshard."""
     compute_efficiency: float = 0.5
+    """Fraction of ``peak_flops`` inference GEMMs reach, in (0, 1]. [assumption] 0.5."""
     bandwidth_efficiency: float = 0.7
+    """Fraction of ``hbm_bytes_s`` a decode step reaches (memory-bandwidth utilisation), in (0, 1].
+    [assumption] 0.7."""
     train_mfu: float = 0.4
+    """Model-FLOP utilisation of a training step, in (0, 1]. 0.4: the Llama 3 report (arXiv 2407.21783,
+    Table 4) gives 38-43% BF16 MFU on H100s; RL trainers with variable-length sequences usually reach
+    less, so this is on the optimistic side."""
     step_overhead_s: float = 3e-3
+    """Fixed CPU-side cost of one engine iteration (s, >= 0: scheduling, sampling, kernel launches; CUDA
+    graphs keep it at a few ms). [assumption] 3 ms."""
     memory_utilization: float = 0.9
+    """Share of HBM the engine may use, in (0, 1] (vLLM's ``gpu_memory_utilization`` default, 0.9); the
+    KV cache gets what the weights leave of it."""
     allreduce_latency_s: float = 1e-5
+    """Latency of one tensor-parallel all-reduce (s, >= 0). [assumption] 10 us."""
 
     def __post_init__(self):
         for f in ("peak_flops", "hbm_bytes_s", "hbm_bytes", "link_bytes_s"):
@@ -124,23 +124,29 @@ def profile_for_device(device_name: str) -> str:
 class ModelConfig:
     """A dense decoder-only transformer (Qwen2 / Llama layout: GQA attention, SwiGLU MLP, RMSNorm).
 
-    Attributes:
-        name, layers, hidden, heads (query heads), kv_heads, intermediate (MLP width), vocab.
-        tie_embeddings: LM head shares the input embedding. qkv_bias: q/k/v projections have biases
-            (Qwen2). bytes_per_param: 2 (bf16), also used for the KV cache.
     Raises: ValueError: a non-positive size, or hidden not a multiple of heads, or heads of kv_heads.
     """
 
     name: str
+    """Model id (``MODELS`` key, e.g. ``qwen2.5-7b``); calibration tables are keyed by it."""
     layers: int
+    """Transformer blocks (positive int)."""
     hidden: int
+    """Hidden size (positive int, a multiple of heads)."""
     heads: int
+    """Query heads (positive int, a multiple of kv_heads); head_dim = hidden / heads."""
     kv_heads: int
+    """Key/value heads of GQA attention (positive int)."""
     intermediate: int
+    """MLP width of the SwiGLU block (positive int)."""
     vocab: int
+    """Vocabulary size (positive int): rows of the embedding and of the LM head."""
     tie_embeddings: bool = False
+    """The LM head shares the input embedding."""
     qkv_bias: bool = True
+    """The q/k/v projections have biases (Qwen2)."""
     bytes_per_param: int = 2
+    """Bytes per parameter (positive int; 2 = bf16), also used for the KV cache."""
 
     def __post_init__(self):
         for f in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "bytes_per_param"):
@@ -230,20 +236,18 @@ def get_model(name: str) -> ModelConfig:
 
 @dataclass
 class Calibration:
-    """Measured step times from ``benchmarks/gpu_calibration.py``.
-
-    Attributes:
-        profile: the hardware profile id the measurements stand for (``device.profile``).
-        tables: {model name: {"prefill" | "decode": [(batch, context, seconds), ...]}}; a prefill
-            point is ``batch`` prompts of ``context`` tokens each, a decode point one step of
-            ``batch`` sequences each holding ``context`` tokens of KV cache.
-        source: the file it came from.
-    """
+    """Measured step times from ``benchmarks/gpu_calibration.py``."""
 
     profile: str
+    """The hardware profile id the measurements stand for (``device.profile``)."""
     tables: dict
+    """{model name: {"prefill" | "decode": [(batch, context, seconds), ...]}}; a prefill point is
+    ``batch`` prompts of ``context`` tokens each, a decode point one step of ``batch`` sequences each
+    holding ``context`` tokens of KV cache."""
     source: str = ""
+    """The file it came from."""
     _interp: dict = field(default_factory=dict, repr=False)
+    """Cache of ``factor``: the interpolators per (model, kind), built on first use (internal)."""
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -323,21 +327,21 @@ def load_default_calibration(path: str | Path = CALIBRATION_PATH) -> Optional[Ca
 class Roofline:
     """Step times of ``model`` served / trained on ``hw`` (one engine instance = ``tp`` GPUs).
 
-    Args:
-        hw, model: HardwareProfile and ModelConfig.
-        tp: tensor-parallel degree of an inference instance (>= 1).
-        calibration: measured tables; used when its profile is ``hw.name``, it holds ``model`` and
-            tp == 1 (``calibrated`` says whether it is in use).
-        extra_forwards: forward-only passes per training step besides forward + backward (GRPO's
-            old-log-probability recompute; 1).
     Raises: ValueError: tp < 1 or extra_forwards < 0.
     """
 
     hw: HardwareProfile
+    """The GPU (``HardwareProfile``)."""
     model: ModelConfig
+    """The served / trained model (``ModelConfig``)."""
     tp: int = 1
+    """Tensor-parallel degree of an inference instance (int >= 1)."""
     calibration: Optional[Calibration] = None
+    """Measured tables; used when its profile is ``hw.name``, it holds ``model`` and tp == 1
+    (``calibrated`` says whether it is in use)."""
     extra_forwards: int = 1
+    """Forward-only passes per training step besides forward + backward (>= 0; GRPO's
+    old-log-probability recompute; 1)."""
 
     def __post_init__(self):
         if not (isinstance(self.tp, int) and self.tp >= 1):
@@ -460,11 +464,17 @@ class DecodeRun:
     compute and the bandwidth line of the roofline, both linear in the growing context."""
 
     p1: float
+    """Compute line at step 0 (s): the first step's FLOPs / (peak x compute_efficiency x tp)."""
     q1: float
+    """Compute line's growth per step (s): attention FLOPs of ``batch`` more context tokens."""
     p2: float
+    """Bandwidth line at step 0 (s): first step's weight + KV bytes / (HBM x bandwidth_efficiency x tp)."""
     q2: float
+    """Bandwidth line's growth per step (s): KV bytes of ``batch`` more context tokens."""
     o: float
+    """Per-step constant (s): the iteration's step_overhead_s plus the tensor-parallel all-reduces."""
     f: float = 1.0
+    """GPU calibration factor, measured / roofline (1.0: uncalibrated)."""
 
     def step_s(self, j: int) -> float:
         return self.f * (max(self.p1 + self.q1 * j, self.p2 + self.q2 * j) + self.o)

@@ -76,10 +76,15 @@ class LogNormalLaw:
     (sequential draws, ``SimEngine``); they differ in where z_p and z come from."""
 
     median: float = 1000.0
+    """Median response length (tokens, > 0 in ``LogNormalLengths``). [assumption] 1,000 (module docstring)."""
     sigma_prompt: float = 0.75
+    """Log-normal sigma of the prompt difficulty z_p, fixed per prompt (>= 0). [assumption] 0.75."""
     sigma_response: float = 0.75
+    """Log-normal sigma of the per-response spread z, fresh for every response (>= 0). [assumption] 0.75."""
     min_len: int = 16
+    """Shortest response (tokens): lengths are clipped to [min_len, max_len], 1 <= min_len <= max_len."""
     max_len: int = 32768
+    """Longest response (tokens), the clip's upper bound. [assumption] 32,768 (module docstring)."""
 
     def draw_lengths(self, z_prompt: float, rng: random.Random, n: int) -> list[int]:
         """``n`` lengths (tokens) of a prompt of difficulty ``z_prompt``, z drawn from ``rng.gauss``."""
@@ -90,17 +95,18 @@ class LogNormalLaw:
 
 @dataclass(frozen=True)
 class LogNormalLengths(LogNormalLaw):
-    """Heavy-tailed response lengths with per-prompt difficulty (module docstring), keyed draws.
+    """Heavy-tailed response lengths with per-prompt difficulty (module docstring), keyed draws; the
+    length law's fields (median, sigmas, min_len, max_len; tokens) are ``LogNormalLaw``'s.
 
-    Attributes:
-        median, sigma_prompt, sigma_response, min_len, max_len: the length law (``LogNormalLaw``, tokens).
-        prompt_median, prompt_sigma: prompt lengths (tokens). seed: the trace seed.
     Raises: ValueError: a non-positive median / length bound, min_len > max_len, negative sigma.
     """
 
     prompt_median: float = 256.0
+    """Median prompt length (tokens, > 0; log-normal). [assumption] 256 (module docstring)."""
     prompt_sigma: float = 0.4
+    """Log-normal sigma of the prompt lengths (>= 0); a prompt has at least 8 tokens."""
     seed: int = 0
+    """Trace seed: every draw is keyed by (seed, prompt uid, draw), never by the order of requests."""
 
     def __post_init__(self):
         if not (self.median > 0 and self.prompt_median > 0 and 1 <= self.min_len <= self.max_len):
@@ -129,9 +135,13 @@ class MeasuredLengths:
     """
 
     prompts: list
+    """The trace's prompts as (uid, prompt_tokens, response_lengths) tuples (``load`` builds them)."""
     source: str = ""
+    """The trace file it was loaded from."""
     seed: int = 0
+    """Replay seed: picks each simulated prompt's trace row and its responses (keyed by uid and draw)."""
     max_len: int = 1 << 30
+    """Longest response in the trace (tokens); ``load`` sets it (the default 2**30 bounds nothing)."""
 
     @classmethod
     def load(cls, path: str | Path, seed: int = 0) -> "MeasuredLengths":
@@ -188,15 +198,18 @@ def tail_ratio(trace, n_prompts: int = 128, n: int = 8, steps: int = 20) -> dict
 
 @dataclass(frozen=True)
 class Turn:
-    """One LLM call of an episode: ``context`` tokens in the prompt, of which ``cached`` are in the
-    engine's prefix cache (``new`` = context - cached are prefilled), ``decode`` tokens generated,
-    then ``env_s`` seconds of environment step (``timed_out``: it exceeded the turn timeout)."""
+    """One LLM call of an episode, then the environment step after it."""
 
     context: int
+    """Tokens in the prompt (the conversation so far)."""
     cached: int
+    """Tokens of ``context`` in the engine's prefix cache; ``new`` = context - cached are prefilled."""
     decode: int
+    """Tokens generated."""
     env_s: float
+    """Seconds of the environment step after the call (capped at the turn timeout)."""
     timed_out: bool = False
+    """The environment step exceeded the turn timeout (the episode ends ``timeout``)."""
 
     @property
     def new(self) -> int:
@@ -205,15 +218,13 @@ class Turn:
 
 @dataclass(frozen=True)
 class AgenticTurns(TurnShapes):
-    """Token shapes of a multi-turn episode (tokens) and the environment model.
-
-    Attributes:
-        task_prompt_median ... prefix_cache_hit: the token shapes, the routing ablation's
-            (``sim.rollarc.TurnShapes``: one set of assumptions).
-        done_turns: the episode ends (``ok``) after U{lo..hi} turns; ``max_turns`` truncates it.
+    """Token shapes of a multi-turn episode (tokens) and the environment model. The token shapes
+    (task_prompt_median ... prefix_cache_hit) are the routing ablation's (``sim.rollarc.TurnShapes``:
+    one set of assumptions).
     """
 
     done_turns: tuple = (4, 12)
+    """(lo, hi), 1 <= lo <= hi: the episode ends ``ok`` after U{lo..hi} turns; ``max_turns`` truncates it."""
 
     def __post_init__(self):
         if not 0 <= self.prefix_cache_hit <= 1:
