@@ -21,15 +21,14 @@ asset builds it and once when a worker loads its spec.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import inspect
 import sys
 import types
 import typing
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from ops.docstrings import attribute_docs, describe_fields
 
 #: Config class -> (the ops dataclass it mirrors or None, the fields that are the asset's own)
 MIRRORS: dict[type, tuple[type | None, frozenset[str]]] = {}
@@ -78,37 +77,12 @@ def mirrors(source: type | None, own: Iterable[str] = ()) -> Callable[[type], ty
     """
     def deco(config_cls: type) -> type:
         MIRRORS[config_cls] = (source, frozenset(own))
+        describe_fields(config_cls)  # the own fields' attribute docstrings become Launchpad descriptions
         bad = mismatches(config_cls)
         if bad:
             raise TypeError("config defaults must come from the ops dataclass: " + "; ".join(bad))
         return config_cls
     return deco
-
-
-@functools.lru_cache(maxsize=None)
-def _class_bodies(path: str) -> dict[str, list[ast.stmt]]:
-    """Top-level class name -> its body statements, for one source file (parsed once)."""
-    with open(path, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read(), filename=path)
-    return {n.name: n.body for n in tree.body if isinstance(n, ast.ClassDef)}
-
-
-@functools.lru_cache(maxsize=None)
-def attribute_docs(source: type) -> dict[str, str]:
-    """Field name -> the attribute docstring under it in the class body of ``source`` and of its
-    dataclass bases (a subclass's docstring wins); fields without one are left out, and so is a
-    class whose source file cannot be read (built at run time, or nested in a function)."""
-    out: dict[str, str] = {}
-    for klass in reversed(source.__mro__):
-        path = getattr(sys.modules.get(klass.__module__), "__file__", None)
-        if not dataclasses.is_dataclass(klass) or not path or not path.endswith(".py"):
-            continue
-        body = _class_bodies(path).get(klass.__name__, [])
-        for stmt, nxt in zip(body, body[1:]):
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
-                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-                out[stmt.target.id] = inspect.cleandoc(nxt.value.value)
-    return out
 
 
 def _launchpad_type(tp: Any) -> Any:

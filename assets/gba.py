@@ -42,7 +42,9 @@ class SwitchAt(dg.Config):
     """One entry of an auto run's switch schedule: at global step ``step`` switch to mode ``to``."""
 
     step: int
+    """Global step at which the switch happens (>= 1, increasing along the schedule; the run starts in sync)."""
     to: str
+    """Mode switched to: sync | gba | async | ssp | hopbw."""
 
 
 @mirrors(RunConfig, own=("switch_at",))

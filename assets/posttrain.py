@@ -71,7 +71,9 @@ class SftCheckpointConfig(fields_of(SftPlan,
     """Generated evaluation problems per (module, level), evaluation-side templates only
     (ops.posttrain.data.template_side); half dev (regions), half test (report)."""
     train_seed: int = 101
+    """Generator seed of the programmatic training problems (must differ from eval_seed)."""
     eval_seed: int = 202
+    """Generator seed of the programmatic evaluation problems (a different draw from training's)."""
     heldout_fraction: float = 0.05
     """Share of sft_dataset rows held out of training and evaluated (slice curated_heldout)."""
     benchmark_items: int = 16

@@ -17,6 +17,8 @@ from typing import Any, Literal, Optional
 
 import dagster as dg
 
+from ops.docstrings import describe_fields
+
 
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1 (for the rendezvous of one launch)."""
@@ -25,6 +27,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@describe_fields  # the attribute docstrings are the UI descriptions
 class ComputeResource(dg.ConfigurableResource):
     """Where and how training workers run."""
 

@@ -13,6 +13,8 @@ import polars as pl
 
 from ops import lake
 
+from ops.docstrings import describe_fields
+
 _RAISE = object()
 
 
@@ -39,6 +41,7 @@ def _object_store(root: str, endpoint_url: str, region: str, keep_versions: int,
                           f"(s3: pip install -e '.[prod]', which brings s3fs): {e}") from e
 
 
+@describe_fields  # the attribute docstrings are the UI descriptions
 class LakeResource(dg.ConfigurableResource):
     """Parquet tables under ``root`` (one folder per asset and partition) and a DuckDB catalog with
     one view per asset.

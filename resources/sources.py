@@ -21,6 +21,8 @@ import dagster as dg
 
 from ops.curation.sources import BUILTIN_SOURCES, SourceError, UserSource
 
+from ops.docstrings import describe_fields
+
 
 def parse_sources_file(path: str | os.PathLike | None) -> tuple[dict[str, UserSource], dict[str, str]]:
     """Parse a sources YAML leniently: (valid sources by name, error message by name).
@@ -86,6 +88,7 @@ def source_partition_keys(path: str | None = None) -> list[str]:
     return list(BUILTIN_SOURCES) + names
 
 
+@describe_fields  # the attribute docstrings are the UI descriptions
 class SourcesResource(dg.ConfigurableResource):
     """Where user sources are declared."""
 

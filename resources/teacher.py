@@ -14,6 +14,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from ops.docstrings import describe_fields
+
 
 def default_model_dir() -> str:
     """``<models>/SmolLM2-135M-Instruct``: ``$CRUCIBLE_MODELS``, else ``<repo>/.models`` in a checkout,
@@ -23,6 +25,7 @@ def default_model_dir() -> str:
     return str(default_models_dir() / MODEL_NAME)
 
 
+@describe_fields  # the attribute docstrings are the UI descriptions
 class TeacherResource(dg.ConfigurableResource):
     """Where the teacher is and how to call it."""
 

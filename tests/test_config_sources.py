@@ -157,3 +157,27 @@ def test_the_launchpad_shows_the_ops_docstrings():
     assert schema["semantic_threshold"].description == doc
     assert schema["semantic_threshold"].default_value == DecontamConfig().semantic_threshold
     assert "num_perm" not in schema  # the one field DecontaminationConfig excludes
+
+
+def test_every_launchpad_and_resource_field_has_a_description():
+    """Every field a user can set in the Launchpad (run configs) or on a resource (the UI's resource
+    page, deployment YAML) carries a description: the attribute docstring under it, in the ops
+    dataclass for a generated field or in the class body for an asset's own field."""
+    import resources.compute
+    import resources.lake
+    import resources.sources
+    import resources.teacher
+
+    classes = project_config_classes() + [resources.compute.ComputeResource, resources.lake.LakeResource,
+                                          resources.sources.SourcesResource, resources.teacher.TeacherResource]
+    missing = [f"{c.__module__}.{c.__qualname__}.{n}" for c in classes for n, f in c.model_fields.items()
+               if not (f.description or "").strip()]
+    assert not missing, f"{len(missing)} fields without a description:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_attribute_docs_reads_only_the_docstring_under_each_field():
+    from ops.docstrings import own_attribute_docs
+
+    assert own_attribute_docs(_Documented) == {"ngram": "Word n-gram length.",
+                                              "widths": "Hidden widths (a tuple in the ops dataclass)."}
+    assert own_attribute_docs(type("_Runtime", (), {})) == {}  # no source: nothing, no error
