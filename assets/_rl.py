@@ -40,14 +40,15 @@ class PolicyRunConfig(fields_of(PolicySpec,
     the curated problems: wiring checks only)."""
     model_dir: str = ""
     """Hugging Face directory of the policy; empty = the ``rl_policy`` folder (scratchpad) or
-    $CRUCIBLE_MODELS/SmolLM2-135M-Instruct (smollm2, tiny: its tokenizer)."""
+    ``<models>/SmolLM2-135M-Instruct`` (smollm2, tiny: its tokenizer; models = $CRUCIBLE_MODELS, else
+    ``<repo>/.models`` in a checkout, else ``<venv>/share/crucible/models``)."""
     eval_size: int = 64
     """Scratchpad only: held-out problems scored (one sampled response each) before, during and after
     each method (the driver's ``eval_size``; 0 = no evaluation). Ignored for smollm2 / tiny."""
     eval_every: int = 0
     """Scratchpad only: optimizer steps between held-out evaluations (0 = before and after only)."""
     run_timeout_s: float = 900.0
-    """Wall-clock limit of the launch (s); its whole process group is killed after it."""
+    """Wall-clock limit of the launch (s); its whole process group is killed (a Ray Job stopped) after it."""
 
     @property
     def task(self) -> str:

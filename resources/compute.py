@@ -34,7 +34,9 @@ class ComputeResource(dg.ConfigurableResource):
     launcher: Literal["accelerate", "torchrun"] = "accelerate"
     """``accelerate`` (``accelerate launch``) or ``torchrun``."""
     num_processes: int = 2
-    """Processes per launch (ranks; >= 1). On CPU each is one gloo rank."""
+    """Processes per launch (ranks; >= 1). On CPU each is one gloo rank. With ``accelerate_config_file``
+    accelerate starts the file's process count, while the assets still size their launches and global
+    batches by this field: keep the two equal."""
     cpu: bool = True
     """Force CPU training (the embedded default). Multi-process CPU runs need ``ACCELERATE_USE_CPU=true``
     *and* ``--multi_gpu``: ``accelerate launch --cpu --num_processes 2`` silently starts a single process
@@ -43,14 +45,18 @@ class ComputeResource(dg.ConfigurableResource):
     """An accelerate YAML config (production GPU profile); when set it replaces
     ``--multi_gpu/--num_processes/--mixed_precision`` on the command line."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    """``no`` | ``fp16`` | ``bf16`` (ignored on CPU)."""
+    """``no`` | ``fp16`` | ``bf16``; ignored on CPU, with ``torchrun`` and when ``accelerate_config_file``
+    is set (the file's setting applies)."""
     threads_per_process: int = 1
     """``OMP_NUM_THREADS`` for each rank (CPU oversubscription guard)."""
     launch_timeout_s: float = 1800.0
-    """Wall-clock limit of one launch (s); the process group is killed after it."""
+    """Fallback wall-clock limit of a launch (s) whose caller gives none; the process group is killed (a
+    Ray job stopped) after it. Every asset passes its run config's own limit (``timeout_s`` /
+    ``run_timeout_s``), which wins, so this does not bound the assets' launches."""
     ray_address: Optional[str] = None
-    """Ray cluster for the RL assets (None = a local instance) when the driver runs in the Dagster step's
-    process (it then connects as a Ray driver; use a GCS address ``host:6379`` from a cluster node)."""
+    """Ray cluster for the RL assets (None = a local instance the driver starts) when the driver is
+    launched on the Dagster step's machine (``run``, no ``ray_jobs_address``; it then connects as a Ray
+    driver: use a GCS address ``host:6379`` from a cluster node)."""
     ray_jobs_address: Optional[str] = None
     """The Ray Jobs API of a cluster (its dashboard, ``http://head:8265``). When set, the RL drivers are
     submitted as Ray Jobs (``run_ray_job``): the repository travels as the job's ``runtime_env``
@@ -59,11 +65,13 @@ class ComputeResource(dg.ConfigurableResource):
     ray_job_poll_s: float = 1.0
     """Seconds between Ray job status polls."""
     rl_engine_gpus: float = 0.0
-    """GPUs each RL engine actor requests from Ray (``num_gpus``; 0 = CPU, the embedded default; the GPU
-    profile sets 1). The model then runs on the CUDA device Ray assigns (``ops.rl.runs.PolicySpec``)."""
+    """GPUs each RL engine actor requests from Ray (``num_gpus``; 0 = CPU, the embedded default; the prod
+    profile's default is 1, pipelines/profiles.py). The model then runs on the CUDA device Ray assigns
+    (``ops.rl.runs.PolicySpec``)."""
     rl_trainer_gpus: float = 0.0
-    """GPUs each RL trainer actor requests from Ray (``num_gpus``; 0 = CPU, the embedded default; the GPU
-    profile sets 1). The model then runs on the CUDA device Ray assigns (``ops.rl.runs.PolicySpec``)."""
+    """GPUs each RL trainer actor requests from Ray (``num_gpus``; 0 = CPU, the embedded default; the prod
+    profile's default is 1, pipelines/profiles.py). The model then runs on the CUDA device Ray assigns
+    (``ops.rl.runs.PolicySpec``)."""
     tracking_uri: Optional[str] = None
     """An MLflow tracking URI (``http://mlflow:5000``); None = no experiment tracking (the default). When
     set, every launched driver logs its training curves there, one MLflow run per launch (``ops.tracking``;

@@ -39,17 +39,15 @@ def is_launch_death(code: Optional[int], signals: Sequence[int]) -> bool:
 
 
 class RetryingComputeResource(ComputeResource):
-    """``ComputeResource`` whose ``run`` asks Dagster to retry the step when the launch died.
-
-    Attributes:
-        launch_retries: retries of one step after launch deaths (0 disables).
-        retry_backoff_s: wait before the first retry; doubles on each further retry.
-        retry_signals: signals that count as a launch death (default SIGKILL, SIGTERM, SIGBUS).
-    """
+    """``ComputeResource`` whose ``run`` asks Dagster to retry the step when the launch died."""
 
     launch_retries: int = 2
+    """Retries of one step after launch deaths (0 disables)."""
     retry_backoff_s: float = 30.0
+    """Wait before the first retry (s); doubles on each further retry."""
     retry_signals: list[int] = [int(signal.SIGKILL), int(signal.SIGTERM), int(signal.SIGBUS)]
+    """Signal numbers whose death of the launcher counts as a launch death (exit code ``-N`` or ``128 + N``;
+    default SIGKILL, SIGTERM, SIGBUS)."""
 
     def retry_wait_s(self, retry_number: int) -> float:
         """Seconds to wait before retry ``retry_number + 1`` (exponential backoff)."""

@@ -36,7 +36,8 @@ class TeacherResource(dg.ConfigurableResource):
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the API key (never the key itself)."""
     model_dir: str = ""
-    """Embedded server's model directory (empty: ``$CRUCIBLE_MODELS/SmolLM2-135M-Instruct``)."""
+    """Embedded server's model directory (empty: ``<models>/SmolLM2-135M-Instruct``, models =
+    ``$CRUCIBLE_MODELS``, else ``<repo>/.models`` in a checkout, else ``<venv>/share/crucible/models``)."""
     port: int = 0
     """Embedded server's TCP port on 127.0.0.1 (0 = a free port)."""
     timeout_s: float = 180.0

@@ -95,8 +95,10 @@ class SimConfig:
     reward_s: float = 0.5
     """One reward request (s, >= 0)."""
     train_tok_s: float = 60_000.0
-    """Trainer tokens/s (> 0). Default 60,000: a 7B dense model on 8 H800-class GPUs, 6 x 7e9 FLOP per
-    trained token at ~35% of 989 TFLOP/s each -> ~66k tokens/s, rounded down for the old-log-prob pass."""
+    """Trainer tokens/s (> 0). Default 60,000 [assumption]: a 7B dense model on 8 H800-class GPUs at ~35%
+    of 989 TFLOP/s each, with 6 x 7e9 FLOP per trained token (forward + backward) -> ~66k tokens/s; a full
+    old-log-prob forward (2 x 7e9 more, as ``sim.roofline`` counts it) would give ~49k, so 60k assumes
+    that pass is cheaper than a full forward."""
     train_fixed_s: float = 2.0
     """Fixed cost per optimizer step (s, >= 0), besides tokens / train_tok_s."""
     publish_s: float = 3.0

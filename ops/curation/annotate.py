@@ -45,8 +45,9 @@ class AnnotateParams:
     max_per_class: int = 2000
     """Rule-labelled rows per class used to fit each classifier (>= 1; larger classes are subsampled)."""
     min_confidence: float = 0.5
-    """Classifier labels below this confidence are flagged needs_llm_label (>= 0; above 1 flags every
-    classifier label)."""
+    """Domain labels from the classifier below this confidence are flagged needs_llm_label (>= 0; above 1
+    flags every classifier domain label). Rows with no domain at all are flagged too; difficulty labels
+    never are."""
     llm_label_max_rows: int = 16
     """Rows the classifier is unsure of (needs_llm_label) sent to the teacher for a domain label
     (>= 0; 0 = no teacher call)."""

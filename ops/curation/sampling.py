@@ -31,8 +31,8 @@ class SftParams:
     seed: int = 0
     """Seed of the within-stratum ranking (a seeded hash of ``problem_id``)."""
     tolerance: float = 0.05
-    """Allowed relative deviation of a stratum from the plan, in [0, 0.5] (checked by a blocking asset
-    check)."""
+    """Allowed relative deviation of a stratum from the plan, in [0, 0.5] (at least one row either way;
+    checked by the blocking asset check ``sft_strata_match_plan``)."""
 
     def __post_init__(self):
         for name, ok in (("target_size", self.target_size >= 1), ("stratum_floor", self.stratum_floor >= 0),

@@ -41,9 +41,9 @@ class ValidationParams:
     probes ~1.5M tokens at ~150k parameters, about as long as the rest of the validation), which the
     mixture group's 6-minute budget cannot hold; ``benchmarks/dcpt_bench.py`` turns it on."""
     allocation_sizes: list[str] = field(default_factory=list)
-    """Sizes (keys of ``ops.mixture.probe.SIZES``) usage 3's N may be rounded to; empty = the probed sizes,
-    whose base models exist. A size without a base model has one pre-trained first (same base settings),
-    which costs a base run."""
+    """Sizes (keys of ``ops.mixture.probe.SIZES``) usage 3's N may be rounded to; empty = the probed sizes.
+    Only sizes with a base model in ``cpt_base_models`` are candidates: any other listed size is left out
+    (none left fails the asset), it is not pre-trained."""
     ratio_decimals: int = 3
     """The trained ratios are the plan's rounded to this many decimals, in [1, 6] (the realised mixture is
     exact to one sequence per step, so finer ratios are not trainable)."""

@@ -47,7 +47,9 @@ class RegionParams:
     high_loss_weight: float = 0.5
     """Failure mass of a right but high-loss item (in [0, 1]; wrong items have 1)."""
     top_k: int = 3
-    """Regions (by failure mass) that targeted_synthesis works on (>= 1)."""
+    """Synthesis targets targeted_synthesis works on (>= 1): the first top_k distinct generator modules
+    met walking the regions by rank (failure mass); regions with no module, an already-taken module or a
+    topic below min_module_share are skipped."""
     min_module_share: float = 0.6
     """A topic region becomes a target only when one generator module holds at least this share of its
     items (in [0, 1])."""

@@ -13,7 +13,8 @@ class TrainConfig:
     hidden: tuple[int, ...] = (64, 32)
     """Widths of the MLP's hidden layers."""
     dropout: float = 0.2
-    """Dropout probability after each hidden layer of the MLP, in [0, 1)."""
+    """Dropout probability after each hidden layer of the MLP, in [0, 1) (``ctr_model`` checks it; a GBA
+    run does not)."""
     epochs: int = 3
     """Passes over the train split (ctr_model: >= 1; a GBA run: > 0, counted in applied samples)."""
     batch_size: int = 256
