@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import dagster as dg
 
+from ops.docstrings import describe_fields
+
 from .compute import ComputeResource
 
 _EXIT = re.compile(r"launch exited with code (-?\d+)")
@@ -38,6 +40,7 @@ def is_launch_death(code: Optional[int], signals: Sequence[int]) -> bool:
     return code is not None and any(code in (-s, 128 + s) for s in signals)
 
 
+@describe_fields  # the attribute docstrings are the UI descriptions
 class RetryingComputeResource(ComputeResource):
     """``ComputeResource`` whose ``run`` asks Dagster to retry the step when the launch died."""
 

@@ -163,13 +163,14 @@ def test_every_launchpad_and_resource_field_has_a_description():
     """Every field a user can set in the Launchpad (run configs) or on a resource (the UI's resource
     page, deployment YAML) carries a description: the attribute docstring under it, in the ops
     dataclass for a generated field or in the class body for an asset's own field."""
-    import resources.compute
-    import resources.lake
-    import resources.sources
-    import resources.teacher
-
-    classes = project_config_classes() + [resources.compute.ComputeResource, resources.lake.LakeResource,
-                                          resources.sources.SourcesResource, resources.teacher.TeacherResource]
+    resource_classes, stack = [], [dg.ConfigurableResource]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if sub.__module__.split(".")[0] == "resources":
+                resource_classes.append(sub)
+    assert {"LakeResource", "TeacherResource", "ComputeResource", "RetryingComputeResource"} <= {c.__name__ for c in resource_classes}
+    classes = project_config_classes() + resource_classes
     missing = [f"{c.__module__}.{c.__qualname__}.{n}" for c in classes for n, f in c.model_fields.items()
                if not (f.description or "").strip()]
     assert not missing, f"{len(missing)} fields without a description:\n" + "\n".join(sorted(set(missing)))
