@@ -26,8 +26,10 @@ def test_every_partition_gets_the_same_hyper_parameters_from_one_run_config():
     specs = {m: cfg.spec(m, workers=2) for m in MODES}
     assert all(dataclasses.replace(s, mode="gba") == specs["gba"] for s in specs.values())
     assert gba.gba_run.partitions_def.get_partition_keys() == list(MODES)
-    # one source: the Launchpad config is ops.gba.config.RunConfig, defaults included
-    assert MIRRORS[gba.GBARunConfig] == (RunConfig, frozenset())
+    # one source: the Launchpad config is ops.gba.config.RunConfig, defaults included; switch_at is
+    # declared by the asset only to type its entries (SwitchAt), its default is RunConfig's
+    assert MIRRORS[gba.GBARunConfig] == (RunConfig, frozenset({"switch_at"}))
+    assert gba.GBARunConfig().switch_at == RunConfig().switch_at == []
     assert cfg.spec("gba", workers=2) == RunConfig(**TINY).spec("gba", workers=2)
     default = gba.GBARunConfig().spec("gba", workers=2)
     assert (default.global_batch, default.local_batch) == (GLOBAL_BATCH, LOCAL_BATCH) == (512, 256)
