@@ -105,7 +105,8 @@ cpt_probe_job, cpt_probe_job_full = _jobs(
     "cpt_probe_job", dg.AssetSelection.assets("cpt_probe_runs"), ["cpt_probe_runs"], "mixture",
     "Continual pre-training probes, size x domain ratio (a partition range runs in one launch).", gpu=True)
 mixture_job, mixture_job_full = _jobs(
-    "mixture_job", dg.AssetSelection.assets("dcpt_law_fit", "mixture_plan", "mixture_validation"), ["dcpt_law_fit"], "mixture",
+    "mixture_job", dg.AssetSelection.assets("dcpt_law_fit", "mixture_plan", "mixture_validation"),
+    ["dcpt_law_fit", "mixture_validation"], "mixture",
     "Fit the D-CPT Law on every finished probe run, answer the three mixture questions, and train the target "
     "model at the answers (the closed loop).", gpu=True)
 
@@ -115,7 +116,8 @@ posttrain_job, posttrain_job_full = _jobs(
     "posttrain_job",
     dg.AssetSelection.assets("sft_checkpoint", "failure_regions", "targeted_synthesis", "stage2_checkpoint",
                              "failure_driven_comparison"),
-    [], "training", "Stage-1 SFT, failure regions, targeted synthesis, stage 2 vs the random control.", gpu=True)
+    ["sft_checkpoint", "stage2_checkpoint"], "training",
+    "Stage-1 SFT, failure regions, targeted synthesis, stage 2 vs the random control.", gpu=True)
 
 GROUP_JOBS = {
     "curation": ["curation_job"],

@@ -19,18 +19,23 @@ FULL: dict[str, dict[str, Any]] = {
     "distilled_problems": {"teacher_max_rows": 1_000_000, "k_samples": 8, "max_tokens": 4096, "workers": 32},
     "sft_dataset": {"target_size": 100_000},
     "ctr_model": {"epochs": 10},
-    "gba_run": {"epochs": 5.0},
+    "gba_run": {"epochs": 5.0, "run_timeout_s": 172_800.0},
     # the scratchpad policy's recipe is the same at production scale; a GPU affords more steps
     # and a larger batch before the target stops it
-    "rl_policy": {"max_steps": 4000, "batch_problems": 64},
+    "rl_policy": {"max_steps": 4000, "batch_problems": 64, "timeout_s": 172_800.0},
     "rollpacker_run": {"steps": 200, "prompts_per_step": 128, "responses_per_prompt": 16, "max_new_tokens": 4096,
-                       "timeout_s": 3600.0},
+                       "timeout_s": 3600.0, "run_timeout_s": 172_800.0},
     "rollarc_run": {"steps": 200, "groups_per_step": 32, "group_size": 8, "redundancy": 2, "max_turns": 10,
                     "max_new_tokens": 2048, "max_prompt_tokens": 32_768, "engines_compute": 4, "engines_bandwidth": 4, "reward_max_replicas": 16,
                     "run_timeout_s": 172_800.0},
     "cpt_base_models": {"base_tokens": 500_000_000, "seq_len": 1024, "global_batch": 256, "timeout_s": 172_800.0},
     "cpt_probe_runs": {"cpt_tokens": 268_435_456, "first_checkpoint": 4_194_304, "timeout_s": 172_800.0},
     "dcpt_law_fit": {"n_boot": 200},
+    # every launch of a production-sized run gets a production-sized wall-clock limit (the asset's
+    # own limit wins over ComputeResource.launch_timeout_s; the small defaults are 900-3,600 s)
+    "mixture_validation": {"timeout_s": 172_800.0},
+    "sft_checkpoint": {"timeout_s": 172_800.0},
+    "stage2_checkpoint": {"timeout_s": 172_800.0},
 }
 
 PRESETS: dict[str, Mapping[str, Mapping[str, Any]]] = {"small": {}, "full": FULL}

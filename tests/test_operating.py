@@ -110,6 +110,30 @@ def test_every_full_knob_is_a_field_of_its_op_and_production_sized(defs):
     assert FULL["cpt_probe_runs"]["cpt_tokens"] > 1000 * fields["cpt_probe_runs"]["cpt_tokens"].default_value
 
 
+LAUNCH_LIMITS = {"gba_run": "run_timeout_s", "rl_policy": "timeout_s", "rollpacker_run": "run_timeout_s",
+                 "rollarc_run": "run_timeout_s", "cpt_base_models": "timeout_s", "cpt_probe_runs": "timeout_s",
+                 "mixture_validation": "timeout_s", "sft_checkpoint": "timeout_s", "stage2_checkpoint": "timeout_s"}
+"""Op -> the run-config field that is its launch's wall-clock limit (it wins over the resource's)."""
+
+
+def test_every_full_job_gives_its_launches_a_production_sized_limit(defs):
+    """A ``_full`` job trains at production sizes: each launch limit it loads is at least a day,
+    never the embedded default of 900-3,600 s (which would kill a healthy production run)."""
+    from pipelines.jobs import LIFECYCLE
+
+    seen = set()
+    for name, _ in LIFECYCLE:
+        job = defs.resolve_job_def(f"{name}_full")
+        cfg = (job.partitioned_config.get_run_config_for_partition_key(job.partitions_def.get_partition_keys()[0])
+               if job.partitions_def else job.run_config) or {}
+        for node in job.graph.node_defs:
+            if node.name in LAUNCH_LIMITS:
+                limit = cfg.get("ops", {}).get(node.name, {}).get("config", {}).get(LAUNCH_LIMITS[node.name])
+                assert limit is not None and limit >= 86_400, f"{name}_full: {node.name}.{LAUNCH_LIMITS[node.name]} = {limit}"
+                seen.add(node.name)
+    assert seen == set(LAUNCH_LIMITS)  # every launching asset is in some lifecycle job
+
+
 def test_a_partial_run_config_keeps_the_preset_for_the_other_ops(defs):
     """``crucible demo`` passes config for some ops only; the others keep the job's preset."""
     job = defs.resolve_job_def("curation_job_full")
