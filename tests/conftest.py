@@ -18,12 +18,17 @@ BAD_LINES = [
     b'{"q": "broken json", ',
     b'{"q": "bad \xff utf-8", "a": "1"}',
     json.dumps({"question": "wrong field name"}).encode(),
-    json.dumps({"q": "", "a": "0"}).encode(),
+    json.dumps({"q": "   ", "a": "0"}).encode(),
     json.dumps({"q": "y" * 1_000_000, "a": "1"}).encode(),
+    json.dumps(["not", "an", "object"]).encode(),
     json.dumps({"q": "Compute $3 \\cdot 7$ and give the product.", "a": "21", "sol": "$3 \\cdot 7 = \\boxed{21}$"}).encode(),
-] + [json.dumps({"q": f"A box holds {n} red and {n + 2} blue marbles. How many marbles are in the box?", "a": str(2 * n + 2)}).encode()
-     for n in range(3, 7)]
-(USER_DIR / "user_bad.jsonl").write_bytes(b"\n".join(BAD_LINES) + b"\n")
+]
+"""A user's JSONL (fields q, a, sol) with one row of every bad kind: lines 2-7 are malformed JSON, invalid
+UTF-8, a missing mapped field, a blank problem, a problem over the length limit and a record that is
+not an object; lines 1 and 8 are good."""
+MARBLES = [json.dumps({"q": f"A box holds {n} red and {n + 2} blue marbles. How many marbles are in the box?", "a": str(2 * n + 2)}).encode()
+           for n in range(3, 7)]
+(USER_DIR / "user_bad.jsonl").write_bytes(b"\n".join(BAD_LINES + MARBLES) + b"\n")
 (USER_DIR / "user_nodup.jsonl").write_text(
     "\n".join(json.dumps({"q": f"What is {i} times {i + 3}?", "a": str(i * (i + 3))}) for i in range(1, 101)) + "\n"
 )

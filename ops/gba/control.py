@@ -38,7 +38,7 @@ at that point; a restored run hands those out again first, so a relaunch skips n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .config import RunSpec
 
@@ -76,6 +76,23 @@ class PushVerdict:
     """The aggregate is complete: apply one optimizer step now."""
     next_batch: int | None
     """The worker's next local batch number, or None = stop."""
+
+
+@dataclass
+class GradientCounts:
+    """What became of the gradients of one run: the result's ``gradients`` (``asdict``), the same keys
+    for every mode. Counts of gradients (one per local batch)."""
+
+    pushed: int = 0
+    """Gradients pushed, every one counted."""
+    applied: int = 0
+    """Gradients accepted into an aggregate (weight > 0)."""
+    decayed: int = 0
+    """Accepted gradients with weight < 1 (GBA's staleness decay)."""
+    dropped: int = 0
+    """Gradients dropped with weight 0 (GBA: f(tau) = 0, e.g. past drop_after; lock-step: an old step's)."""
+    discarded_at_end: int = 0
+    """Gradients pushed after the run was done or by a worker declared lost (not counted in ``taus``)."""
 
 
 class ProtocolError(RuntimeError):
@@ -118,16 +135,8 @@ class Control:
     """Accepted gradients not yet applied."""
     taus: list = field(default_factory=list)
     """Staleness of every gradient pushed while the run was live (not discarded at the end or at a switch)."""
-    pushed: int = 0
-    """Gradients pushed, every one counted."""
-    applied: int = 0
-    """Gradients accepted into an aggregate (weight > 0)."""
-    decayed: int = 0
-    """Accepted gradients with weight < 1 (GBA's staleness decay)."""
-    dropped: int = 0
-    """Gradients dropped with weight 0 (GBA: f(tau) = 0, e.g. past drop_after; lock-step: an old step's)."""
-    discarded_at_end: int = 0
-    """Gradients pushed after the run was done or by a worker declared lost (not counted in ``taus``)."""
+    gradients: GradientCounts = field(default_factory=GradientCounts)
+    """What became of every pushed gradient (the result's ``gradients``)."""
     batches_by_worker: list = field(default_factory=list)
     """Local batches pushed per worker."""
     lost_work: list = field(default_factory=list)
@@ -177,8 +186,8 @@ class Control:
         return n
 
     # -- resume ----------------------------------------------------------------------------------
-    _COUNTERS = ("step", "samples_applied", "next_batch_no", "pushed", "applied", "decayed", "dropped",
-                 "discarded_at_end", "taus", "batches_by_worker", "mode", "phase_start", "dropped_at_switch")
+    _COUNTERS = ("step", "samples_applied", "next_batch_no", "taus", "batches_by_worker", "mode", "phase_start",
+                 "dropped_at_switch")
 
     def state(self) -> dict:
         """The scheduling state a resumed run needs: counters, the next fresh batch number and the
@@ -189,6 +198,7 @@ class Control:
                                 "checkpoint right after an optimizer step")
         st = {k: getattr(self, k) for k in self._COUNTERS}
         st["taus"], st["batches_by_worker"] = list(self.taus), list(self.batches_by_worker)
+        st["gradients"] = asdict(self.gradients)
         st["reissue"] = sorted(set(self.claimed.values()) | set(self.reissue))
         return st
 
@@ -203,6 +213,7 @@ class Control:
         for k in self._COUNTERS:
             setattr(self, k, st.get(k, getattr(self, k)))
         self.taus, self.batches_by_worker = list(st["taus"]), list(st["batches_by_worker"])
+        self.gradients = GradientCounts(**st["gradients"])
         self.reissue = list(st["reissue"])
 
     def hello(self, w: int) -> int | Wait | str:
@@ -255,12 +266,12 @@ class Control:
             raise ProtocolError(f"worker{w} pushed (token {token}, batch {batch}) but holds {self.outstanding.get(w)}")
         del self.outstanding[w]
         self.claimed.pop(w, None)
-        self.pushed += 1
+        self.gradients.pushed += 1
         self.clock[w] += 1
         self.batches_by_worker[w] += 1
         tau = self.step - token
         if self.done or w not in self.live:
-            self.discarded_at_end += 1
+            self.gradients.discarded_at_end += 1
             return PushVerdict(tau, 0.0, False, None)
         mode = self.mode
         if self.lockstep and token < self.phase_start:                 # computed before the switch
@@ -275,12 +286,12 @@ class Control:
         else:
             weight = 1.0
         if weight <= 0.0:
-            self.dropped += 1
+            self.gradients.dropped += 1
         else:
             self.pending_samples += samples
             self.pending_gradients += 1
-            self.applied += 1
-            self.decayed += weight < 1.0
+            self.gradients.applied += 1
+            self.gradients.decayed += weight < 1.0
         apply = weight > 0.0 and self._complete()
         if apply:
             self._advance()

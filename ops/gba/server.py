@@ -34,6 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 from . import report
 from .aggregate import Aggregator, Gradient
@@ -334,9 +335,7 @@ class ParameterServer:
                 "global_steps_target": self.steps_target,
                 "global_steps": c.samples_applied / spec.global_batch,
                 "optimizer_steps": c.step, "samples_applied": c.samples_applied,
-                "samples_computed": c.pushed * spec.local_batch,
-                "gradients": {"pushed": c.pushed, "applied": c.applied, "decayed": c.decayed, "dropped": c.dropped,
-                              "discarded_at_end": c.discarded_at_end},
+                "samples_computed": c.gradients.pushed * spec.local_batch, "gradients": asdict(c.gradients),
                 "staleness_histogram": histogram(c.taus), "staleness_unit": "global steps" if spec.mode in ("gba", "hopbw") else "optimizer steps",
                 "batches_by_worker": dict(zip(names, c.batches_by_worker)),
                 "step_time_s": {n: (t / k if k else None) for n, (k, t) in zip(names, self.step_time)},

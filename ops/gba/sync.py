@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -42,6 +43,7 @@ from . import report
 from .aggregate import dense_mean, rows_mean
 from .checkpoint import Checkpoints, load_state, save_state
 from .config import RunSpec, hyper_parameters, load_spec, validate
+from .control import GradientCounts
 from .data import CTRData, SampleStream, take
 from .errors import LaunchError
 from .model import dense_pass, loss_sum, metrics, repeat
@@ -260,7 +262,7 @@ class SyncTrainer:
             "mode": "sync", "workers": W, "world_size": W, "trace": spec.trace.kind, "spec": json.loads(spec.to_json()),
             "hyper_parameters": hyper_parameters(spec), "global_steps_target": steps, "global_steps": steps,
             "optimizer_steps": steps, "samples_applied": steps * G, "samples_computed": steps * G,
-            "gradients": {"pushed": steps * M, "applied": steps * M, "decayed": 0, "dropped": 0, "discarded_at_end": 0},
+            "gradients": asdict(GradientCounts(pushed=steps * M, applied=steps * M)),
             "staleness_histogram": {0: steps * M}, "staleness_unit": "global steps",
             "batches_by_worker": {f"worker{w}": steps * share for w in range(W)}, "lost_workers": [], "failure": None,
             "curve": self.curve, "loss_curve": self.loss_curve, "final": self.curve[-1] if self.curve else None,

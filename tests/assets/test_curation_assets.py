@@ -29,11 +29,11 @@ def test_user_source_quarantine_and_no_duplicates_case(tmp_path):
     res = _mat(["raw_problems"], lake, "user_bad")
     assert res.success
     q = lake.read("raw_problems_quarantine", "user_bad")
-    assert sorted(q["line"].to_list()) == [2, 3, 4, 5, 6]
+    assert sorted(q["line"].to_list()) == [2, 3, 4, 5, 6, 7]
     assert set(q["file"].to_list()) == {str(SourcesResource().user_sources()["user_bad"].path)}
     assert lake.read("raw_problems", "user_bad").height == 6
     mat = res.asset_materializations_for_node("raw_problems")[0]
-    assert mat.metadata["quarantined"].value == 5 and mat.metadata["rows_in"].value == 11
+    assert mat.metadata["quarantined"].value == 6 and mat.metadata["rows_in"].value == 12
 
     # case dedup-no-duplicates: 100 distinct problems -> 100 rows, zero clusters, 0 removed
     assert _mat(["raw_problems"], lake, "user_nodup").success

@@ -57,7 +57,7 @@ def test_gba_token_control_counts_staleness_exactly_and_applies_every_global_bat
     assert verdicts == [(0, 0, 1.0, False), (0, 0, 1.0, True), (0, 0, 1.0, False), (0, 0, 1.0, True),
                         (1, 2, 0.5, False), (0, 0, 1.0, True)]
     assert c.taus == [0, 0, 0, 0, 2, 0] and histogram(c.taus) == {0: 5, 1: 0, 2: 1}
-    assert applied == [4, 4, 4] and c.step == 3 and c.decayed == 1 and c.dropped == 0
+    assert applied == [4, 4, 4] and c.step == 3 and c.gradients.decayed == 1 and c.gradients.dropped == 0
     assert c.batches_by_worker == [5, 1] and c.done
 
 
@@ -75,7 +75,7 @@ def test_staleness_decay_default_is_documented_and_pluggable():
     c.pull(0, n)
     c.push(0, 0, n, 2)                                      # step 1
     v = c.push(1, 0, b[1], 2)
-    assert (v.tau, v.weight, v.apply) == (1, 0.0, False) and c.dropped == 1 and c.pending_samples == 0
+    assert (v.tau, v.weight, v.apply) == (1, 0.0, False) and c.gradients.dropped == 1 and c.pending_samples == 0
 
 
 def test_async_applies_every_gradient_and_ssp_holds_a_worker_beyond_the_bound():
@@ -109,7 +109,7 @@ def test_hopbw_applies_the_first_M_minus_b_gradients_and_drops_the_late_ones():
     assert v.apply and c.step == 1                          # the first 1 of 2 gradients makes the step
     assert c.pull(0, v.next_batch) == Work(1)
     late = c.push(1, 0, b[1], 2)
-    assert (late.tau, late.weight, late.apply) == (1, 0.0, False) and c.dropped == 1
+    assert (late.tau, late.weight, late.apply) == (1, 0.0, False) and c.gradients.dropped == 1
 
     c = Control(_spec("hopbw", backup_workers=0), total_samples=100)   # no backup: wait for both
     b = _start(c)

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:D
 
 MIN, MAX = 1, 4
 # Fast autoscaling so a test sees a full up/down cycle in seconds (production defaults are slower).
-SCALING = dict(min_replicas=MIN, max_replicas=MAX, target_ongoing_requests=1, max_ongoing_requests=2,
-               upscale_delay_s=0.5, downscale_delay_s=2.0, look_back_period_s=0.5, metrics_interval_s=0.2)
+SCALING = dict(min_replicas=MIN, max_replicas=MAX, target_ongoing_requests=1, upscale_delay_s=0.5,
+               downscale_delay_s=2.0, look_back_period_s=0.5, metrics_interval_s=0.2)
 RETRIES, BACKOFF = 2, 0.05
 
 
@@ -49,7 +49,7 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def pool(ray_cluster):
     p = RewardPool("rp_test", timeout_s=10.0, max_retries=RETRIES, backoff_s=BACKOFF, sample_interval_s=0.2)
-    p.start(**SCALING)
+    p.start(autoscaling=SCALING, max_ongoing_requests=2)
     try:
         yield p
     finally:
@@ -154,7 +154,7 @@ def test_health_raises_when_the_pool_is_not_deployed_or_down(ray_cluster):
     with pytest.raises(RewardServiceError, match="not deployed"):
         RewardPool("rp_never").health(timeout_s=5)
 
-    down = RewardPool("rp_down", timeout_s=1.0, max_retries=1, backoff_s=0.05).start(min_replicas=1, max_replicas=1)
+    down = RewardPool("rp_down", timeout_s=1.0, max_retries=1, backoff_s=0.05).start(autoscaling={"min_replicas": 1, "max_replicas": 1})
     try:
         assert down.health(timeout_s=20)["running"] == 1
         serve.delete("rp_down")  # the service goes away under a running driver

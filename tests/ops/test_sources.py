@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 
 from ops.curation import sources as S
+from tests.conftest import BAD_LINES
 
 
 def test_builtin_sources_have_expected_sizes(math_test_rows, benchmark):
@@ -31,26 +32,12 @@ def test_problem_ids_are_stable_and_unique(math_test_rows):
     assert len({r["problem_id"] for r in math_test_rows}) == 5000
 
 
-def _write_bad_jsonl(path):
-    lines = [
-        json.dumps({"q": "What is 2 + 2?", "a": "4"}).encode(),
-        b'{"q": "broken json", ',
-        b'{"q": "bad \xff utf-8", "a": "1"}',
-        json.dumps({"question": "wrong field name"}).encode(),
-        json.dumps({"q": "   ", "a": "0"}).encode(),
-        json.dumps({"q": "x" * 1_000_000, "a": "1"}).encode(),
-        json.dumps(["not", "an", "object"]).encode(),
-        json.dumps({"q": "Compute $3 \\cdot 7$.", "a": "21", "sol": "$3 \\cdot 7 = \\boxed{21}$"}).encode(),
-    ]
-    path.write_bytes(b"\n".join(lines) + b"\n")
-
-
 def test_user_jsonl_quarantines_bad_rows_with_file_line_and_reason(tmp_path):
     f = tmp_path / "mine.jsonl"
-    _write_bad_jsonl(f)
+    f.write_bytes(b"\n".join(BAD_LINES) + b"\n")
     src = S.UserSource(name="mine", path=str(f), fields={"problem": "q", "answer": "a", "solution": "sol"})
     rows, quarantine = S.read_user_source(src)
-    assert [r["problem"] for r in rows] == ["What is 2 + 2?", "Compute $3 \\cdot 7$."]
+    assert [r["problem"] for r in rows] == [json.loads(BAD_LINES[0])["q"], "Compute $3 \\cdot 7$ and give the product."]
     assert rows[1]["solution"].endswith("\\boxed{21}$")
     by_line = {q["line"]: q for q in quarantine}
     assert sorted(by_line) == [2, 3, 4, 5, 6, 7]

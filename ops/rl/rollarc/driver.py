@@ -53,7 +53,7 @@ from ops.launch import DriverState
 from ops.rl.runs import read_problems, resume_state
 
 from .core import ArcConfig
-from .ray_roles import RoleSpec
+from .ray_roles import REWARD_AUTOSCALING, RoleSpec
 
 METHODS = ("monolithic", "rollarc", "async0", "rollarc_a1", "rollarc_a2")
 """The methods a run may hold: ``monolithic`` (the synchronous lock-step baseline, ``core.run_monolithic``)
@@ -205,6 +205,10 @@ class RunSpec:
             raise ValueError(f"rollarc.engines must map gpu_compute/gpu_bandwidth to counts (>= 1 in all), got {rs.engines}")
         if self.checkpoint_every < 1:
             raise ValueError(f"rollarc.checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.placement != "local" and any(m != "monolithic" for m in self.methods):   # a Serve pool starts
+            from .reward_pool import autoscaling_config
+
+            autoscaling_config(rs.reward_autoscaling, where="rollarc.roles.reward_autoscaling")
         return self
 
 
@@ -275,7 +279,7 @@ class RunConfig:
     """Injected env step latency: none | low | medium | heavy (same mean)."""
     env_latency_mean_s: float = RoleSpec.env_latency_mean_s
     """Mean of the injected per-step env latency (s, >= 0)."""
-    reward_max_replicas: int = RoleSpec.reward_max_replicas
+    reward_max_replicas: int = REWARD_AUTOSCALING["max_replicas"]
     """Most replicas of the elastic reward pool (Ray Serve autoscaling, >= 1)."""
     lr: float = RoleSpec.lr
     """AdamW learning rate of the trainer."""
@@ -299,7 +303,7 @@ class RunConfig:
     ARC = ("steps", "groups_per_step", "group_size", "redundancy", "async_ratio", "max_turns", "turn_timeout_s",
            "episode_timeout_s", "max_failed_fraction")
     ROLES = ("max_new_tokens", "max_prompt_tokens", "route_policy", "prefill_heavy_ratio", "env_latency",
-             "env_latency_mean_s", "reward_max_replicas", "lr", "temperature", "top_k", "top_p")
+             "env_latency_mean_s", "lr", "temperature", "top_k", "top_p")
 
     def spec(self, problems_path: str, tokenizer_dir: str, model_dir: Optional[str],
              ray_address: Optional[str] = None) -> RunSpec:
@@ -308,6 +312,7 @@ class RunConfig:
         the field."""
         roles = {k: getattr(self, k) for k in self.ROLES}
         roles["engines"] = {"gpu_compute": self.engines_compute, "gpu_bandwidth": self.engines_bandwidth}
+        roles["reward_autoscaling"] = {"max_replicas": self.reward_max_replicas}
         return RunSpec(problems_path=str(problems_path), tokenizer_dir=tokenizer_dir, model_dir=model_dir,
                        methods=list(self.methods), envs=list(self.envs), arc={k: getattr(self, k) for k in self.ARC},
                        roles=roles, seed=self.seed, ray_address=ray_address, num_cpus=self.num_cpus,
@@ -577,7 +582,7 @@ def init_ray(spec: RunSpec) -> None:
 
     rs = spec.role_spec
     start_ray(spec.ray_address, spec.num_cpus, rs.threads,
-              resources=pool_resources(rs.engines, rs.env_workers, rs.reward_max_replicas))
+              resources=pool_resources(rs.engines, rs.env_workers, rs.reward_autoscaling["max_replicas"]))
 
 
 def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
@@ -653,7 +658,8 @@ def budget(spec: RunSpec) -> str:
     if spec.placement == "ray":
         return (f"every method: Ray actors — {n_eng} engines ({rs.engines}, {rs.threads} torch threads each), one "
                 f"trainer actor ({rs.trainer_threads} threads) on gpu_compute, {rs.env_workers} env worker(s), reward "
-                f"pool {rs.reward_min_replicas}-{rs.reward_max_replicas} replicas; Ray CPUs {spec.num_cpus}")
+                f"pool {rs.reward_autoscaling['min_replicas']}-{rs.reward_autoscaling['max_replicas']} replicas; "
+                f"Ray CPUs {spec.num_cpus}")
     return (f"split: monolithic colocated in one process (one engine, in-process trainer); the others on Ray "
             f"({n_eng} engines, trainer actor, {rs.env_workers} env worker(s), reward pool) — not an equal budget")
 

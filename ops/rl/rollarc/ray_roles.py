@@ -42,6 +42,12 @@ from ops.rl.runs import PolicySpec
 from .types import POOLS, Segment, StepResult, Task, Trajectory
 
 
+REWARD_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1.0, "upscale_delay_s": 0.5,
+                      "downscale_delay_s": 5.0, "look_back_period_s": 1.0, "metrics_interval_s": 0.25}
+"""The reward pool's Serve autoscaling in a RollArc run: one to two replicas, scaling within seconds (a run's
+steps last seconds to minutes, so Serve's slower production defaults would never scale within one)."""
+
+
 @dataclass
 class RoleSpec(PolicySpec):
     """What the roles need (JSON-serialisable; part of the driver's RunSpec): the policy
@@ -78,14 +84,15 @@ class RoleSpec(PolicySpec):
     """Injected per-step env latency kind (``envs.EnvLatency``): none | low | medium | heavy (same mean)."""
     env_latency_mean_s: float = 1.0
     """Mean of the injected per-step env latency (s, >= 0)."""
-    reward_min_replicas: int = 1
-    """Serve autoscaling of the reward pool: fewest replicas (0 <= min <= reward_max_replicas)."""
-    reward_max_replicas: int = 2
-    """Serve autoscaling of the reward pool: most replicas (>= 1)."""
-    reward_target_ongoing: float = 1.0
-    """Serve autoscaling of the reward pool: target ongoing requests per replica (> 0)."""
+    reward_autoscaling: dict = field(default_factory=dict)
+    """Ray Serve ``autoscaling_config`` of the elastic reward pool (keys of ``ray.serve.config.AutoscalingConfig``:
+    min_replicas, max_replicas, target_ongoing_requests, upscale_delay_s, ...) over ``REWARD_AUTOSCALING``;
+    Serve's own model checks it when the pool starts (``reward_pool.autoscaling_config``)."""
     trainer_threads: int = 2
     """Torch threads of the trainer actor on Ray (the heaviest role)."""
+
+    def __post_init__(self):
+        self.reward_autoscaling = {**REWARD_AUTOSCALING, **self.reward_autoscaling}
 
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -367,10 +374,7 @@ class RayRoles:
         self.trainer = ray.remote(_TrainerImpl).options(num_cpus=0, num_gpus=s.trainer_gpus, resources={"gpu_compute": 1}).remote(
             {**pol, "threads": s.trainer_threads})
         self.reward_pool = RewardPool(name="rollarc_reward", timeout_s=s.reward_timeout_s, max_retries=s.reward_retries,
-                                 backoff_s=0.2).start(min_replicas=s.reward_min_replicas, max_replicas=s.reward_max_replicas,
-                                                      target_ongoing_requests=s.reward_target_ongoing,
-                                                      upscale_delay_s=0.5, downscale_delay_s=5.0,
-                                                      look_back_period_s=1.0, metrics_interval_s=0.25)
+                                 backoff_s=0.2).start(autoscaling=s.reward_autoscaling)
         handles = [e for es in self.engines.values() for e in es]
         ray.get([e.stats.remote() for e in handles] + [w.stats.remote() for w in self.env_workers] +
                 [self.trainer.reset.remote()], timeout=self.rpc_timeout_s)

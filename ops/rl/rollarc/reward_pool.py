@@ -44,6 +44,9 @@ from ops.rl.reward import RewardItem, RewardResult, RewardServiceError, score_on
 KINDS = ("math", "frozenlake")
 DEPLOYMENT = "RewardVerifier"
 _PROBE = RewardItem("health/probe", "so the answer is \\boxed{2}", "2")
+DEFAULT_AUTOSCALING = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 1.0, "upscale_delay_s": 1.0,
+                       "downscale_delay_s": 30.0, "look_back_period_s": 2.0, "metrics_interval_s": 0.5}
+"""Ray Serve ``autoscaling_config`` of a pool whose ``start`` is given none; a given dict's keys override these."""
 
 
 def _score_frozenlake(key: str, spec: dict, actions: list) -> RewardResult:
@@ -157,6 +160,29 @@ def _quiet_metrics_interval_warning() -> None:
                             category=DeprecationWarning)
 
 
+def autoscaling_config(overrides: Optional[dict] = None, where: str = "reward_pool.autoscaling") -> dict:
+    """``overrides`` (Ray Serve ``autoscaling_config`` keys) over ``DEFAULT_AUTOSCALING``, checked by Serve's
+    own ``ray.serve.config.AutoscalingConfig`` (``min_replicas <= max_replicas``, positive targets, ...).
+    Returns the merged dict. Raises ValueError naming (after ``where``) an unknown key or the value Serve
+    rejects."""
+    from pydantic import ValidationError
+    from ray.serve.config import AutoscalingConfig
+
+    merged = {**DEFAULT_AUTOSCALING, **(overrides or {})}
+    unknown = sorted(set(merged) - set(AutoscalingConfig.model_fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} (Ray Serve AutoscalingConfig has "
+                         f"{sorted(AutoscalingConfig.model_fields)})")
+    _quiet_metrics_interval_warning()
+    try:
+        AutoscalingConfig(**merged)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "config"
+        raise ValueError(f"{where}.{field}: {err['msg']} (config {merged})") from None
+    return merged
+
+
 async def _cancel_all() -> None:
     tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     for t in tasks:
@@ -236,39 +262,37 @@ class RewardPool:
         self._series: deque[tuple[float, int, int, int]] = deque(maxlen=self.max_samples)
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def start(self, min_replicas: int = 1, max_replicas: int = 4, target_ongoing_requests: float = 1.0,
-              max_ongoing_requests: int = 2, upscale_delay_s: float = 1.0, downscale_delay_s: float = 30.0,
-              look_back_period_s: float = 2.0, metrics_interval_s: float = 0.5, item_timeout_s: float = 10.0,
+    def start(self, autoscaling: Optional[dict] = None, max_ongoing_requests: int = 2, item_timeout_s: float = 10.0,
               workers: int = 1, ready_timeout_s: float = 120.0) -> "RewardPool":
         """Deploy the pool and wait (at most ``ready_timeout_s``) until Serve reports it RUNNING.
 
-        Autoscaling (Ray Serve autoscaling docs): Serve keeps ``ceil((queued + ongoing requests) /
-        target_ongoing_requests)`` replicas, averaged over ``look_back_period_s``, clipped to
+        ``autoscaling`` is Ray Serve's ``autoscaling_config`` (keys of ``ray.serve.config.AutoscalingConfig``)
+        over ``DEFAULT_AUTOSCALING``, validated by Serve's own model. Serve keeps ``ceil((queued + ongoing
+        requests) / target_ongoing_requests)`` replicas, averaged over ``look_back_period_s``, clipped to
         [min_replicas, max_replicas]; a decision must hold ``upscale_delay_s`` / ``downscale_delay_s``
-        seconds before it is applied. ``metrics_interval_s`` is how often handles push their queue
-        length (Serve deprecates the field for an env var but still uses it in 2.60).
-        ``max_ongoing_requests`` caps requests per replica (the rest queue in the handle).
+        seconds before it is applied (Ray Serve autoscaling docs). ``metrics_interval_s`` is how often
+        handles push their queue length (Serve deprecates the field for an env var but still uses it in
+        2.60). ``max_ongoing_requests`` caps requests per replica (the rest queue in the handle).
 
         Raises:
-            ValueError: bounds out of range, or the cluster advertises fewer than ``min_replicas``
-                units of ``resource``.
+            ValueError: an unknown autoscaling key or a value Serve rejects (both named), the other
+                bounds out of range, or the cluster advertises fewer than ``min_replicas`` units of
+                ``resource``.
             RewardServiceError: Ray is not initialised, the deploy failed or timed out.
         """
         import ray
         from ray import serve
         from ray.serve.api import RunTarget
 
-        if not (0 <= min_replicas <= max_replicas and max_replicas >= 1):
-            raise ValueError(f"reward_pool needs 0 <= min_replicas <= max_replicas, max >= 1; got {min_replicas}, "
-                             f"{max_replicas}")
-        if not (target_ongoing_requests > 0 and max_ongoing_requests >= 1 and item_timeout_s > 0 and workers >= 1):
-            raise ValueError("reward_pool needs target_ongoing_requests > 0, max_ongoing_requests >= 1, "
-                             f"item_timeout_s > 0, workers >= 1; got {target_ongoing_requests}, "
+        scaling = autoscaling_config(autoscaling)
+        if not (max_ongoing_requests >= 1 and item_timeout_s > 0 and workers >= 1):
+            raise ValueError("reward_pool needs max_ongoing_requests >= 1, item_timeout_s > 0, workers >= 1; got "
                              f"{max_ongoing_requests}, {item_timeout_s}, {workers}")
         if not ray.is_initialized():
             raise RewardServiceError(f"reward pool {self.name}: Ray is not initialised (the caller owns Ray: "
                                      f"ray.init(resources={{'{self.resource}': N}}))")
         have = ray.cluster_resources().get(self.resource, 0)
+        min_replicas = scaling["min_replicas"]
         if have < max(1, min_replicas):
             raise ValueError(f"reward pool {self.name}: the cluster advertises {have:g} '{self.resource}' units, "
                              f"fewer than min_replicas {max(1, min_replicas)}")
@@ -277,10 +301,7 @@ class RewardPool:
         options = dict(
             name=DEPLOYMENT, ray_actor_options={"num_cpus": 0, "resources": {self.resource: 1}},
             max_ongoing_requests=max_ongoing_requests,
-            autoscaling_config={"min_replicas": min_replicas, "max_replicas": max_replicas,
-                                "target_ongoing_requests": target_ongoing_requests,
-                                "upscale_delay_s": upscale_delay_s, "downscale_delay_s": downscale_delay_s,
-                                "look_back_period_s": look_back_period_s, "metrics_interval_s": metrics_interval_s})
+            autoscaling_config=scaling)
         app = _deployment(serve, options).bind(item_timeout_s=item_timeout_s, workers=workers)
         (handle,) = serve.run_many([RunTarget(app, name=self.name, route_prefix=None)],
                                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
