@@ -16,8 +16,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import polars as pl
+if TYPE_CHECKING:  # the atomic writers are stdlib-only: a results JSON is written without polars
+    import polars as pl
 
 
 def file_sha256(path: str | Path) -> str:
@@ -363,6 +365,8 @@ class ObjectStoreLake:
     def read_parquet(self, key: str) -> pl.DataFrame:
         """The committed Parquet table ``key``. Raises FileNotFoundError naming it."""
         import io
+
+        import polars as pl
 
         return pl.read_parquet(io.BytesIO(self.read_bytes(key)))
 

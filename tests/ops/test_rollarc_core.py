@@ -117,13 +117,16 @@ def test_stale_group_is_discarded_and_counted():
     assert max(res.staleness_hist) <= 1
 
 
-def test_slow_environment_blocks_only_its_own_trajectory():
-    # trajectory 0 of every group sleeps 30 s per step; redundancy lets the group finish without it
-    tasks = tasks_of([{"turns": 2, "slow_index": 0, "slow_s": 30.0}] * 4)
-    cfg = ArcConfig(steps=2, groups_per_step=1, group_size=2, redundancy=1, async_ratio=0, max_turns=3,
-                    turn_timeout_s=20.0)
+def _run_slow_trajectory_zero(n_tasks: int, **cfg):
+    """RollArc over ``n_tasks`` two-turn tasks whose trajectory 0 sleeps 30 s per env step; (roles, result)."""
+    tasks = tasks_of([{"turns": 2, "slow_index": 0, "slow_s": 30.0}] * n_tasks)
     roles = Scripted()
-    res = run(run_rollarc, roles, cfg, tasks)
+    return roles, run(run_rollarc, roles, ArcConfig(groups_per_step=1, async_ratio=0, max_turns=3, **cfg), tasks)
+
+
+def test_slow_environment_blocks_only_its_own_trajectory():
+    # redundancy lets every group finish without its slow trajectory 0
+    roles, res = _run_slow_trajectory_zero(4, steps=2, group_size=2, redundancy=1, turn_timeout_s=20.0)
     assert res.wall_s < 3.0
     for _, gs in roles.trained:
         for _, trajs in gs:
@@ -133,11 +136,7 @@ def test_slow_environment_blocks_only_its_own_trajectory():
 
 
 def test_slow_environment_times_out_alone_without_redundancy():
-    tasks = tasks_of([{"turns": 2, "slow_index": 0, "slow_s": 30.0}] * 2)
-    cfg = ArcConfig(steps=1, groups_per_step=1, group_size=3, redundancy=0, async_ratio=0, max_turns=3,
-                    turn_timeout_s=0.3)
-    roles = Scripted()
-    res = run(run_rollarc, roles, cfg, tasks)
+    roles, res = _run_slow_trajectory_zero(2, steps=1, group_size=3, redundancy=0, turn_timeout_s=0.3)
     statuses = {t["index"]: t["status"] for t in res.trajectories}
     assert statuses == {0: "timeout", 1: "ok", 2: "ok"}
     rewards = {t["index"]: t["reward"] for t in res.trajectories}
