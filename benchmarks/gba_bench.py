@@ -2,7 +2,8 @@
 running job between them (arXiv 2205.11048 §5; docs/gba.md, "How it is measured").
 
 Every run is a fresh launch exactly as the ``gba_run`` asset launches it (sync: ``accelerate
-launch`` via ``ComputeResource``; the PS modes and ``auto``: ``ops/gba/launch_ps.py``, num_ps PS
+launch``, the command ``ComputeResource`` builds, from ``ops.launcher.Launcher``, so the benchmark
+needs no Dagster; the PS modes and ``auto``: ``ops/gba/launch_ps.py``, num_ps PS
 processes + W workers over torch.distributed.rpc), on MovieLens-100k (time split) with one set of
 hyper-parameters (one ``RunSpec``, ``with_mode``). Compute is real: the forward/backward pass is
 the work, and the straggler is slowed by real extra passes (``ops.gba.trace``), no sleeps.
@@ -42,20 +43,20 @@ def launch(spec, workdir: Path, timeout_s: float, name: str | None = None) -> di
     """Run one spec in fresh processes (folder ``workdir/name``, default the mode); returns its
     result.json plus the launch wall time. Raises RuntimeError with the launch's stderr tail."""
     from ops.gba.config import validate
-    from resources.compute import ComputeResource
+    from ops.launcher import Launcher
 
     validate(spec)
     out = workdir / (name or spec.mode)
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"
     spec_path.write_text(spec.to_json())
-    compute = ComputeResource(num_processes=spec.cluster.workers)
+    compute = Launcher(num_processes=spec.cluster.workers)     # = ComputeResource(num_processes=W)'s, without Dagster
     args = ["--spec", str(spec_path), "--out", str(out)]
     if spec.mode == "sync":
-        cmd = compute.launch_command(str(ROOT / "ops" / "gba" / "launch_sync.py"), args)
+        cmd = compute.command(str(ROOT / "ops" / "gba" / "launch_sync.py"), args)
     else:
         cmd = [sys.executable, str(ROOT / "ops" / "gba" / "launch_ps.py"), *args]
-    env = {**os.environ, **compute.launch_env(), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    env = {**os.environ, **compute.env(), "TORCH_CPP_LOG_LEVEL": "ERROR"}
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, timeout=timeout_s, capture_output=True, text=True)
     wall = time.perf_counter() - t

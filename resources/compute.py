@@ -2,15 +2,15 @@
 
 The embedded default launches CPU processes with ``accelerate launch``; production swaps this
 resource's config (a GPU accelerate config file, more processes, mixed precision), never the code.
+The argv and the ranks' environment are built by ``ops.launcher.Launcher`` (no Dagster; the
+benchmarks use it directly) from this resource's launch fields, which take their defaults from it.
 Workers are started through Dagster Pipes (``dg.open_pipes_session``) so that rank 0 streams logs,
 custom messages and the materialization back to the step. Every launch has a wall-clock timeout.
 """
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -18,36 +18,30 @@ from typing import Any, Literal, Optional
 import dagster as dg
 
 from ops.docstrings import describe_fields
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1 (for the rendezvous of one launch)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ops.launcher import Launcher
 
 
 @describe_fields  # the attribute docstrings are the UI descriptions
 class ComputeResource(dg.ConfigurableResource):
     """Where and how training workers run."""
 
-    launcher: Literal["accelerate", "torchrun"] = "accelerate"
+    launcher: Literal["accelerate", "torchrun"] = Launcher.launcher
     """``accelerate`` (``accelerate launch``) or ``torchrun``."""
-    num_processes: int = 2
+    num_processes: int = Launcher.num_processes
     """Processes per launch (ranks; >= 1). On CPU each is one gloo rank. With ``accelerate_config_file``
     accelerate starts the file's process count, while the assets still size their launches and global
     batches by this field: keep the two equal."""
-    cpu: bool = True
+    cpu: bool = Launcher.cpu
     """Force CPU training (the embedded default). Multi-process CPU runs need ``ACCELERATE_USE_CPU=true``
     *and* ``--multi_gpu``: ``accelerate launch --cpu --num_processes 2`` silently starts a single process
     (docs/platform-notes.md, "accelerate on CPU")."""
-    accelerate_config_file: Optional[str] = None
+    accelerate_config_file: Optional[str] = Launcher.accelerate_config_file
     """An accelerate YAML config (production GPU profile); when set it replaces
     ``--multi_gpu/--num_processes/--mixed_precision`` on the command line."""
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    mixed_precision: Literal["no", "fp16", "bf16"] = Launcher.mixed_precision
     """``no`` | ``fp16`` | ``bf16``; ignored on CPU, with ``torchrun`` and when ``accelerate_config_file``
     is set (the file's setting applies)."""
-    threads_per_process: int = 1
+    threads_per_process: int = Launcher.threads_per_process
     """``OMP_NUM_THREADS`` for each rank (CPU oversubscription guard)."""
     launch_timeout_s: float = 1800.0
     """Fallback wall-clock limit of a launch (s) whose caller gives none; the process group is killed (a
@@ -72,50 +66,34 @@ class ComputeResource(dg.ConfigurableResource):
     """GPUs each RL trainer actor requests from Ray (``num_gpus``; 0 = CPU, the embedded default; the prod
     profile's default is 1, pipelines/profiles.py). The model then runs on the CUDA device Ray assigns
     (``ops.rl.runs.PolicySpec``)."""
-    tracking_uri: Optional[str] = None
+    tracking_uri: Optional[str] = Launcher.tracking_uri
     """An MLflow tracking URI (``http://mlflow:5000``); None = no experiment tracking (the default). When
     set, every launched driver logs its training curves there, one MLflow run per launch (``ops.tracking``;
     docs/operations.md, "Experiment tracking")."""
-    tracking_experiment: str = "crucible"
+    tracking_experiment: str = Launcher.tracking_experiment
     """The MLflow experiment those runs go to."""
+
+    def launcher_settings(self) -> Launcher:
+        """This resource's launch fields as an ``ops.launcher.Launcher`` (the one argv/env builder)."""
+        return Launcher(launcher=self.launcher, num_processes=self.num_processes, cpu=self.cpu,
+                        accelerate_config_file=self.accelerate_config_file, mixed_precision=self.mixed_precision,
+                        threads_per_process=self.threads_per_process, tracking_uri=self.tracking_uri,
+                        tracking_experiment=self.tracking_experiment)
 
     def launch_command(self, script: str, args: Sequence[str] = (), num_processes: Optional[int] = None,
                        port: Optional[int] = None, module: bool = False) -> list[str]:
         """The argv that starts ``script`` on ``num_processes`` ranks (default: ``self.num_processes``);
-        with ``module=True`` ``script`` is a module name run as with ``python -m`` on every rank.
+        with ``module=True`` ``script`` is a module name run as with ``python -m`` on every rank
+        (``ops.launcher.Launcher.command``).
 
         Raises:
             ValueError: ``num_processes < 1``.
         """
-        n = self.num_processes if num_processes is None else num_processes
-        if n < 1:
-            raise ValueError(f"compute.num_processes must be >= 1, got {n}")
-        port = port or free_port()
-        if self.launcher == "torchrun":
-            return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(n),
-                    "--master_addr", "127.0.0.1", "--master_port", str(port), *(["-m"] if module else []), script, *args]
-        cmd = [sys.executable, "-m", "accelerate.commands.launch"]
-        if self.accelerate_config_file:
-            cmd += ["--config_file", self.accelerate_config_file]
-        else:
-            if n > 1:
-                cmd += ["--multi_gpu"]
-            cmd += ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no",
-                    "--mixed_precision", "no" if self.cpu else self.mixed_precision]
-            if self.cpu and n == 1:
-                cmd += ["--cpu"]
-        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *(["-m"] if module else []), script, *args]
-        return cmd
+        return self.launcher_settings().command(script, args, num_processes, port=port, module=module)
 
     def launch_env(self) -> dict[str, str]:
-        env = {"OMP_NUM_THREADS": str(self.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONUNBUFFERED": "1"}
-        if self.cpu:
-            env["ACCELERATE_USE_CPU"] = "true"
-        from ops.tracking import tracking_env
-
-        env.update(tracking_env(self.tracking_uri, self.tracking_experiment))
-        return env
+        """The environment every rank gets on top of the caller's (``ops.launcher.Launcher.env``)."""
+        return self.launcher_settings().env()
 
     def run(self, context: dg.AssetExecutionContext, script: str, args: Sequence[str] = (), *,
             extras: Optional[Mapping[str, Any]] = None, num_processes: Optional[int] = None,
