@@ -96,7 +96,7 @@ def test_curation_group_into_s3_and_back(s3, tmp_path):
     for t in chain:
         assert s3lake.read(t).equals(local.read(t)), t
     assert s3lake.partitions("raw_problems") == ["user_bad", "user_nodup"] == local.partitions("raw_problems")
-    assert s3lake.read("raw_problems_quarantine", "user_bad").height == 5
+    assert s3lake.read("raw_problems_quarantine", "user_bad").height == 6
     kept = s3lake.read("near_deduped_problems")
     assert kept.filter(pl.col("source") == "user_nodup").height == 100
     # the tables are in the bucket, committed: a manifest per table, the object under _v/

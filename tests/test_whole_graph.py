@@ -74,7 +74,7 @@ def test_whole_curation_graph_on_real_sources(tmp_path):
 
     con = duckdb.connect(str(tmp_path / "lake" / "catalog.duckdb"), read_only=True)
     assert con.execute("select count(*) from sft_dataset").fetchone()[0] == 300
-    assert con.execute("select count(*) from raw_problems_quarantine").fetchone()[0] == 5
+    assert con.execute("select count(*) from raw_problems_quarantine").fetchone()[0] == 6
     import os
 
     umask = os.umask(0)
