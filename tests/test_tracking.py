@@ -7,13 +7,13 @@ unreachable server costs a warning, never the training; the message-to-metric ma
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ops.launcher import free_port
 from ops.tracking import EXPERIMENT_ENV, URI_ENV, flatten_message
 from tests.assets.test_rl_policy import SMALL as ASSET_CONFIG
 from tests.conftest import wait_until_serving
@@ -23,17 +23,11 @@ SMALL = {k: v for k, v in ASSET_CONFIG.items() if k != "timeout_s"}       # the 
 pytest.importorskip("mlflow", reason="the tracking test needs mlflow-skinny (the dev extra)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """``http://127.0.0.1:<port>`` of a fresh MLflow tracking server (killed by process group after)."""
     tmp = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     log = (tmp / "server.log").open("wb")
     mlflow_cli = str(Path(sys.executable).parent / "mlflow")
     proc = subprocess.Popen([mlflow_cli, "server", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
@@ -115,7 +109,7 @@ def test_an_unreachable_server_costs_a_warning_never_the_training(tmp_path, monk
 
     spec = ws.WarmStartSpec(out_dir=str(tmp_path / "policy"), **{**SMALL, "max_steps": 2, "eval_every": 2}).validate()
     (tmp_path / "spec.json").write_text(spec.to_json())
-    monkeypatch.setenv(URI_ENV, f"http://127.0.0.1:{_free_port()}")    # nothing listens there
+    monkeypatch.setenv(URI_ENV, f"http://127.0.0.1:{free_port()}")    # nothing listens there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     with caplog.at_level("WARNING", logger="crucible.rank0"):
         ws.main(["--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "run")])

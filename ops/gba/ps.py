@@ -36,12 +36,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from ops.launcher import free_port
 
 from .errors import RunFailed
 
@@ -125,12 +126,6 @@ class ShardClient:
 
     def stop(self):
         return self._call(_shard_stop)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rpc_options(spec, port: int):

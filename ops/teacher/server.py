@@ -17,15 +17,11 @@ import time
 import uuid
 from pathlib import Path
 
+from ops.launcher import free_port
+
 
 class TeacherServerError(RuntimeError):
     """The local server could not start or died (message carries the reason and log tail)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_in_use(port: int) -> bool:

@@ -8,7 +8,6 @@ by PID/process group. Opt-in: ``pytest -m ui tests/ui`` (~1-2 minutes)."""
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.launcher import free_port
 from tests.conftest import ROOT, wait_until_serving
 
 pytestmark = pytest.mark.ui
@@ -41,12 +41,6 @@ def _chromium() -> str:
     if os.environ.get("CRUCIBLE_UI_REQUIRED"):       # CI: a missing browser is a failure, never a skip
         pytest.fail(msg)
     pytest.skip(msg)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -77,7 +71,7 @@ def dagster_dev(tmp: Path):
     home = tmp / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    port = _free_port()
+    port = free_port()
     log = tmp / "dagster_dev.log"
     env = {**os.environ, "DAGSTER_HOME": str(home), "CRUCIBLE_HOME": str(tmp / "lake"), "PYTHONUNBUFFERED": "1"}
     env.pop("CRUCIBLE_PROFILE", None)
