@@ -25,8 +25,9 @@ Measured length trace JSON (``crucible.length_trace/1``)::
     {"schema": "crucible.length_trace/1", "source": "...",
      "prompts": [{"uid": "p0", "prompt_tokens": 180, "response_lengths": [812, 1403, ...]}, ...]}
 
-Simulated prompt i maps to trace prompt ``perm[i mod n]`` (a seeded permutation); its responses are
-drawn with replacement from that prompt's lengths, so per-prompt difficulty is kept.
+A simulated prompt (by its uid) maps to a trace prompt drawn uniformly with replacement, seeded by
+(seed, uid), so two simulated prompts may replay the same trace prompt; its responses are drawn with
+replacement from that prompt's lengths, so per-prompt difficulty is kept.
 """
 
 from __future__ import annotations
