@@ -20,7 +20,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) tests
 
-## The UI as a person uses it: dagster dev + headless Chromium (installs Debian's chromium if missing).
+## The UI as a person uses it: dagster dev + headless Chromium (needs Debian's chromium on the PATH; .ci/run installs it).
 test-ui: setup
 	$(VENV)/bin/pip install -q -e ".[dev,ui]" -c constraints.txt
 	$(VENV)/bin/python -m pytest -q -m ui tests/ui

@@ -41,16 +41,17 @@ MARBLES = [json.dumps({"q": f"A box holds {n} red and {n + 2} blue marbles. How 
 os.environ["CRUCIBLE_SOURCES"] = str(USER_DIR / "sources.yaml")
 
 
-def shared_dir() -> Path:
-    """``../shared`` beside the repository (CI lays a copy there); override with CRUCIBLE_SHARED."""
-    return Path(os.environ.get("CRUCIBLE_SHARED", ROOT.parent / "shared"))
+def cases_dir() -> Path:
+    """The case files (``curation.json``, ``training.json``): the repository's copy in ``tests/cases/``,
+    taken from the project's shared cases, so a fresh clone runs them; CRUCIBLE_CASES points elsewhere."""
+    return Path(os.environ.get("CRUCIBLE_CASES", ROOT / "tests" / "cases"))
 
 
 @pytest.fixture(scope="session")
 def curation_cases() -> dict:
-    path = shared_dir() / "cases" / "curation.json"
+    path = cases_dir() / "curation.json"
     if not path.exists():
-        pytest.fail(f"curation cases not found at {path} (set CRUCIBLE_SHARED)")
+        pytest.fail(f"curation cases not found at {path} (tests/cases/ ships with the repository; CRUCIBLE_CASES overrides)")
     return {c["id"]: c for c in json.loads(path.read_text())}
 
 

@@ -57,7 +57,7 @@ def final_answer_text(response: str | None) -> str:
     """The response without its reasoning: the text outside ``<think>...</think>`` blocks (tags
     case-insensitive), which is where the final answer must be. One rule for curation
     (:func:`verify_one`) and the RL reward (``ops.rl.reward``); case ``reward-think-block``
-    (shared/cases/training.json): an answer inside a think block never counts as the final answer.
+    (tests/cases/training.json): an answer inside a think block never counts as the final answer.
 
     * a closed block ``<think>...</think>`` is removed, wherever it is (several may occur);
     * an unclosed ``<think>`` runs to the end of the response: the reasoning never ended, so nothing

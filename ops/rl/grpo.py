@@ -6,7 +6,7 @@ the PPO clipped surrogate -min(rho A, clip(rho, 1-eps, 1+eps) A) with rho = pi /
 plus beta * KL(pi || pi_ref) (the k3 estimator exp(q) - q - 1, q = log pi_ref - log pi).
 RollPacker (arXiv 2509.21009) and RollArc (arXiv 2512.22560) train with it.
 
-Edge cases (shared/cases/training.json):
+Edge cases (tests/cases/training.json):
 * ``grpo-zero-variance-group``: a group whose valid rewards are all equal (std <= ``std_floor``,
   fp residue included) gets advantage exactly 0, never 0/0; the fraction of such groups is reported
   as ``zero_signal_groups``.

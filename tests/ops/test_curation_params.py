@@ -1,6 +1,6 @@
 """The curation parameters (ops dataclasses the run configs mirror): one default, one range check.
 
-Case ``dedup-threshold-edges`` (shared/cases/curation.json) over the whole threshold x num_perm grid,
+Case ``dedup-threshold-edges`` (tests/cases/curation.json) over the whole threshold x num_perm grid,
 the near-dedup check running exactly once per call path, and the other stages' ranges.
 """
 

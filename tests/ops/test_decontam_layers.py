@@ -1,6 +1,6 @@
 """Decontamination layers beyond n-grams (issue 19): matching normalisation, template siblings, rephrasings,
 the fail-closed judge, and the labelled set — cases decontam-escaped-latex, decontam-rephrased-and-siblings and
-llm-judge-fail-closed of shared/cases/curation.json."""
+llm-judge-fail-closed of tests/cases/curation.json."""
 
 import random
 import time

@@ -1,4 +1,4 @@
-"""Near/exact dedup: every near_dedup case of shared/cases/curation.json, plus the datasketch contract."""
+"""Near/exact dedup: every near_dedup case of tests/cases/curation.json, plus the datasketch contract."""
 
 import numpy as np
 import polars as pl

@@ -85,7 +85,7 @@ def test_gba_without_stragglers_follows_sync_per_sample_and_applies_exactly_G_sa
 
 
 def test_ps_worker_dies_sigkill_mid_run_the_ps_and_the_other_worker_finish(ctr_events_file, tmp_path):
-    """Case ps-worker-dies (../shared/cases/training.json): 1 PS + 2 workers, SIGKILL worker1 half-way."""
+    """Case ps-worker-dies (tests/cases/training.json): 1 PS + 2 workers, SIGKILL worker1 half-way."""
     events_path, cache = ctr_events_file
     spec = RunSpec(mode="gba", train=TrainConfig(batch_size=G, epochs=0.5), local_batch=B, events_path=events_path,
                    data_cache=cache, trace=StragglerTrace(kind="random", mean_extra=2.0),   # ~3 real passes per batch

@@ -1,4 +1,4 @@
-"""GRPO edge cases (shared/cases/training.json: grpo-zero-variance-group,
+"""GRPO edge cases (tests/cases/training.json: grpo-zero-variance-group,
 grpo-empty-response-and-nan-reward) on a tiny random-init Llama."""
 
 import math

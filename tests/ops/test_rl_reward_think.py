@@ -4,7 +4,7 @@ import pytest
 
 from ops.rl.reward import RewardItem, final_answer_text, reward_counts, score_one
 
-CASE = [  # shared/cases/training.json, reward-think-block (gold 4)
+CASE = [  # tests/cases/training.json, reward-think-block (gold 4)
     ("<think>Let me compute 2+2.</think> The answer is \\boxed{4}", 1.0, "verified"),
     ("<think>maybe \\boxed{4}</think> The answer is 5.", 0.0, "unparseable"),
     ("<think>maybe \\boxed{5}</think> The answer is \\boxed{4}", 1.0, "verified"),

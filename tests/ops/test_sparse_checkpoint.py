@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import join_or_kill, shared_dir
+from tests.conftest import join_or_kill, cases_dir
 
 SPECIAL = [0, 2**40 + 7, 2**63 - 1]
 DIM, STEPS, SAVE_WORLD = 4, 6, 4
@@ -104,7 +104,7 @@ def _assert_same(got: dict, ref: dict):
 
 
 def test_case_ids_trained_and_some_evicted(saved):
-    case = {c["id"]: c for c in json.loads((shared_dir() / "cases" / "training.json").read_text())}["sparse-checkpoint-reshard"]
+    case = {c["id"]: c for c in json.loads((cases_dir() / "training.json").read_text())}["sparse-checkpoint-reshard"]
     assert "2**63-1" in case["input"] and "world size 4" in case["input"]
     _, ref = saved
     kept, early = _ids()

@@ -1,4 +1,4 @@
-"""Answer verification: every verify case of shared/cases/curation.json, timeouts, multiple choice."""
+"""Answer verification: every verify case of tests/cases/curation.json, timeouts, multiple choice."""
 
 import pytest
 

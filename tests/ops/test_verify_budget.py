@@ -32,7 +32,7 @@ def test_case_verify_huge_power_timeout(curation_cases):
     assert t_chunk - base < 2 * timeout, (t_chunk, base)
 
 
-THINK_CASE = [  # shared/cases/training.json, reward-think-block (gold 4), through the curation verifier
+THINK_CASE = [  # tests/cases/training.json, reward-think-block (gold 4), through the curation verifier
     ("<think>Let me compute 2+2.</think> The answer is \\boxed{4}", "verified"),
     ("<think>maybe \\boxed{4}</think> The answer is 5.", "wrong"),
     ("<think>maybe \\boxed{5}</think> The answer is \\boxed{4}", "verified"),

@@ -12,7 +12,7 @@ import torch
 from ops.sparse import (AdmitAfter, DynamicTable, EmbeddingCollection, EvictUnseen, FeatureSpec, ReadOnly, SparseAdagrad,
                         SparseAdam, SparseInputError)
 from ops.sparse.checkpoint import load_tables, save_tables
-from tests.conftest import ROOT, shared_dir
+from tests.conftest import ROOT, cases_dir
 
 
 def _single(ids):
@@ -205,7 +205,7 @@ def test_checkpoint_round_trip_is_bit_exact_and_resume_matches_uninterrupted(tmp
 
 
 def test_cpu_path_imports_without_torchrec():
-    case = {c["id"]: c for c in json.loads((shared_dir() / "cases" / "training.json").read_text())}["cpu-path-without-torchrec"]
+    case = {c["id"]: c for c in json.loads((cases_dir() / "training.json").read_text())}["cpu-path-without-torchrec"]
     assert "sparse" in case["system"]
     code = ("import sys; sys.modules['torchrec'] = None; sys.modules['fbgemm_gpu'] = None\n"   # import of either fails
             "import torch, ops.sparse, ops.sparse.train, ops.sparse.shard, ops.sparse.checkpoint\n"
