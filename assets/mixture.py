@@ -164,7 +164,7 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
         return dg.MaterializeResult(
             data_version=_partition_versions(context, per_key),
             metadata={"bases": md_table(pl.DataFrame(rows)), "path": dg.MetadataValue.path(plan.base_dir),
-                      "world_size": run.result["world_size"], **run.metadata()})
+                      "world_size": run.result["world_size"], "parallelism": run.result.get("parallelism", "data"), **run.metadata()})
 
 
 @mirrors(ProbePlan, own=("timeout_s", "seeds", "repeat_ratios"))
@@ -270,7 +270,7 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
         all_runs = _read_probe_runs(lake)
         png = plots.loss_curves(all_runs) if all_runs.height else None
         meta = {"runs": md_table(pl.DataFrame(finals)), "runs_in_this_launch": len(runs),
-                "probe_points_in_lake": all_runs.height, "world_size": run.result["world_size"], **run.metadata()}
+                "probe_points_in_lake": all_runs.height, "world_size": run.result["world_size"], "parallelism": run.result.get("parallelism", "data"), **run.metadata()}
         if png:
             meta["loss_curves"] = image(png, "validation loss vs CPT tokens")
         return dg.MaterializeResult(metadata=meta, data_version=_partition_versions(context, per_key))

@@ -74,6 +74,9 @@ class DataParallel:
     launcher_group: Optional[int] = None
     """Process group id of the accelerate/torchrun launcher (None: not started by one), which
     ``kill_launch`` kills."""
+    is_solo: bool = False
+    """True for ``solo()``'s view: this rank trains a run alone (world 1, the whole global batch,
+    no gradient all-reduce), while the launch's other ranks train other runs."""
 
     @classmethod
     def start(cls, global_batch: int) -> "DataParallel":
@@ -85,6 +88,38 @@ class DataParallel:
         # process group, recorded now while the launcher is surely this rank's parent
         group = os.getpgid(os.getppid()) if "TORCHELASTIC_RUN_ID" in os.environ else None
         return cls(*data_parallel(global_batch), launcher_group=group)
+
+    def solo(self) -> "DataParallel":
+        """This rank as a world of its own: world 1, rank 0, ``local_batch`` = the global batch; the
+        model is not wrapped for data parallelism, so training exchanges no gradients and ``barrier``
+        and the sums are local. Used to train independent runs on different ranks of one launch
+        (``ops.mixture.probe``, parallelism "runs"). ``kill_launch`` still kills the whole launch."""
+        import dataclasses
+
+        return dataclasses.replace(self, world=1, rank=0, local_batch=self.local_batch * self.world, is_solo=True)
+
+    def prepare(self, model, optimizer):
+        """``(model, optimizer)`` ready to train: accelerate's ``prepare`` (data-parallel wrapper),
+        or for a solo rank the model moved to this rank's device with the optimizer's state following."""
+        if not self.is_solo:
+            return self.acc.prepare(model, optimizer)
+        model.to(self.acc.device)
+        optimizer.load_state_dict(optimizer.state_dict())        # casts Adam moments to the parameters' device
+        return model, optimizer
+
+    def backward(self, loss) -> None:
+        if self.is_solo:
+            loss.backward()
+        else:
+            self.acc.backward(loss)
+
+    def clip_grad_norm_(self, parameters, max_norm: float):
+        """Clip the global gradient norm to ``max_norm`` (accelerate's, or torch's for a solo rank)."""
+        if self.is_solo:
+            import torch
+
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return self.acc.clip_grad_norm_(parameters, max_norm)
 
     def kill_launch(self) -> None:
         """SIGKILL the whole launch, as a node preemption would: the launcher's process group (when
@@ -116,7 +151,8 @@ class DataParallel:
         return rows[self.rank * self.local_batch:(self.rank + 1) * self.local_batch]
 
     def barrier(self) -> None:
-        self.acc.wait_for_everyone()
+        if not self.is_solo:
+            self.acc.wait_for_everyone()
 
     def all_sum(self, tensor):
         """``tensor`` summed over the ranks, in place."""
@@ -137,7 +173,7 @@ class DataParallel:
         return [r for p in parts for r in p]
 
     def unwrap(self, model):
-        return self.acc.unwrap_model(model)
+        return model if self.is_solo else self.acc.unwrap_model(model)
 
 
 # --------------------------------------------------------------------------- optimizer and schedules
@@ -267,7 +303,7 @@ class Trainer:
             log(f"{name}: resumed at step {state.step}")
         elif state is not None and state.skipped:
             log(f"{name}: {state.skipped}; starting from step 0")
-        self.model, self.optimizer = dp.acc.prepare(model, optimizer)
+        self.model, self.optimizer = dp.prepare(model, optimizer)
 
     @property
     def unwrapped(self):
@@ -282,13 +318,13 @@ class Trainer:
         self.model.train()
         for step in range(self.step, stop):
             ids, mask = self.batches.take(step)
-            x = torch.from_numpy(np.ascontiguousarray(self.dp.local(ids)))
-            mk = torch.from_numpy(np.ascontiguousarray(self.dp.local(mask)))
+            x = torch.from_numpy(np.ascontiguousarray(self.dp.local(ids))).to(self.dp.acc.device)
+            mk = torch.from_numpy(np.ascontiguousarray(self.dp.local(mask))).to(self.dp.acc.device)
             loss = self.loss(self.model, x, mk)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{self.name}: non-finite training loss {loss.item()} at step {step}")
-            self.dp.acc.backward(loss)
-            self.dp.acc.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+            self.dp.backward(loss)
+            self.dp.clip_grad_norm_(self.model.parameters(), self.clip_norm)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -66,6 +66,51 @@ first seed covers the whole grid. Repeating only these keeps the main job's mixt
 its 6-minute budget on 2 cores (a second seed everywhere costs as much again as the whole grid)."""
 
 
+PARALLELISMS: tuple[str, ...] = ("auto", "runs", "data")
+"""The values of ``ProbePlan.parallelism``."""
+
+DATA_PARALLEL_EFFICIENCY: float = 0.75
+"""Speedup of data parallelism over one process, per rank, for the probe sizes on CPU: one CPT run
+of ``l`` took 25.5 s on one process and ~16 s on the embedded profile's 2 ranks (1.5x of 2x;
+measured 2026-12-03, docs/mixture.md "Known limits"). ``choose_parallelism`` compares with it."""
+
+
+def run_cost(plan: "ProbePlan", run: dict, vocab_size: int) -> float:
+    """Estimated training FLOPs of one run (relative units for scheduling only): 6 x (non-embedding
+    parameters 12 n_layer n_embd^2 + the tied output layer vocab_size n_embd) x its tokens (the
+    base phase: ``base_tokens``; a CPT run: its own ``tokens`` or ``cpt_tokens``)."""
+    shape = plan.sizes[run["size"]]
+    n = 12 * shape["n_layer"] * shape["n_embd"] ** 2 + vocab_size * shape["n_embd"]
+    tokens = plan.base_tokens if plan.phase == "base" else (run.get("tokens") or plan.cpt_tokens)
+    return 6.0 * n * float(tokens)
+
+
+def assign_runs(costs: list[float], ranks: int) -> list[list[int]]:
+    """Longest-processing-time-first assignment of runs (by index) to ``ranks`` ranks: the costliest
+    run goes to the least-loaded rank, ties to the lower rank. Deterministic; each rank's list is in
+    the plan's order. Raises ValueError when ``ranks`` < 1."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    loads, out = [0.0] * ranks, [[] for _ in range(ranks)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(ranks), key=lambda r: (loads[r], r))
+        loads[r] += costs[i]
+        out[r].append(i)
+    return [sorted(x) for x in out]
+
+
+def choose_parallelism(costs: list[float], ranks: int, requested: str = "auto") -> str:
+    """``requested`` unless "auto"; then "runs" when the longest rank's load under ``assign_runs``
+    is below the data-parallel estimate sum(costs) / (ranks x ``DATA_PARALLEL_EFFICIENCY``), else
+    "data". One rank: "data" (nothing to share)."""
+    if requested != "auto":
+        return requested
+    if ranks <= 1 or not costs:
+        return "data"
+    makespan = max(sum(costs[i] for i in idx) for idx in assign_runs(costs, ranks))
+    return "runs" if makespan < sum(costs) / (ranks * DATA_PARALLEL_EFFICIENCY) else "data"
+
+
 @dataclass
 class ProbePlan(JsonSpec):
     """The spec of one probe launch. Token counts are in tokens (not sequences); ``global_batch`` in
@@ -112,6 +157,13 @@ class ProbePlan(JsonSpec):
     """Validation blocks per domain sub-domain; the domain loss is their token-weighted mean."""
     seed: int = 0
     """Weight initialisation and data order."""
+    parallelism: str = "auto"
+    """How the launch's ranks share its runs: "data" (every rank takes a slice of every run's
+    global batch, gradients all-reduced), "runs" (each rank trains whole runs alone, assigned by
+    ``assign_runs``), or "auto": "runs" when its estimated makespan beats data parallelism at
+    ``DATA_PARALLEL_EFFICIENCY`` (``choose_parallelism``). Same global batch, data order and
+    optimizer either way: a run's numbers agree up to float rounding, and its fingerprint does not
+    depend on it."""
 
     BASE_FIELDS = ("seq_len", "global_batch", "base_tokens", "base_lr", "warmup_steps", "weight_decay",
                    "val_seqs_general", "val_seqs_per_subdomain", "seed")
@@ -124,6 +176,7 @@ class ProbePlan(JsonSpec):
 
         require("probe", self, [
             ("phase", self.phase in ("base", "cpt"), "'base' or 'cpt'"),
+            ("parallelism", self.parallelism in PARALLELISMS, " or ".join(map(repr, PARALLELISMS))),
             *((k, getattr(self, k) >= 1, ">= 1") for k in ("seq_len", "base_tokens", "cpt_tokens", "first_checkpoint",
                                                            "val_seqs_general", "val_seqs_per_subdomain")),
             *((k, getattr(self, k) > 0, "> 0") for k in ("base_lr", "cpt_lr")),
@@ -348,17 +401,25 @@ def run(plan: ProbePlan, out: Path, fingerprint: str, pipes) -> Optional[dict]:
 
     quiet_transformers()
     dp = DataParallel.start(plan.global_batch)
-    probe = _Probe(plan, dp, pipes)
+    vocab = json.loads((Path(plan.data_dir) / "manifest.json").read_text())["vocab_size"]
+    costs = [run_cost(plan, r, vocab) for r in plan.runs]
+    mode = choose_parallelism(costs, dp.world, plan.parallelism)
+    mine = assign_runs(costs, dp.world)[dp.rank] if mode == "runs" else list(range(len(plan.runs)))
+    worker = dp.solo() if mode == "runs" else dp
+    probe = _Probe(plan, worker, pipes)
     pipes.log.info(f"probe {plan.phase}: world_size={dp.world} distributed_type={dp.acc.distributed_type} "
-                   f"local_batch={dp.local_batch} runs={[r['key'] for r in plan.runs]}")
+                   f"parallelism={mode} local_batch={worker.local_batch} "
+                   f"runs={[plan.runs[i]['key'] for i in mine]}")
     dp.record(plan.out_dir if plan.phase == "cpt" else plan.base_dir)
-    progress = Progress(len(plan.runs), f"probe {plan.phase}", pipes.log.info if dp.rank == 0 else (lambda _l: None),
-                        every_s=0.0, unit="runs")
+    progress = Progress(len(mine), f"probe {plan.phase} (rank {dp.rank})", pipes.log.info, every_s=0.0, unit="runs")
     results = {}
-    for r in plan.runs:
+    for i in mine:
+        r = plan.runs[i]
         results[r["key"]] = (probe.base if plan.phase == "base" else probe.cpt)(r, out)
         progress.update()
-    return {**dp.describe(), "phase": plan.phase, "runs": results} if dp.rank == 0 else None
+    if mode == "runs":                          # every rank's records on every rank (also the barrier)
+        results = dict(dp.gather(list(results.items())))
+    return {**dp.describe(), "parallelism": mode, "phase": plan.phase, "runs": results} if dp.rank == 0 else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -177,3 +177,75 @@ def test_seeds_train_distinct_runs_from_one_base(tmp_path):
     assert [p["tokens"] for p in c["points"]] == [0, 128, 256]
     assert c["points"][1:] == b["points"][1:3]                               # same seed: the same data, cut at its budget
     assert (tmp_path / "runs" / "xs_r0.500_s1" / "metrics.json").exists() and (tmp_path / "runs" / "xs_r0.500_s1_D256").exists()
+
+
+def test_runs_are_assigned_longest_first_and_auto_picks_by_makespan():
+    from ops.mixture.probe import DATA_PARALLEL_EFFICIENCY, assign_runs, choose_parallelism, run_cost
+
+    assert assign_runs([7.0, 25.0, 7.0, 25.0, 12.0], 2) == [[1, 4], [0, 2, 3]]       # loads 37 / 39 (LPT)
+    assert assign_runs([1.0], 3) == [[0], [], []]
+    with pytest.raises(ValueError, match="ranks must be >= 1"):
+        assign_runs([1.0], 0)
+    assert choose_parallelism([5.0, 5.0], 2) == "runs"            # makespan 5 < 10 / 1.5
+    assert choose_parallelism([10.0], 2) == "data"                # one run: one rank would idle
+    assert choose_parallelism([10.0, 1.0], 2) == "data"           # 10 > 11 / 1.5: too unbalanced
+    assert choose_parallelism([10.0, 1.0], 2, "runs") == "runs" and choose_parallelism([5.0, 5.0], 1) == "data"
+    assert DATA_PARALLEL_EFFICIENCY == 0.75
+    plan = ProbePlan(phase="cpt", data_dir="", base_dir="", out_dir="", cpt_tokens=1000)
+    xs = plan.sizes["xs"]
+    assert run_cost(plan, {"size": "xs"}, 300) == 6.0 * (12 * xs["n_layer"] * xs["n_embd"] ** 2 + 300 * xs["n_embd"]) * 1000
+    assert run_cost(plan, {"size": "xs", "tokens": 500}, 300) == run_cost(plan, {"size": "xs"}, 300) / 2
+    with pytest.raises(ValueError, match="parallelism"):
+        ProbePlan(phase="cpt", data_dir="", base_dir="", out_dir="", parallelism="model").validate()
+
+
+def _launch2(plan: Path, **extra_env) -> subprocess.CompletedProcess:
+    """The worker on 2 CPU ranks, started as ComputeResource starts it (accelerate launch -m)."""
+    from ops.launcher import Launcher
+
+    lz = Launcher(num_processes=2)
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_PIPES_CONTEXT"}
+    cmd = lz.command("ops.mixture.probe", ["--spec", str(plan), "--out", str(plan.with_suffix(".run")), "--fingerprint", "fp"],
+                     module=True)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, start_new_session=True,  # own group:
+                          env={**env, **lz.env(), "ACCELERATE_USE_CPU": "true", **extra_env})  # fault injection kills it
+
+
+def test_two_ranks_train_whole_runs_to_the_data_parallel_result_and_resume(tmp_path):
+    """parallelism "runs" on 2 ranks: each rank trains whole runs alone (world 1 in each record) and
+    rank 0's result holds every run; the losses equal those of the same runs trained data-parallel
+    over both ranks (same global batch and data order; float rounding only). A launch killed after
+    2 checkpoints resumes its runs to the uninterrupted result."""
+    data = _tiny_streams(tmp_path)
+    assert _launch(_plan(tmp_path, data, "runs", "base")).returncode == 0
+    spec = json.loads(_plan(tmp_path, data, "runs", "cpt").read_text())
+    spec["runs"] = [{"size": "xs", "ratio": 0.5, "key": "a", "seed": 0}, {"size": "xs", "ratio": 0.5, "key": "b", "seed": 1},
+                    {"size": "xs", "ratio": 0.25, "key": "c", "seed": 0}]
+    results = {}
+    for mode in ("data", "runs"):
+        p = tmp_path / f"{mode}-cpt.json"
+        p.write_text(json.dumps({**spec, "out_dir": str(tmp_path / mode), "parallelism": mode}))
+        r = _launch2(p)
+        assert r.returncode == 0, r.stderr[-3000:]
+        results[mode] = json.loads((tmp_path / f"{mode}-cpt.run" / "result.json").read_text())
+    d, w = results["data"], results["runs"]
+    assert (d["parallelism"], w["parallelism"], d["world_size"], w["world_size"]) == ("data", "runs", 2, 2)
+    assert sorted(w["runs"]) == ["a", "b", "c"]
+    assert {w["runs"][k]["world_size"] for k in "abc"} == {1} and {d["runs"][k]["world_size"] for k in "abc"} == {2}
+    for k in "abc":
+        for pd, pw in zip(d["runs"][k]["points"], w["runs"][k]["points"], strict=True):
+            assert pw["tokens"] == pd["tokens"]
+            assert pw["loss_general"] == pytest.approx(pd["loss_general"], rel=1e-4)
+            assert pw["loss_domain"] == pytest.approx(pd["loss_domain"], rel=1e-4)
+    # killed after 2 checkpoints of a run (either rank): every run resumes to the same numbers
+    p = tmp_path / "crash-cpt.json"
+    p.write_text(json.dumps({**spec, "out_dir": str(tmp_path / "crash"), "parallelism": "runs"}))
+    crashed = _launch2(p, CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS="2")
+    assert crashed.returncode != 0 and "fault injection" in crashed.stderr
+    assert not (tmp_path / "crash-cpt.run" / "result.json").exists()
+    resumed = _launch2(p)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed at step" in resumed.stderr
+    got = json.loads((tmp_path / "crash-cpt.run" / "result.json").read_text())["runs"]
+    for k in "abc":
+        assert [q["loss_domain"] for q in got[k]["points"]] == pytest.approx([q["loss_domain"] for q in w["runs"][k]["points"]], rel=1e-5)
