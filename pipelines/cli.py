@@ -150,7 +150,7 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
         for name, label in (("mixture_data_job", "mixture: corpora + tokenizer"),
                             ("cpt_base_job", "mixture: base models (all sizes, one launch)"),
                             ("cpt_probe_job", "mixture: CPT probe runs (all partitions, one launch)"),
-                            ("mixture_job", "mixture: D-CPT law fit + mixture plan")):
+                            ("mixture_job", "mixture: D-CPT law fit, mixture plan, closed-loop validation")):
             j = job(name)
             keys = j.partitions_def.get_partition_keys() if j.partitions_def else None
             if not _run(j, instance, label, loggers, partition_range=(keys[0], keys[-1]) if keys else None):
