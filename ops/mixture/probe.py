@@ -31,7 +31,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 
@@ -128,6 +128,13 @@ class ProbePlan(JsonSpec):
     """[{"size": "xs", "ratio": 0.25, "key": "...", "seed": 0, "tokens": None}]: ``seed`` (int >= 0,
     default 0) is a CPT run's data-order seed, ``tokens`` (int >= 1, default ``cpt_tokens``) its
     own CPT budget D; both are ignored by the base phase."""
+    parallelism: Literal["auto", "runs", "data"] = "auto"
+    """How the launch's ranks share its runs: "data" (every rank takes a slice of every run's
+    global batch, gradients all-reduced), "runs" (each rank trains whole runs alone, assigned by
+    ``assign_runs``), or "auto": "runs" when its estimated makespan beats data parallelism at
+    ``DATA_PARALLEL_EFFICIENCY`` (``choose_parallelism``). Same global batch, data order and
+    optimizer either way: a run's numbers agree up to float rounding, and its fingerprint does not
+    depend on it."""
     sizes: dict = field(default_factory=lambda: dict(SIZES))
     """Probe size name -> GPT-2 shape ``{n_embd, n_layer, n_head}`` (n_embd a multiple of n_head)."""
     seq_len: int = 128
@@ -157,14 +164,6 @@ class ProbePlan(JsonSpec):
     """Validation blocks per domain sub-domain; the domain loss is their token-weighted mean."""
     seed: int = 0
     """Weight initialisation and data order."""
-    parallelism: str = "auto"
-    """How the launch's ranks share its runs: "data" (every rank takes a slice of every run's
-    global batch, gradients all-reduced), "runs" (each rank trains whole runs alone, assigned by
-    ``assign_runs``), or "auto": "runs" when its estimated makespan beats data parallelism at
-    ``DATA_PARALLEL_EFFICIENCY`` (``choose_parallelism``). Same global batch, data order and
-    optimizer either way: a run's numbers agree up to float rounding, and its fingerprint does not
-    depend on it."""
-
     BASE_FIELDS = ("seq_len", "global_batch", "base_tokens", "base_lr", "warmup_steps", "weight_decay",
                    "val_seqs_general", "val_seqs_per_subdomain", "seed")
     CPT_FIELDS = ("cpt_tokens", "first_checkpoint", "cpt_lr", "cpt_warmup_steps")
