@@ -28,11 +28,11 @@ def stream_losses(model, streams: dict[str, np.ndarray], dp, batch: int = 16) ->
     out = {}
     for name, blocks in streams.items():
         mine = blocks[dp.rank::dp.world]
-        s = torch.zeros(2, dtype=torch.float64)
+        s = torch.zeros(2, dtype=torch.float64, device=model.device)   # gloo on CPU, NCCL on GPU
         for i in range(0, len(mine), batch):
             x = torch.from_numpy(np.asarray(mine[i:i + batch], dtype=np.int64)).to(model.device)
             logits = model(input_ids=x).logits[:, :-1]
-            s[0] += float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum").double())
+            s[0] += F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum").double()
             s[1] += x[:, 1:].numel()
         dp.all_sum(s)
         out[name] = float(s[0] / s[1])
