@@ -31,7 +31,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 import numpy as np
 
@@ -66,7 +66,8 @@ first seed covers the whole grid. Repeating only these keeps the main job's mixt
 its 6-minute budget on 2 cores (a second seed everywhere costs as much again as the whole grid)."""
 
 
-PARALLELISMS: tuple[str, ...] = ("auto", "runs", "data")
+Parallelism = Literal["auto", "runs", "data"]
+PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
 """The values of ``ProbePlan.parallelism``."""
 
 DATA_PARALLEL_EFFICIENCY: float = 0.75
@@ -128,7 +129,7 @@ class ProbePlan(JsonSpec):
     """[{"size": "xs", "ratio": 0.25, "key": "...", "seed": 0, "tokens": None}]: ``seed`` (int >= 0,
     default 0) is a CPT run's data-order seed, ``tokens`` (int >= 1, default ``cpt_tokens``) its
     own CPT budget D; both are ignored by the base phase."""
-    parallelism: Literal["auto", "runs", "data"] = "auto"
+    parallelism: Parallelism = "auto"
     """How the launch's ranks share its runs: "data" (every rank takes a slice of every run's
     global batch, gradients all-reduced), "runs" (each rank trains whole runs alone, assigned by
     ``assign_runs``), or "auto": "runs" when its estimated makespan beats data parallelism at
