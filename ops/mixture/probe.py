@@ -260,11 +260,11 @@ class _Probe:
     """What every run of one launch shares: the plan, the ranks, the manifest and the validation
     blocks (general, and each sub-domain with at least one block)."""
 
-    def __init__(self, plan: ProbePlan, dp, pipes):
+    def __init__(self, plan: ProbePlan, dp, pipes, manifest: dict):
         from ops.lm.data import first_blocks
 
         self.plan, self.dp, self.pipes, self.log = plan, dp, pipes, pipes.log.info
-        self.manifest = json.loads((Path(plan.data_dir) / "manifest.json").read_text())
+        self.manifest = manifest
         self.val = {"general": first_blocks(self.load("general_val"), plan.seq_len, plan.val_seqs_general)}
         for s in self.manifest["subdomains"]:
             blocks = first_blocks(self.load(f"domain_{s}_val"), plan.seq_len, plan.val_seqs_per_subdomain)
@@ -401,12 +401,12 @@ def run(plan: ProbePlan, out: Path, fingerprint: str, pipes) -> Optional[dict]:
 
     quiet_transformers()
     dp = DataParallel.start(plan.global_batch)
-    vocab = json.loads((Path(plan.data_dir) / "manifest.json").read_text())["vocab_size"]
-    costs = [run_cost(plan, r, vocab) for r in plan.runs]
+    manifest = json.loads((Path(plan.data_dir) / "manifest.json").read_text())
+    costs = [run_cost(plan, r, manifest["vocab_size"]) for r in plan.runs]
     mode = choose_parallelism(costs, dp.world, plan.parallelism)
     mine = assign_runs(costs, dp.world)[dp.rank] if mode == "runs" else list(range(len(plan.runs)))
     worker = dp.solo() if mode == "runs" else dp
-    probe = _Probe(plan, worker, pipes)
+    probe = _Probe(plan, worker, pipes, manifest)
     pipes.log.info(f"probe {plan.phase}: world_size={dp.world} distributed_type={dp.acc.distributed_type} "
                    f"parallelism={mode} local_batch={worker.local_batch} "
                    f"runs={[plan.runs[i]['key'] for i in mine]}")
