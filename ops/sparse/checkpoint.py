@@ -190,8 +190,7 @@ def _fill(t, ids, rows, seen, sightings: dict, step: int, evicted: int, history)
     _reset(t)
     t.step = step
     r = t.insert(ids, rows[:, :t.dim], rows[:, t.dim:])
-    for row, s in zip(r.tolist(), seen.tolist()):
-        t.last_seen[row] = s
+    t.seen_step[r.numpy()] = seen.numpy()
     t.evicted = evicted
     t.sightings = sightings
     t.size_history = [tuple(x) for x in history]
@@ -248,7 +247,8 @@ def save_shard(ec: EmbeddingCollection, folder: str | Path, rank: int | None = N
     contradict a sharded collection's, or when a table holds a key another rank owns."""
     rank, world = _rank_world(ec, rank, world, "save_shard", "save")
     for name, t in ec.tables.items():
-        foreign = [k for k in t.row_of if k % world != rank]
+        keys = t.id_by_row[t.live_rows()]                       # insertion order
+        foreign = keys[keys % world != rank].tolist()
         if foreign:
             raise ValueError(f"save_shard: table {name!r} holds key {foreign[0]}, owned by rank {foreign[0] % world} of {world} "
                              f"({SHARDING}), not {rank}")

@@ -3,19 +3,26 @@ growable blocks, each row = [embedding (dim) | optimizer state]; no fixed vocabu
 modulo a size, so two IDs never share a row. Admission decides when an unseen ID gets a row;
 eviction frees rows of IDs unseen for ``n`` steps (slots are reused).
 
+The map is a vectorised open-addressing hash map (``ops.sparse.idmap.IdMap``) and the per-row
+bookkeeping (ID, last-seen step, insertion order) is numpy arrays indexed by row, so a batch's lookup,
+admission, last-seen update and eviction are a few array operations, not one Python dict access per
+ID. Gather and scatter copy whole rows block by block after one sort of the row indices.
+
 Row initialisation is a function of (seed, ID) only (a SplitMix64 counter hash), so a row's initial
 value does not depend on insertion order, process, or shard.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import repeat
+from operator import index
 
 import numpy as np
 import torch
 
 from .data import ID_BITS
+from .idmap import IdMap, splitmix64
 
 
 class SparseInputError(ValueError):
@@ -94,14 +101,7 @@ def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "") -> torch.Te
 
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+_splitmix = splitmix64          # the counter hash of init_rows and of the id map's slots (ops.sparse.idmap)
 
 
 def init_rows(ids: torch.Tensor, dim: int, seed: int, scale: float) -> torch.Tensor:
@@ -113,6 +113,81 @@ def init_rows(ids: torch.Tensor, dim: int, seed: int, scale: float) -> torch.Ten
     return torch.from_numpy(((2 * u - 1) * scale).astype(np.float32))
 
 
+def _records(a: np.ndarray) -> np.ndarray:
+    """A 2-D array [n, c] whose last axis is contiguous, as a 1-D view [n] of opaque c-element
+    records: fancy indexing then copies whole rows (memcpy) instead of element by element."""
+    return a.view(np.dtype((np.void, a.shape[1] * a.itemsize)))[:, 0]
+
+
+def _int64s(x) -> np.ndarray:
+    """Ids or rows (a torch tensor or array-like, 1-D) as a contiguous int64 numpy array [n]."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to(torch.int64).contiguous().numpy()
+    return np.ascontiguousarray(x, dtype=np.int64).reshape(-1)
+
+
+class _TableView(Mapping):
+    """A read-only dict view of a table's per-row arrays: what ``row_of`` (id -> row), ``id_of``
+    (row -> id) and ``last_seen`` (row -> step) were when they were dicts. Iteration follows insertion
+    order, as a dict's did; one key reads the arrays (the id map for ``row_of``), iterating is O(n)."""
+
+    def __init__(self, table: DynamicTable, kind: str):
+        self._t, self._kind = table, kind
+
+    def _row(self, key) -> int:
+        """The live row a key names (a row for id_of / last_seen, an id for row_of); KeyError if none."""
+        t = self._t
+        try:
+            k = index(key)
+            if self._kind == "row_of":
+                r = int(t.id_map.get(np.array([k], dtype=np.int64))[0]) if 0 <= k < 1 << 63 else -1
+            else:
+                r = k if 0 <= k < min(t.n_rows, len(t.id_by_row)) and t.id_by_row[k] >= 0 else -1
+        except (TypeError, OverflowError):
+            r = -1
+        if r < 0:
+            raise KeyError(key)
+        return r
+
+    def _by_row(self) -> np.ndarray:
+        """The per-row array holding the values of an id_of / last_seen view."""
+        return self._t.id_by_row if self._kind == "id_of" else self._t.seen_step
+
+    def __getitem__(self, key) -> int:
+        r = self._row(key)
+        return r if self._kind == "row_of" else int(self._by_row()[r])
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys int64 [n], values int64 [n]) in insertion order."""
+        rows = self._t.live_rows()
+        if self._kind == "row_of":
+            return self._t.id_by_row[rows], rows
+        return rows, self._by_row()[rows]
+
+    def __iter__(self):
+        return iter(self._arrays()[0].tolist())
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def values(self) -> list[int]:
+        return self._arrays()[1].tolist()
+
+    def items(self) -> list[tuple[int, int]]:
+        k, v = self._arrays()
+        return list(zip(k.tolist(), v.tolist()))
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+class _LastSeenView(_TableView):
+    """``last_seen``: also settable for a live row (``t.last_seen[row] = step``)."""
+
+    def __setitem__(self, row, step) -> None:
+        self._t.seen_step[self._row(row)] = step
+
+
 class DynamicTable:
     """An embedding table keyed by arbitrary non-negative int64 IDs (the whole range [0, 2**63)).
 
@@ -121,6 +196,13 @@ class DynamicTable:
         lives in the same row. admission: AdmitAll | AdmitAfter(k) | ReadOnly. eviction: None |
         EvictUnseen(n). block_rows: rows per storage block (the table grows a block at a time).
         init_scale: rows start Uniform(-init_scale, init_scale). seed: initialisation seed.
+
+    Bookkeeping: ``id_map`` the ID -> row map (``ops.sparse.idmap.IdMap``); numpy int64 arrays indexed
+    by row (at least ``n_rows`` long, grown geometrically): ``id_by_row`` the ID a row holds (-1: free or
+    never used), ``seen_step`` the last training step a live row was looked up in, ``insert_seq`` the
+    order in which live rows got their IDs (eviction frees stale rows in that order). ``row_of`` /
+    ``id_of`` / ``last_seen`` are dict views of these; ``sightings`` (not-yet-admitted ID -> count) is a
+    dict and ``free`` (freed rows, reused last freed first) a list.
     """
 
     def __init__(self, dim: int, optimizer, admission=AdmitAll(), eviction: EvictUnseen | None = None,
@@ -131,136 +213,253 @@ class DynamicTable:
         self.block_rows, self.init_scale, self.seed, self.name = block_rows, init_scale, seed, name
         self.width = dim + optimizer.state_width(dim)
         self.blocks: list[torch.Tensor] = []          # each [block_rows, width]
-        self.row_of: dict[int, int] = {}              # id -> row
-        self.id_of: dict[int, int] = {}               # row -> id
-        self.last_seen: dict[int, int] = {}           # row -> step
+        self.id_map = IdMap()                         # id -> row
+        self.id_by_row = np.full(0, -1, dtype=np.int64)
+        self.seen_step = np.zeros(0, dtype=np.int64)
+        self.insert_seq = np.zeros(0, dtype=np.int64)
+        self.n_inserted = 0                           # ids ever given a row (the next insert_seq)
         self.sightings: dict[int, int] = {}           # not-yet-admitted id -> count
         self.free: list[int] = []
         self.n_rows = 0                               # rows ever allocated (high-water mark)
         self.step = 0
+        self._views: dict[int, tuple] = {}            # block -> (tensor, full-row records, embedding records)
+        self._plan_memo: tuple | None = None          # (rows, plan) of the last read(): apply_gradients reuses it
         self.size_history: list[tuple[int, int]] = [(0, 0)]
         self.evicted = 0
 
     def __len__(self) -> int:
-        return len(self.row_of)
+        return len(self.id_map)
 
     @property
     def capacity(self) -> int:
         return len(self.blocks) * self.block_rows
 
+    @property
+    def row_of(self) -> _TableView:
+        """{id: row} of the live ids (a read-only view, insertion order)."""
+        return _TableView(self, "row_of")
+
+    @property
+    def id_of(self) -> _TableView:
+        """{row: id} of the live rows (a read-only view, insertion order)."""
+        return _TableView(self, "id_of")
+
+    @property
+    def last_seen(self) -> _LastSeenView:
+        """{row: last training step it was looked up in} of the live rows (a view; a live row's entry is settable)."""
+        return _LastSeenView(self, "last_seen")
+
+    def live_rows(self) -> np.ndarray:
+        """Rows int64 [len(self)] holding an id, in the order they got it (a dict's iteration order)."""
+        rows = np.flatnonzero(self.id_by_row[:self.n_rows] >= 0)
+        return rows[np.argsort(self.insert_seq[rows], kind="stable")]
+
     # -- storage ---------------------------------------------------------------------------------
     def _alloc(self) -> int:
-        return int(self._alloc_many(1)[0])
+        return int(self._alloc_rows(1)[0])
 
     def _alloc_many(self, n: int) -> torch.Tensor:
         """Rows [n] for n new ids: freed slots first (last freed first), then new rows at the high-water
         mark, growing by whole blocks. The same rows, in the same order, as n calls of ``_alloc``."""
+        return torch.from_numpy(self._alloc_rows(n))
+
+    def _alloc_rows(self, n: int) -> np.ndarray:
+        """``_alloc_many`` as int64 numpy [n]; also grows the per-row arrays to cover the new rows."""
         k = min(n, len(self.free))
-        reused = self.free[len(self.free) - k:][::-1]
+        reused = np.array(self.free[len(self.free) - k:][::-1], dtype=np.int64)
         del self.free[len(self.free) - k:]
-        fresh = torch.arange(self.n_rows, self.n_rows + n - k, dtype=torch.int64)
+        fresh = np.arange(self.n_rows, self.n_rows + n - k, dtype=np.int64)
         self.n_rows += n - k
         while self.capacity < self.n_rows:
             self.blocks.append(torch.zeros(self.block_rows, self.width))
-        return torch.cat([torch.tensor(reused, dtype=torch.int64), fresh])
+        if len(self.id_by_row) < self.n_rows:
+            grow = max(self.n_rows, 2 * len(self.id_by_row), 64) - len(self.id_by_row)
+            self.id_by_row = np.concatenate([self.id_by_row, np.full(grow, -1, dtype=np.int64)])
+            self.seen_step = np.concatenate([self.seen_step, np.zeros(grow, dtype=np.int64)])
+            self.insert_seq = np.concatenate([self.insert_seq, np.zeros(grow, dtype=np.int64)])
+        return np.concatenate([reused, fresh])
 
-    def _by_block(self, rows: torch.Tensor):
-        """(block, positions in ``rows``, offsets in the block) for each block the rows [n] touch: one
-        sort instead of one mask over all rows per block."""
-        blk, off = rows // self.block_rows, rows % self.block_rows
+    def _plan(self, rows: np.ndarray):
+        """How rows int64 [n] (each < capacity) lie in the blocks: (order, offsets, runs). ``order``
+        int64 [n]: positions of ``rows`` by ascending row (None: one block, rows as given);
+        ``offsets`` int64 [n]: the rows' offsets in their blocks, in that order; ``runs``: (block,
+        start, end) slices of that order, one per block touched. One sort, then a few array
+        operations per block (rows ascending within a block also read memory in order)."""
+        n, br = len(rows), self.block_rows
         if len(self.blocks) == 1:
-            yield 0, slice(None), off
+            return None, rows, [(0, 0, n)]
+        bits = max(1, (n - 1).bit_length())
+        if n and int(rows.max()) < 1 << (63 - bits):           # sort (row, position) pairs packed in one int64
+            key = np.sort((rows << bits) | np.arange(n, dtype=np.int64))
+            order, srt = key & ((1 << bits) - 1), key >> bits
+        else:
+            order = np.argsort(rows, kind="stable")
+            srt = rows[order]
+        blk = srt // br
+        cut = (np.flatnonzero(blk[1:] != blk[:-1]) + 1).tolist()
+        starts, ends = [0] + cut, cut + [n]
+        return order, srt - blk * br, [(int(blk[s]), s, e) for s, e in zip(starts, ends) if e > s]
+
+    def _plan_for(self, rows: np.ndarray, remember: bool = False):
+        """``_plan(rows)``, reusing the remembered plan of the same rows (``read`` remembers its rows'
+        plan for the ``apply_gradients`` of the same step; the plan depends on the rows only)."""
+        memo = self._plan_memo
+        if memo is not None and len(memo[0]) == len(rows) and np.array_equal(memo[0], rows):
+            return memo[1]
+        if not remember:
+            return self._plan(rows)
+        rows = rows.copy()                                     # a caller may change its rows tensor later
+        plan = self._plan(rows)
+        self._plan_memo = (rows, plan)
+        return plan
+
+    def _block_records(self, b: int, embedding_only: bool) -> np.ndarray:
+        """Block ``b`` as a record view [block_rows] of its full rows or of their embedding columns
+        (cached per block: making the view costs more than copying a few rows out of it)."""
+        blk = self.blocks[b]
+        v = self._views.get(b)
+        if v is None or v[0] is not blk:
+            a = blk.numpy()
+            v = self._views[b] = (blk, _records(a), _records(a[:, :self.dim]))
+        return v[2] if embedding_only else v[1]
+
+    def _gather_np(self, rows: np.ndarray, embedding_only: bool = False, plan=None) -> np.ndarray:
+        """Full rows [n, width] (or their embeddings [n, dim]) of rows int64 [n], as a new array."""
+        order, off, runs = self._plan(rows) if plan is None else plan
+        out = np.empty((len(rows), self.dim if embedding_only else self.width), dtype=self.blocks[0].numpy().dtype)
+        dst = _records(out)
+        for b, s, e in runs:
+            src = self._block_records(b, embedding_only)
+            if order is None:
+                dst[:] = src[off]
+            else:
+                dst[order[s:e]] = src[off[s:e]]
+        return out
+
+    def _scatter_np(self, rows: np.ndarray, values: torch.Tensor, plan=None) -> None:
+        """Write full rows ``values`` [n, width] to rows int64 [n] (distinct)."""
+        order, off, runs = self._plan(rows) if plan is None else plan
+        if not runs:
             return
-        order = torch.argsort(blk)
-        bs, counts = torch.unique_consecutive(blk[order], return_counts=True)
-        for b, pos in zip(bs.tolist(), torch.split(order, counts.tolist())):
-            yield b, pos, off[pos]
+        src = _records(values.detach().to(self.blocks[0].dtype).contiguous().numpy())
+        for b, s, e in runs:
+            dst = self._block_records(b, False)
+            if order is None:
+                dst[off] = src
+            else:
+                dst[off[s:e]] = src[order[s:e]]
 
     def _gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Full rows [n, width] (embedding + state) for row indices [n]."""
-        out = torch.empty(len(rows), self.width)
-        for b, pos, off in self._by_block(rows):
-            out[pos] = self.blocks[b][off]
-        return out
+        if not len(rows):
+            return torch.zeros(0, self.width)
+        return torch.from_numpy(self._gather_np(_int64s(rows)))
 
     def _scatter(self, rows: torch.Tensor, values: torch.Tensor) -> None:
-        for b, pos, off in self._by_block(rows):
-            self.blocks[b][off] = values[pos]
+        """Write full rows ``values`` [n, width] to row indices [n] (distinct)."""
+        if len(rows):
+            self._scatter_np(_int64s(rows), values)
 
     def insert(self, ids: torch.Tensor, weights: torch.Tensor | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
-        """Give rows to (new, unique) ``ids`` [n]; initialise them (or set weights/state). Returns rows [n]."""
-        rows = self._alloc_many(len(ids))
-        il, rl = ids.tolist(), rows.tolist()
-        self.row_of.update(zip(il, rl))
-        self.id_of.update(zip(rl, il))
-        self.last_seen.update(dict.fromkeys(rl, self.step))
+        """Give rows to (new, unique) ``ids`` [n]; initialise them (or set weights/state). Returns rows [n].
+        Raises ValueError (naming the table) for a negative id, an id given twice or one that already
+        has a row; then nothing changes."""
+        keys = _int64s(ids)
+        try:
+            self.id_map.check_new(keys)
+        except ValueError as e:
+            raise ValueError(f"table {self.name!r}: {e}") from e
+        return torch.from_numpy(self._insert(keys, weights, state))
+
+    def _insert(self, keys: np.ndarray, weights: torch.Tensor | None = None, state: torch.Tensor | None = None) -> np.ndarray:
+        """``insert`` of int64 ``keys`` [n] known to be new and distinct; rows int64 [n]."""
+        n = len(keys)
+        rows = self._alloc_rows(n)
+        self.id_map.insert(keys, rows, check=False)
+        self.id_by_row[rows] = keys
+        self.seen_step[rows] = self.step
+        self.insert_seq[rows] = np.arange(self.n_inserted, self.n_inserted + n, dtype=np.int64)
+        self.n_inserted += n
         if self.sightings:
-            for i in il:
+            for i in keys.tolist():
                 self.sightings.pop(i, None)
-        if len(ids):
-            w = init_rows(ids, self.dim, self.seed, self.init_scale) if weights is None else weights
-            s = self.optimizer.init_state(len(ids), self.dim) if state is None else state
-            self._scatter(rows, torch.cat([w, s], dim=1))
+        if n:
+            w = init_rows(torch.from_numpy(keys), self.dim, self.seed, self.init_scale) if weights is None else weights
+            s = self.optimizer.init_state(n, self.dim) if state is None else state
+            self._scatter_np(rows, torch.cat([w, s], dim=1))
         return rows
 
     # -- lookup ----------------------------------------------------------------------------------
     def rows_for(self, uids: torch.Tensor, train: bool) -> torch.Tensor:
         """Rows [n] of unique ids [n] (-1: no row). In training, counts sightings, admits per the
-        policy and marks the rows seen at the current step."""
-        ul = uids.tolist()
-        rows = torch.from_numpy(np.fromiter(map(self.row_of.get, ul, repeat(-1)), dtype=np.int64, count=len(ul)))
+        policy and marks the rows seen at the current step. Raises SparseInputError for a negative id."""
+        u = _int64s(uids)
+        if len(u) and u.min() < 0:
+            raise SparseInputError(f"table {self.name!r}: id {int(u[u < 0][0])} outside [0, 2**63)")
+        rows = self.id_map.get(u)
         if train:
-            missing = torch.nonzero(rows < 0).flatten()
-            if type(self.admission) is AdmitAll:          # every unseen id is admitted: no sighting counts
-                new = missing.tolist()
+            missing = np.flatnonzero(rows < 0)
+            if len(missing):
+                if type(self.admission) is AdmitAll:      # every unseen id is admitted: no sighting counts
+                    new = missing
+                else:
+                    admitted = []
+                    for k, i in zip(missing.tolist(), u[missing].tolist()):
+                        c = self.sightings.get(i, 0) + 1
+                        if self.admission.admit(c):
+                            admitted.append(k)
+                        else:
+                            self.sightings[i] = c
+                    new = np.array(admitted, dtype=np.int64)
+                if len(new):
+                    rows[new] = self._insert(u[new])
+                self.seen_step[rows[rows >= 0]] = self.step
             else:
-                new = []
-                for k in missing.tolist():
-                    i = ul[k]
-                    c = self.sightings.get(i, 0) + 1
-                    if self.admission.admit(c):
-                        new.append(k)
-                    else:
-                        self.sightings[i] = c
-            if new:
-                idx = torch.tensor(new, dtype=torch.int64)
-                rows[idx] = self.insert(uids[idx])
-            self.last_seen.update(dict.fromkeys(rows[rows >= 0].tolist(), self.step))
-        return rows
+                self.seen_step[rows] = self.step
+        return torch.from_numpy(rows)
 
     def read(self, rows: torch.Tensor) -> torch.Tensor:
         """Embeddings [n, dim] of rows [n]; row -1 reads zeros."""
-        out = torch.zeros(len(rows), self.dim)
-        ok = rows >= 0
-        if ok.any():
-            out[ok] = self._gather(rows[ok])[:, :self.dim]
+        r = _int64s(rows)
+        if len(r) and r.min() >= 0:
+            return torch.from_numpy(self._gather_np(r, True, self._plan_for(r, remember=True)))
+        out = torch.zeros(len(r), self.dim)
+        ok = np.flatnonzero(r >= 0)
+        if len(ok):
+            r = r[ok]
+            out[torch.from_numpy(ok)] = torch.from_numpy(self._gather_np(r, True, self._plan_for(r, remember=True)))
         return out
 
     def weights(self, ids) -> torch.Tensor:
         """Embeddings [n, dim] of table keys (namespaced ids; zeros for keys without a row); no side effects."""
         ids = check_ids(ids, self.name, bits=63)
-        return self.read(torch.tensor([self.row_of.get(i, -1) for i in ids.tolist()], dtype=torch.int64))
+        return self.read(torch.from_numpy(self.id_map.get(_int64s(ids))))
 
     # -- update ----------------------------------------------------------------------------------
     def apply_gradients(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
         """Sparse optimizer step on rows [n] (unique, -1 skipped) with gradients [n, dim]; other rows are untouched."""
-        ok = rows >= 0
-        rows, grads = rows[ok], grads[ok]
-        if len(rows):
-            full = self._gather(rows)
+        r = _int64s(rows)
+        if len(r) and r.min() < 0:
+            ok = np.flatnonzero(r >= 0)
+            r, grads = r[ok], grads[torch.from_numpy(ok)]
+        if len(r):
+            plan = self._plan_for(r)
+            full = torch.from_numpy(self._gather_np(r, plan=plan))
             w, s = self.optimizer.update(full[:, :self.dim], full[:, self.dim:], grads)
-            self._scatter(rows, torch.cat([w, s], dim=1))
+            self._scatter_np(r, torch.cat([w, s], dim=1), plan=plan)
 
     def end_step(self) -> int:
         """Advance the step counter, evict per policy, record the table size. Returns rows evicted."""
         self.step += 1
         n = 0
         if self.eviction is not None:
-            stale = [r for r, t in self.last_seen.items() if self.step - t > self.eviction.n_steps]
-            for r in stale:
-                del self.row_of[self.id_of.pop(r)]
-                del self.last_seen[r]
-                self.free.append(r)
+            held = self.id_by_row[:self.n_rows]
+            stale = np.flatnonzero((held >= 0) & (self.seen_step[:len(held)] < self.step - self.eviction.n_steps))
+            if len(stale):
+                stale = stale[np.argsort(self.insert_seq[stale], kind="stable")]   # as a dict by insertion
+                self.id_map.delete(self.id_by_row[stale])
+                self.id_by_row[stale] = -1
+                self.free.extend(stale.tolist())
             n = len(stale)
             self.evicted += n
         self.size_history.append((self.step, len(self)))
@@ -269,8 +468,9 @@ class DynamicTable:
     # -- checkpoint ------------------------------------------------------------------------------
     def live(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids [n] sorted, full rows [n, width], last_seen [n]) of the live rows only."""
-        ids = torch.tensor(sorted(self.row_of), dtype=torch.int64)
-        rows = torch.tensor([self.row_of[i] for i in ids.tolist()], dtype=torch.int64)
-        seen = torch.tensor([self.last_seen[r] for r in rows.tolist()], dtype=torch.int64)
-        full = self._gather(rows) if len(rows) else torch.zeros(0, self.width)
-        return ids, full, seen
+        rows = np.flatnonzero(self.id_by_row[:self.n_rows] >= 0)
+        ids = self.id_by_row[rows]
+        order = np.argsort(ids, kind="stable")
+        rows, ids = rows[order], ids[order]
+        full = torch.from_numpy(self._gather_np(rows)) if len(rows) else torch.zeros(0, self.width)
+        return torch.from_numpy(ids), full, torch.from_numpy(self.seen_step[rows])

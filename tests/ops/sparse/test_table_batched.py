@@ -1,7 +1,9 @@
-"""The batched storage paths of DynamicTable (batched allocation, block-grouped gather/scatter, C-level
-dict updates, the AdmitAll fast path) give the same rows, values and bookkeeping as the one-id-at-a-time
-rules they replace."""
+"""The batched storage paths of DynamicTable (batched allocation, block-grouped gather/scatter, the
+vectorised id map and per-row arrays, the AdmitAll fast path) give the same rows, values and bookkeeping
+as the one-id-at-a-time dict rules they replace."""
 
+import numpy as np
+import pytest
 import torch
 
 from ops.sparse.optim import SparseAdagrad
@@ -32,6 +34,20 @@ def test_gather_and_scatter_across_many_blocks_match_a_flat_reference():
     flat[rows] = vals
     assert torch.equal(torch.cat(t.blocks), flat)                   # untouched rows unchanged too
     assert torch.equal(t._gather(torch.tensor([], dtype=torch.int64)), torch.zeros(0, 6))
+    t.blocks = [b + 1 for b in t.blocks]                            # new block tensors: no stale cached view
+    assert torch.equal(t._gather(rows), flat[rows] + 1)
+
+
+def test_apply_gradients_after_read_uses_the_rows_it_is_given():
+    t = DynamicTable(2, SparseAdagrad(), block_rows=2)              # three blocks
+    t.insert(torch.tensor([1, 2, 3, 4, 5]))
+    rows = torch.tensor([0, 3])
+    t.read(rows)                                                    # remembers the plan of rows [0, 3]
+    before = t._gather(torch.arange(5))
+    rows[1] = 4                                                     # the caller changes its tensor in place
+    t.apply_gradients(rows, torch.ones(2, 2))
+    after = t._gather(torch.arange(5))
+    assert torch.equal(after[[1, 2, 3]], before[[1, 2, 3]]) and not torch.equal(after[4], before[4])
 
 
 def test_lookup_bookkeeping_and_admission_paths():
@@ -54,3 +70,80 @@ def test_lookup_bookkeeping_and_admission_paths():
     a.rows_for(torch.tensor([7]), train=True)
     assert a.sightings == {7: 1} and len(a) == 0
     assert a.rows_for(torch.tensor([7]), train=True).tolist() == [0] and a.sightings == {}
+
+
+class _DictTable:
+    """DynamicTable's bookkeeping as it was with Python dicts, one id at a time: the reference for the
+    array-based table. Dicts keep insertion order, so eviction frees stale rows in the order they got
+    their ids, and the free list is reused last-freed first."""
+
+    def __init__(self, admission, n_steps):
+        self.admission, self.n_steps = admission, n_steps
+        self.row_of, self.id_of, self.last_seen, self.sightings, self.free = {}, {}, {}, {}, []
+        self.n_rows = self.step = 0
+
+    def rows_for(self, ids, train):
+        rows = [self.row_of.get(i, -1) for i in ids]
+        if train:
+            for k, i in enumerate(ids):
+                if rows[k] < 0:
+                    c = self.sightings.get(i, 0) + 1
+                    if self.admission.admit(c):
+                        rows[k] = self.free.pop() if self.free else self.n_rows
+                        self.n_rows += rows[k] == self.n_rows
+                        self.row_of[i], self.id_of[rows[k]] = rows[k], i
+                        self.sightings.pop(i, None)
+                    else:
+                        self.sightings[i] = c
+            for r in rows:
+                if r >= 0:
+                    self.last_seen[r] = self.step
+        return rows
+
+    def end_step(self):
+        self.step += 1
+        stale = [r for r, t in self.last_seen.items() if self.step - t > self.n_steps]
+        for r in stale:
+            del self.row_of[self.id_of.pop(r)]
+            del self.last_seen[r]
+            self.free.append(r)
+        return len(stale)
+
+
+@pytest.mark.parametrize("admission,n_steps", [(AdmitAll(), 1), (AdmitAll(), 3), (AdmitAfter(2), 2)])
+def test_array_bookkeeping_matches_the_dict_rules_under_admission_and_eviction(admission, n_steps):
+    rng = np.random.default_rng(n_steps)
+    t = DynamicTable(2, SparseAdagrad(), admission=admission, eviction=EvictUnseen(n_steps), block_rows=3)
+    ref = _DictTable(admission, n_steps)
+    for step in range(80):
+        ids = np.unique(rng.integers(0, 60, int(rng.integers(1, 25)))) * 1_000_003 + (1 << 62)
+        train = step % 7 != 3
+        rows = t.rows_for(torch.from_numpy(ids), train=train)
+        assert rows.tolist() == ref.rows_for(ids.tolist(), train)
+        if train:
+            t.apply_gradients(rows, torch.ones(len(rows), 2))
+        assert t.end_step() == ref.end_step()
+        assert list(t.row_of.items()) == list(ref.row_of.items())          # same content, same (insertion) order
+        assert t.id_of == ref.id_of and t.last_seen == ref.last_seen and list(t.last_seen) == list(ref.last_seen)
+        assert t.free == ref.free and t.n_rows == ref.n_rows and t.sightings == ref.sightings and len(t) == len(ref.row_of)
+        ids_live, full, seen = t.live()
+        assert ids_live.tolist() == sorted(ref.row_of)
+        assert seen.tolist() == [ref.last_seen[ref.row_of[i]] for i in sorted(ref.row_of)]
+        assert torch.equal(full, t._gather(torch.tensor([ref.row_of[i] for i in sorted(ref.row_of)], dtype=torch.int64)))
+    assert t.evicted > 0 and ref.free                       # slots were freed and reused
+
+
+def test_dict_views_read_and_set_like_the_old_dicts():
+    t = DynamicTable(2, SparseAdagrad(), block_rows=2)
+    t.insert(torch.tensor([30, 10, 2**63 - 1]))
+    assert t.row_of[10] == 1 and t.row_of.get(11) is None and 2**63 - 1 in t.row_of and -5 not in t.row_of
+    assert 2**64 not in t.row_of and "x" not in t.row_of and 3 not in t.id_of
+    assert list(t.row_of) == [30, 10, 2**63 - 1] and t.row_of.values() == [0, 1, 2] and len(t.row_of) == 3
+    assert t.id_of[2] == 2**63 - 1 and t.row_of.keys() == {10, 30, 2**63 - 1}
+    t.last_seen[1] = 7
+    assert t.last_seen == {0: 0, 1: 7, 2: 0} and repr(t.last_seen) == "{0: 0, 1: 7, 2: 0}"
+    with pytest.raises(KeyError):
+        t.last_seen[5] = 1                                  # not a live row
+    with pytest.raises(ValueError, match="table 'table': id 10 already has a row"):
+        t.insert(torch.tensor([4, 10]))
+    assert len(t) == 3 and t.n_rows == 3                    # the failed insert changed nothing
