@@ -54,12 +54,41 @@ class FeatureSpec:
 def validate_batch(batch: dict, names: list[str]) -> int:
     """Check a batch has every feature with consistent shapes; returns the batch size B.
     Raises SparseInputError naming the feature (missing, empty batch, shape, lengths) or ID."""
+    return _validate(batch, names)[0]
+
+
+def _validate(batch: dict, names: list[str]) -> tuple[int, list[bool]]:
+    """``validate_batch``, also returning per feature (in ``names`` order) whether every bag is full
+    (``lengths == L`` for ids [B, L]). The lengths of all features are range-checked by one reduction
+    over their concatenation when they share L; any problem reruns the feature-by-feature checks,
+    which raise the error naming the first bad feature."""
     missing = [n for n in names if n not in batch]
     if missing:
         raise SparseInputError(f"batch is missing feature(s) {missing}; expected {names}")
-    size = None
-    for n in names:
-        ids, lengths = batch[n]
+    pairs = [batch[n] for n in names]
+    size = pairs[0][0].shape[0] if pairs and getattr(pairs[0][0], "ndim", 0) >= 1 else None
+    widths = set()
+    ok = size is not None and size > 0
+    for ids, lengths in pairs:
+        if not ok:
+            break
+        ok = (ids.ndim == 2 and isinstance(lengths, torch.Tensor) and lengths.ndim == 1
+              and ids.shape[0] == lengths.shape[0] == size)
+        widths.add(ids.shape[1] if ok else None)
+    if ok and len(widths) == 1:
+        width = widths.pop()
+        lens = pairs[0][1] if len(pairs) == 1 else torch.cat([p[1] for p in pairs])
+        lo, hi = torch.aminmax(lens)
+        lo, hi = int(lo), int(hi)
+        if 0 <= lo and hi <= width:
+            return size, [lo == hi == width] * len(pairs)
+    return _validate_slow(pairs, names)
+
+
+def _validate_slow(pairs: list, names: list[str]) -> tuple[int, list[bool]]:
+    """``_validate`` feature by feature (raises on the first bad feature)."""
+    size, full = None, []
+    for n, (ids, lengths) in zip(names, pairs):
         if ids.ndim != 2 or lengths.ndim != 1 or ids.shape[0] != lengths.shape[0]:
             raise SparseInputError(f"feature {n!r}: expected ids [B, L] and lengths [B], got {tuple(ids.shape)} and {tuple(lengths.shape)}")
         if ids.shape[0] == 0:
@@ -67,9 +96,47 @@ def validate_batch(batch: dict, names: list[str]) -> int:
         if size is not None and ids.shape[0] != size:
             raise SparseInputError(f"feature {n!r}: batch size {ids.shape[0]} != {size} of the other features")
         size = ids.shape[0]
-        if lengths.numel() and (lengths.min() < 0 or lengths.max() > ids.shape[1]):
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 0 or hi > ids.shape[1]:
             raise SparseInputError(f"feature {n!r}: lengths must be in [0, {ids.shape[1]}]")
-    return size
+        full.append(lo == hi == ids.shape[1])
+    return size, full
+
+
+class _Pool(torch.autograd.Function):
+    """Per feature of one table, the mean over each bag of the rows of ``leaf`` [U, dim] that
+    ``inverse`` [nnz] names; one output [B, dim] per entry of ``plan``. ``plan`` entries are
+    ``(start, end, seg, div)``: the feature's ids are ``inverse[start:end]`` (row-major), ``seg``
+    [end - start] their sample indices and ``div`` [B, 1] the bag sizes (clamped to >= 1) — both
+    None for single-valued features (every bag holds one id): the output is then a gather. Backward
+    adds each id's gradient to its row in position order (feature by feature, row-major), the order
+    and arithmetic of the autograd graph of indexing, ``index_add`` and division it replaces."""
+
+    @staticmethod
+    def forward(ctx, leaf, inverse, plan, size):
+        ctx.plan, ctx.shape = plan, leaf.shape
+        ctx.save_for_backward(inverse)
+        outs = []
+        for start, end, seg, div in plan:
+            e = leaf.index_select(0, inverse[start:end])
+            if seg is None:
+                outs.append(e)
+            else:
+                outs.append(torch.zeros(size, leaf.shape[1], dtype=leaf.dtype).index_add_(0, seg, e) / div)
+        return tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        (inverse,) = ctx.saved_tensors
+        g_leaf = torch.zeros(ctx.shape, dtype=grads[0].dtype)
+        for (start, end, seg, div), g in zip(ctx.plan, grads):
+            if seg is not None:
+                g = (g / div).index_select(0, seg)
+            g_leaf.index_add_(0, inverse[start:end], g.contiguous())   # a strided source adds slower
+        return g_leaf, None, None, None
 
 
 class EmbeddingCollection:
@@ -103,6 +170,7 @@ class EmbeddingCollection:
         self.lookups = 0
         self.lookups_uncoalesced = 0
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self._consts: dict[tuple, torch.Tensor] = {}    # tensors constant for a batch shape (_cached)
 
     def features_of(self, tname: str) -> list[str]:
         """The features a table serves, in slot order."""
@@ -132,48 +200,90 @@ class EmbeddingCollection:
             self._pending.append((tname, rows, leaf))
         return leaf
 
-    def _table_values(self, tname: str, batch: dict, size: int) -> tuple[torch.Tensor, list, list]:
-        """A table's namespaced ids in a batch: (ids [nnz] feature by feature, row-major; per feature the
-        sample index of each id [nnz_f]; per feature nnz_f)."""
-        vals, segs, counts = [], [], []
-        for f in self.features_of(tname):
+    def _cached(self, key: tuple, make):
+        """A tensor constant for a batch shape (aranges, segment ids, slot offsets), made once."""
+        t = self._consts.get(key)
+        if t is None:
+            if len(self._consts) > 256:
+                self._consts.clear()
+            t = self._consts[key] = make()
+        return t
+
+    def _table_values(self, tname: str, batch: dict, size: int, full: dict) -> tuple[torch.Tensor, list]:
+        """A table's namespaced ids in a batch and its pooling plan: (ids int64 [nnz] feature by
+        feature, row-major; per feature ``(start, end, seg, div)`` as ``_Pool`` takes it). ``full``:
+        feature -> every bag full (lengths == L). IDs are range-checked once on the concatenation
+        of the table's int64 ids; a bad one reruns the per-feature check, which names the feature."""
+        feats = self.features_of(tname)
+        flat, raw, plan, start = [], [], [], 0
+        fast = all(isinstance(batch[f][0], torch.Tensor) and batch[f][0].dtype == torch.int64 for f in feats)
+        for f in feats:
             ids, lengths = batch[f]
-            ids = self._check(ids, f)
-            mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
-            v = ids[mask]                                      # [nnz], row-major
-            segs.append(torch.repeat_interleave(torch.arange(size), lengths))
-            vals.append(v | (self.slot[f][1] << ID_BITS))
-            counts.append(len(v))
-        return torch.cat(vals), segs, counts
+            if not fast:
+                ids = self._check(ids, f)
+            width = ids.shape[1]
+            if full[f]:
+                v = ids.reshape(-1)
+                if width == 1:
+                    seg = div = None
+                else:
+                    seg = self._cached(("seg", size, width), lambda: torch.arange(size).repeat_interleave(width))
+                    div = self._cached(("div", size, width), lambda: torch.full((size, 1), float(max(width, 1))))
+            else:
+                mask = self._cached(("arange", width), lambda: torch.arange(width))[None, :] < lengths[:, None]
+                v = ids[mask]                                  # [nnz_f], row-major
+                seg = torch.repeat_interleave(self._cached(("arange", size), lambda: torch.arange(size)), lengths)
+                div = lengths.clamp(min=1).to(torch.get_default_dtype())[:, None]
+            flat.append(v)
+            raw.append(ids.reshape(-1))                        # padding included: every id is checked
+            plan.append((start, start + len(v), seg, div))
+            start += len(v)
+        allv = flat[0] if len(flat) == 1 else torch.cat(flat)
+        if fast:
+            bits = self.key_bits(tname)
+            held = allv if all(full[f] for f in feats) else raw[0] if len(raw) == 1 else torch.cat(raw)
+            if len(held):
+                lo, hi = torch.aminmax(held)
+                if int(lo) < 0 or (bits < 63 and int(hi) >= 1 << bits):
+                    for f in feats:                            # raises naming the first bad feature and id
+                        self._check(batch[f][0], f)
+        if len(feats) > 1:
+            counts = tuple(e - s for s, e, _, _ in plan)
+            slots = tuple(self.slot[f][1] for f in feats)
+            allv = allv | self._cached(("slots", counts, slots), lambda: torch.cat(
+                [torch.full((c,), s << ID_BITS, dtype=torch.int64) for c, s in zip(counts, slots)]))
+        return allv, plan                                      # one feature: slot 0 (may view the caller's ids)
 
     def unique_ids(self, batch: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per table, the unique namespaced ids a batch looks up (sorted, int64 [U]; the same order as the
         forward pass uses) and how many times each occurs in the batch (int64 [U]). No side effects: this
         is what a parameter-server worker asks the server for before its forward pass. Raises
         SparseInputError like ``__call__``."""
-        size = validate_batch(batch, list(self.features))
+        names = list(self.features)
+        size, full = _validate(batch, names)
+        full = dict(zip(names, full))
         out = {}
         for tname in self.tables:
-            uids, inverse = torch.unique(self._table_values(tname, batch, size)[0], return_inverse=True)
+            uids, inverse = torch.unique(self._table_values(tname, batch, size, full)[0], return_inverse=True)
             out[tname] = (uids, torch.bincount(inverse, minlength=len(uids)))
         return out
 
     def __call__(self, batch: dict, train: bool = True) -> dict[str, torch.Tensor]:
-        """Pooled embeddings ``{feature: [B, dim]}``. See the module docstring for the batch format."""
+        """Pooled embeddings ``{feature: [B, dim]}``. See the module docstring for the batch format.
+        Single-valued features (every length 1) pool by a gather; features whose bags are all full
+        (lengths == L) skip the padding mask; the result is the same either way."""
         names = list(self.features)
-        size = validate_batch(batch, names)
+        size, full = _validate(batch, names)
+        full = dict(zip(names, full))
         out = {}
         for tname in self.tables:
             feats = self.features_of(tname)
-            allv, segs, counts = self._table_values(tname, batch, size)
+            allv, plan = self._table_values(tname, batch, size, full)
             uids, inverse = torch.unique(allv, return_inverse=True)
-            emb = self._lookup_unique(tname, uids, train)[inverse]  # [nnz_total, dim]
+            leaf = self._lookup_unique(tname, uids, train)
             self.lookups += 1
             self.lookups_uncoalesced += len(feats)
-            for f, e, seg in zip(feats, torch.split(emb, counts), segs):
-                lengths = batch[f][1]
-                pooled = torch.zeros(size, e.shape[1]).index_add(0, seg, e)
-                out[f] = pooled / lengths.clamp(min=1).to(pooled.dtype)[:, None]
+            out.update(zip(feats, _Pool.apply(leaf, inverse, plan, size)))
         return out
 
     def apply_gradients(self) -> None:

@@ -216,3 +216,57 @@ def test_cpu_path_imports_without_torchrec():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[] (1, 2)"
+
+
+def _pooled_reference(ec, batch, name):
+    """Mean over each bag of the feature's rows, computed with plain torch from the table's weights."""
+    tname, slot = ec.slot[name]
+    ids, lengths = batch[name]
+    t = ec.tables[tname]
+    keys = ids if ec.key_bits(tname) == 63 else ids | (slot << 52)
+    rows = t.weights(keys.reshape(-1)).reshape(*ids.shape, t.dim)
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(rows.dtype)
+    return (rows * mask[..., None]).sum(1) / lengths.clamp(min=1).to(rows.dtype)[:, None]
+
+
+@pytest.mark.parametrize("kind", ["single", "uniform", "mixed", "mixed widths"])
+def test_pooling_fast_paths_match_plain_torch(kind):
+    g = torch.Generator().manual_seed(3)
+    B = 32
+    ec = EmbeddingCollection([FeatureSpec("a", dim=4), FeatureSpec("b", dim=4), FeatureSpec("c", dim=4, coalesce=False)])
+    if kind == "single":
+        batch = {n: (torch.randint(0, 40, (B, 1), generator=g), torch.ones(B, dtype=torch.int64)) for n in "abc"}
+    elif kind == "uniform":
+        batch = {n: (torch.randint(0, 40, (B, 3), generator=g), torch.full((B,), 3)) for n in "abc"}
+    elif kind == "mixed":
+        batch = {n: (torch.randint(0, 40, (B, 3), generator=g), torch.randint(0, 4, (B,), generator=g)) for n in "abc"}
+    else:
+        batch = {"a": (torch.randint(0, 40, (B, 1), generator=g), torch.ones(B, dtype=torch.int64)),
+                 "b": (torch.randint(0, 40, (B, 4), generator=g), torch.full((B,), 4)),
+                 "c": (torch.randint(0, 40, (B, 2), generator=g), torch.randint(0, 3, (B,), generator=g))}
+    out = ec(batch)                                      # admits every id
+    for n in "abc":
+        torch.testing.assert_close(out[n], _pooled_reference(ec, batch, n), rtol=1e-6, atol=1e-7)
+    # gradients: d(sum(out * w)) / d(row) = sum over the row's positions of w[b] / length[b]
+    w = {n: torch.randn(B, 4, generator=g) for n in "abc"}
+    sum((out[n] * w[n]).sum() for n in "abc").backward()
+    for tname, rows, leaf in ec._pending:
+        t = ec.tables[tname]
+        want = torch.zeros_like(leaf)
+        for n in ec.features_of(tname):
+            ids, lengths = batch[n]
+            keys = ids if ec.key_bits(tname) == 63 else ids | (ec.slot[n][1] << 52)
+            r = t.id_map.get(keys.reshape(-1).numpy())
+            pos = {int(x): i for i, x in enumerate(rows.tolist())}
+            for p, row in enumerate(r.tolist()):
+                b, j = divmod(p, ids.shape[1])
+                if j < lengths[b]:
+                    want[pos[row]] += w[n][b] / max(int(lengths[b]), 1)
+        torch.testing.assert_close(leaf.grad, want, rtol=1e-5, atol=1e-7)
+    ec.apply_gradients()
+
+
+def test_padding_ids_are_checked_on_the_fast_path():
+    ec = EmbeddingCollection([FeatureSpec("user", dim=2)])
+    with pytest.raises(SparseInputError, match="feature 'user': id -1"):
+        ec({"user": (torch.tensor([[1, -1], [2, 3]]), torch.tensor([1, 2]))})
