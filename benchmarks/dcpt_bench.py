@@ -3,7 +3,7 @@ extrapolation to a model well beyond the probes, and fit wall time. Reads the pr
 `crucible demo` (or a mixture backfill) left in the lake, trains what it needs there, and writes
 benchmarks/results/dcpt.json.
 
-    .venv/bin/python benchmarks/dcpt_bench.py [--lake .crucible] [--T 0.03] [--size xxl]
+    .venv/bin/python benchmarks/dcpt_bench.py [--lake .crucible] [--T 0.03] [--size xl4,xxl]
         [--ratios 0.25,0.5,0.75] [--skip closed_loop,extrapolation,forms,law_fit_workers]
 
 Reported:
@@ -13,8 +13,9 @@ Reported:
   best feasible r_d, at usage 2's answer and (``verify_allocate_compute``) at usage 3's answer at
   the nearest real size; runs already in the lake are reused by fingerprint. The check
   ``mixture_plan_holds``'s verdict: measured rise at the law's r_d vs T.
-* ``extrapolation``: one validation size (``--size``, default ``xxl`` ~3.5M non-embedding
-  parameters, 7.8x the default grid's largest) pre-trained with the probes' base settings and
+* ``extrapolation``: validation sizes (``--size``, default ``xl4`` ~1.86M non-embedding parameters,
+  4.15x the default grid's largest, reported as ``extrapolation``, and ``xxl`` ~3.56M, 7.95x; every
+  size under ``extrapolation_by_size``), each pre-trained with the probes' base settings and
   continually trained at ``--ratios`` with the probes' CPT settings, through the probe worker
   (``ops.mixture.probe`` under ``accelerate launch``, 2 ranks; resumable, reused by fingerprint);
   each form is fitted on every probe point (all seeds) and scored on the new size's checkpoints
@@ -284,7 +285,8 @@ def main() -> int:
     ap = bench_parser(__doc__, "dcpt.json")
     ap.add_argument("--lake", default=default_root())
     ap.add_argument("--T", type=float, default=0.03)
-    ap.add_argument("--size", default="xxl", help="validation size of the extrapolation (ops.mixture.probe.SIZES)")
+    ap.add_argument("--size", default="xl4,xxl", help="validation size(s) of the extrapolation, comma-separated "
+                    "(ops.mixture.probe.SIZES); the first is reported as `extrapolation`, all under `extrapolation_by_size`")
     ap.add_argument("--ratios", default="0.25,0.5,0.75", help="domain ratios of the extrapolation runs")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: closed_loop, extrapolation, forms, law_fit_workers")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="limit of each training launch")
@@ -307,11 +309,13 @@ def main() -> int:
                                                                 "verdict")}, indent=1), flush=True)
     if "extrapolation" not in skip:
         with _phase(phases, "extrapolation"):
-            result["extrapolation"] = {**extrapolation(args.lake, args.size, [float(x) for x in args.ratios.split(",")],
-                                                       args.timeout_s), **stamp}
-        e = result["extrapolation"]
-        print(json.dumps({k: e[k] for k in ("size", "size_ratio", "mare", "best_form", "meets_target", "notes")},
-                         indent=1, default=float), flush=True)
+            by_size = {size: {**extrapolation(args.lake, size, [float(x) for x in args.ratios.split(",")], args.timeout_s),
+                              **stamp} for size in args.size.split(",")}
+            result["extrapolation"] = next(iter(by_size.values()))
+            result["extrapolation_by_size"] = by_size
+        for e in result["extrapolation_by_size"].values():
+            print(json.dumps({k: e[k] for k in ("size", "size_ratio", "mare", "best_form", "meets_target", "notes")},
+                             indent=1, default=float), flush=True)
     if "forms" not in skip:
         with _phase(phases, "forms"):
             result.update(forms_and_grid(args.lake, args.T), forms_run=stamp)

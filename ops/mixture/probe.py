@@ -49,6 +49,7 @@ SIZES: dict[str, dict[str, int]] = {
     "m": {"n_embd": 64, "n_layer": 3, "n_head": 4},    # ~150k
     "l": {"n_embd": 96, "n_layer": 4, "n_head": 4},    # ~448k
     "xl": {"n_embd": 128, "n_layer": 6, "n_head": 4},  # ~1.2M
+    "xl4": {"n_embd": 160, "n_layer": 6, "n_head": 5},  # ~1.86M: 4.15x l, the D-CPT extrapolation check's smallest size
     "xxl": {"n_embd": 192, "n_layer": 8, "n_head": 6},  # ~3.5M
 }
 
@@ -147,6 +148,12 @@ class ProbePlan(JsonSpec):
     base_lr: float = 3e-3
     """Peak AdamW learning rate of the base: linear warm-up, then constant, so the base ends at the
     rate the CPT continues with (no re-warming transient in the early checkpoints)."""
+    lr_ref_width: int = 48
+    """Width (``n_embd``) at which ``base_lr`` and ``cpt_lr`` hold; a size of width d trains at
+    lr x lr_ref_width / d, base and CPT alike (``lr_for``): the 1/width rule for Adam of muP (Yang et
+    al., 2022, "Tensor Programs V", Table 3). 0: every size at the same rate. Measured (docs/mixture.md,
+    "Learning rate per size"): at one rate of 3e-3 every size beyond ``l`` was *worse* than ``l``
+    after the base (general loss 5.69 for ``l``, 5.72 for ``xxl``), at the rule's 7.5e-4 ``xxl`` reaches 5.10."""
     cpt_tokens: int = 131_072
     """CPT tokens per run: the largest D."""
     first_checkpoint: int = 4_096
@@ -165,7 +172,7 @@ class ProbePlan(JsonSpec):
     """Validation blocks per domain sub-domain; the domain loss is their token-weighted mean."""
     seed: int = 0
     """Weight initialisation and data order."""
-    BASE_FIELDS = ("seq_len", "global_batch", "base_tokens", "base_lr", "warmup_steps", "weight_decay",
+    BASE_FIELDS = ("seq_len", "global_batch", "base_tokens", "base_lr", "lr_ref_width", "warmup_steps", "weight_decay",
                    "val_seqs_general", "val_seqs_per_subdomain", "seed")
     CPT_FIELDS = ("cpt_tokens", "first_checkpoint", "cpt_lr", "cpt_warmup_steps")
 
@@ -180,7 +187,8 @@ class ProbePlan(JsonSpec):
             *((k, getattr(self, k) >= 1, ">= 1") for k in ("seq_len", "base_tokens", "cpt_tokens", "first_checkpoint",
                                                            "val_seqs_general", "val_seqs_per_subdomain")),
             *((k, getattr(self, k) > 0, "> 0") for k in ("base_lr", "cpt_lr")),
-            *((k, getattr(self, k) >= 0, ">= 0") for k in ("warmup_steps", "cpt_warmup_steps", "weight_decay"))])
+            *((k, getattr(self, k) >= 0, ">= 0") for k in ("warmup_steps", "cpt_warmup_steps", "weight_decay",
+                                                           "lr_ref_width"))])
         check_global_batch(self.global_batch, processes)
         for name, shape in self.sizes.items():
             if set(shape) != {"n_embd", "n_layer", "n_head"} or shape["n_embd"] % shape["n_head"]:
@@ -218,6 +226,12 @@ class ProbePlan(JsonSpec):
     def launch_fingerprint(self) -> str:
         """The launch's fingerprint (``ops.launch.spec_fingerprint`` of the plan and the manifest)."""
         return spec_fingerprint(asdict(self), str(Path(self.data_dir) / "manifest.json"))
+
+    def lr_for(self, size: str, lr: float) -> float:
+        """The learning rate ``size`` trains at for a rate ``lr`` given at width ``lr_ref_width``:
+        lr x lr_ref_width / n_embd (``lr`` itself when lr_ref_width is 0). Raises KeyError for an
+        unknown size."""
+        return lr * self.lr_ref_width / self.sizes[size]["n_embd"] if self.lr_ref_width else lr
 
     def base_settings(self) -> dict:
         """The fields a CPT launch must share with the base models it starts from."""
@@ -318,14 +332,15 @@ class _Probe:
         if (info := self.reused(run["key"], published(folder / "base.json", fp, self.log, f"base {size}"))) is not None:
             return info
         model, n_params, n_total = self.model(size)
-        opt = adamw(model, plan.base_lr, plan.weight_decay)
+        opt = adamw(model, plan.lr_for(size, plan.base_lr), plan.weight_decay)
         steps = max(1, math.ceil(plan.base_tokens / self.per_step))
         trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.warmup_steps)), self.batches(0, 0.0),
                           token_mean_loss, name=f"base {size}", log=self.log)
         trainer.train(steps)
         losses = trainer.evaluate(self.losses)
         info = {"fingerprint": fp, "size": size, "settings": plan.base_settings(), "n_params": n_params,
-                "n_params_total": n_total, "tokens": steps * self.per_step, "steps": steps, "losses": losses,
+                "n_params_total": n_total, "tokens": steps * self.per_step, "steps": steps, "lr": plan.lr_for(size, plan.base_lr),
+                "losses": losses,
                 "wall_s": round(time.monotonic() - t0, 2), "world_size": self.dp.world}
         if self.dp.rank == 0:
             # the optimizer too: CPT continues training (Adam moments included)
@@ -358,7 +373,7 @@ class _Probe:
             return info
         model, n_params, n_total = self.model(size)
         load_model(base, model)
-        opt = adamw(model, plan.cpt_lr, plan.weight_decay, init_state=base / "optimizer.pt")
+        opt = adamw(model, plan.lr_for(size, plan.cpt_lr), plan.weight_decay, init_state=base / "optimizer.pt")
         marks = [m // self.per_step for m in checkpoint_tokens(plan, budget)]
         points = [{"step": 0, "tokens": 0, **{f"loss_{k}": v for k, v in base_info["losses"].items()}}]
         trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.cpt_warmup_steps)),
@@ -382,8 +397,7 @@ class _Probe:
                                f"cpt {key}", self.log, since=saved_before, kill=self.dp.kill_launch)
         info = {"fingerprint": fp, "key": key, "size": size, "ratio": ratio, "seed": seed,
                 "cpt_settings": {**{k: getattr(plan, k) for k in plan.CPT_FIELDS}, "cpt_tokens": points_budget(plan, budget)},
-                "n_params": n_params,
-                "n_params_total": n_total, "world_size": self.dp.world,
+                "lr": plan.lr_for(size, plan.cpt_lr), "n_params": n_params, "n_params_total": n_total, "world_size": self.dp.world,
                 "subdomain_share": self.manifest["subdomain_share"], "points": trainer.history,
                 "wall_s": round(time.monotonic() - t0, 2)}
         if self.dp.rank == 0:

@@ -97,10 +97,24 @@ def _launch(plan: Path, **extra_env) -> subprocess.CompletedProcess:
                           env={**env, "OMP_NUM_THREADS": "1", **extra_env})
 
 
+def test_learning_rate_scales_as_one_over_width_and_enters_the_fingerprint(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    plan = ProbePlan(phase="base", data_dir=str(tmp_path), base_dir="", out_dir="")
+    assert plan.lr_ref_width == 48 and plan.base_lr == 3e-3
+    assert [plan.lr_for(s, plan.base_lr) for s in ("xs", "l", "xxl")] == pytest.approx([9e-3, 1.5e-3, 7.5e-4])
+    assert plan.lr_for("l", 1e-3) == pytest.approx(0.5e-3)
+    flat = ProbePlan(phase="base", data_dir=str(tmp_path), base_dir="", out_dir="", lr_ref_width=0)
+    assert flat.lr_for("xxl", 3e-3) == 3e-3                       # 0: one rate for every size
+    assert flat.fingerprint("l") != plan.fingerprint("l") and "lr_ref_width" in plan.base_settings()
+    with pytest.raises(ValueError, match=r"probe\.lr_ref_width must be >= 0, got -1"):
+        ProbePlan(phase="base", data_dir="", base_dir="", out_dir="", lr_ref_width=-1).validate()
+
+
 def test_crashed_probe_resumes_from_its_checkpoint_to_the_uninterrupted_result(tmp_path):
     data = _tiny_streams(tmp_path)
     assert _launch(_plan(tmp_path, data, "runs", "base")).returncode == 0
     assert (tmp_path / "base/xs/optimizer.pt").exists()
+    assert json.loads((tmp_path / "base/xs/base.json").read_text())["lr"] == pytest.approx(3e-3 * 48 / 16)  # 1/width rule
 
     whole = _launch(_plan(tmp_path, data, "whole", "cpt"))
     assert whole.returncode == 0, whole.stderr[-2000:]
