@@ -169,9 +169,9 @@ def bucket_of(keys, buckets: int):
     """splitmix64(key) % buckets for int64 keys (any shape): the hashed peers' row of a key."""
     import numpy as np
 
-    from ops.sparse.table import _splitmix
+    from ops.sparse.idmap import splitmix64
 
-    return (_splitmix(keys.astype(np.uint64)) % np.uint64(buckets)).astype(np.int64)
+    return (splitmix64(keys.astype(np.uint64)) % np.uint64(buckets)).astype(np.int64)
 
 
 def collision_stats(keys, buckets: int) -> dict:

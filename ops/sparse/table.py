@@ -100,15 +100,11 @@ def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "") -> torch.Te
     return ids
 
 
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-_splitmix = splitmix64          # the counter hash of init_rows and of the id map's slots (ops.sparse.idmap)
-
-
 def init_rows(ids: torch.Tensor, dim: int, seed: int, scale: float) -> torch.Tensor:
     """Uniform(-scale, scale) rows [n, dim] that depend only on (seed, id, column)."""
     with np.errstate(over="ignore"):
         base = ids.numpy().astype(np.uint64) * np.uint64(0x100000001B3) + np.uint64(seed) * np.uint64(0x2545F4914F6CDD1D)
-        x = _splitmix(base[:, None] * np.uint64(1024) + np.arange(dim, dtype=np.uint64)[None, :])
+        x = splitmix64(base[:, None] * np.uint64(1024) + np.arange(dim, dtype=np.uint64)[None, :])
     u = (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     return torch.from_numpy(((2 * u - 1) * scale).astype(np.float32))
 
