@@ -194,7 +194,7 @@ class EmbeddingCollection:
         """Embeddings [U, dim] of unique namespaced ids [U]; a leaf recorded for apply_gradients when training."""
         table = self.tables[tname]
         rows = table.rows_for(uids, train)
-        leaf = table.read(rows)
+        leaf = table.read(rows, for_update=train)
         if train:
             leaf.requires_grad_(True)
             self._pending.append((tname, rows, leaf))

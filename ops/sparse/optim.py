@@ -39,6 +39,16 @@ class SparseAdagrad:
         s = s + g * g
         return w - self.lr * g / (s.sqrt() + self.eps), s
 
+    def update_(self, full: torch.Tensor, g: torch.Tensor, dim: int) -> None:
+        """``update`` in place on full rows [n, dim + dim] (weights, then state); the same arithmetic in
+        the same order, so the same bits."""
+        w, s = full[:, :dim], full[:, dim:]
+        new = s + g * g                                   # contiguous: elementwise ops on strided halves run slower
+        s.copy_(new)
+        step = self.lr * g
+        step.div_(new.sqrt_().add_(self.eps))
+        w.sub_(step)
+
 
 @dataclass(frozen=True)
 class SparseAdam:
@@ -73,3 +83,10 @@ class SparseAdam:
         bc2 = (1 - self.beta2 ** t).sqrt()
         w = w - (self.lr / bc1) * m / (v.sqrt() / bc2 + self.eps)
         return w, torch.cat([m, v, t], dim=1)
+
+    def update_(self, full: torch.Tensor, g: torch.Tensor, dim: int) -> None:
+        """``update`` written into full rows [n, 3 dim + 1] (weights, m, v, step). Computed out of place
+        as ``update`` does: ``lerp_`` on a strided view can round differently (measured: 1 ulp)."""
+        w, s = self.update(full[:, :dim], full[:, dim:], g)
+        full[:, :dim] = w
+        full[:, dim:] = s

@@ -220,6 +220,8 @@ class DynamicTable:
         self.step = 0
         self._views: dict[int, tuple] = {}            # block -> (tensor, full-row records, embedding records)
         self._plan_memo: tuple | None = None          # (rows, plan) of the last read(): apply_gradients reuses it
+        self._update_memo: tuple | None = None        # (rows, full rows [n, width], writes) of read(for_update=True)
+        self.writes = 0                               # row writes so far (a version: a memo of older rows is stale)
         self.size_history: list[tuple[int, int]] = [(0, 0)]
         self.evicted = 0
 
@@ -337,6 +339,7 @@ class DynamicTable:
         order, off, runs = self._plan(rows) if plan is None else plan
         if not runs:
             return
+        self.writes += 1
         src = _records(values.detach().to(self.blocks[0].dtype).contiguous().numpy())
         for b, s, e in runs:
             dst = self._block_records(b, False)
@@ -414,16 +417,30 @@ class DynamicTable:
                 self.seen_step[rows] = self.step
         return torch.from_numpy(rows)
 
-    def read(self, rows: torch.Tensor) -> torch.Tensor:
-        """Embeddings [n, dim] of rows [n]; row -1 reads zeros."""
+    def read(self, rows: torch.Tensor, for_update: bool = False) -> torch.Tensor:
+        """Embeddings [n, dim] of rows [n]; row -1 reads zeros. ``for_update``: the caller will pass the
+        same rows to ``apply_gradients`` next; the full rows (embedding + optimizer state) are gathered
+        once here and kept until then, so the update does not gather them again (kept only while no
+        row is written in between: ``writes`` versions the rows)."""
         r = _int64s(rows)
-        if len(r) and r.min() >= 0:
-            return torch.from_numpy(self._gather_np(r, True, self._plan_for(r, remember=True)))
-        out = torch.zeros(len(r), self.dim)
-        ok = np.flatnonzero(r >= 0)
-        if len(ok):
+        ok = None
+        if len(r) and r.min() < 0:
+            ok = np.flatnonzero(r >= 0)
             r = r[ok]
-            out[torch.from_numpy(ok)] = torch.from_numpy(self._gather_np(r, True, self._plan_for(r, remember=True)))
+        plan = self._plan_for(r, remember=True) if len(r) else None
+        if not len(r):
+            return torch.zeros(len(rows), self.dim)
+        if for_update:
+            full = self._gather_np(r, plan=plan)
+            self._update_memo = (self._plan_memo[0], full, self.writes)
+            got = np.ascontiguousarray(full[:, :self.dim])
+        else:
+            got = self._gather_np(r, True, plan)
+        if ok is None:
+            return torch.from_numpy(got)
+        out = torch.zeros(len(rows), self.dim)
+        if len(ok):
+            out[torch.from_numpy(ok)] = torch.from_numpy(got)
         return out
 
     def weights(self, ids) -> torch.Tensor:
@@ -433,16 +450,28 @@ class DynamicTable:
 
     # -- update ----------------------------------------------------------------------------------
     def apply_gradients(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """Sparse optimizer step on rows [n] (unique, -1 skipped) with gradients [n, dim]; other rows are untouched."""
+        """Sparse optimizer step on rows [n] (unique, -1 skipped) with gradients [n, dim]; other rows are
+        untouched. Uses the full rows kept by ``read(rows, for_update=True)`` when no row was written
+        since; else gathers them. The optimizer updates them in place (``update_``) when it can."""
         r = _int64s(rows)
         if len(r) and r.min() < 0:
             ok = np.flatnonzero(r >= 0)
             r, grads = r[ok], grads[torch.from_numpy(ok)]
-        if len(r):
-            plan = self._plan_for(r)
+        memo, self._update_memo = self._update_memo, None
+        if not len(r):
+            return
+        plan = self._plan_for(r)
+        if memo is not None and memo[2] == self.writes and len(memo[0]) == len(r) and np.array_equal(memo[0], r):
+            full = torch.from_numpy(memo[1])
+        else:
             full = torch.from_numpy(self._gather_np(r, plan=plan))
+        step_ = getattr(self.optimizer, "update_", None)
+        if step_ is not None:
+            step_(full, grads, self.dim)
+        else:
             w, s = self.optimizer.update(full[:, :self.dim], full[:, self.dim:], grads)
-            self._scatter_np(r, torch.cat([w, s], dim=1), plan=plan)
+            full = torch.cat([w, s], dim=1)
+        self._scatter_np(r, full, plan=plan)
 
     def end_step(self) -> int:
         """Advance the step counter, evict per policy, record the table size. Returns rows evicted."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ops.sparse.optim import SparseAdagrad
+from ops.sparse.optim import SparseAdagrad, SparseAdam
 from ops.sparse.table import AdmitAfter, AdmitAll, DynamicTable, EvictUnseen
 
 
@@ -147,3 +147,44 @@ def test_dict_views_read_and_set_like_the_old_dicts():
     with pytest.raises(ValueError, match="table 'table': id 10 already has a row"):
         t.insert(torch.tensor([4, 10]))
     assert len(t) == 3 and t.n_rows == 3                    # the failed insert changed nothing
+
+
+@pytest.mark.parametrize("opt", [SparseAdagrad(lr=0.1), SparseAdam(lr=0.01)], ids=["adagrad", "adam"])
+def test_in_place_update_gives_the_same_bits_as_the_out_of_place_rule(opt):
+    g = torch.Generator().manual_seed(1)
+    dim = 5
+    full = torch.rand(50, dim + opt.state_width(dim), generator=g)
+    grads = torch.randn(50, dim, generator=g)
+    for _ in range(3):                                              # Adam's step count and bias correction move
+        w, s = opt.update(full[:, :dim], full[:, dim:], grads)
+        expect = torch.cat([w, s], dim=1)
+        opt.update_(full, grads, dim)
+        assert torch.equal(full, expect)
+
+
+def test_rows_kept_by_a_read_for_update_are_used_only_while_no_row_was_written():
+    def pair():
+        return [DynamicTable(3, SparseAdagrad(lr=0.5), block_rows=4) for _ in range(2)]
+
+    g = torch.Generator().manual_seed(2)
+    grads = [torch.randn(3, 3, generator=g) for _ in range(3)]
+    kept, ref = pair()
+    for t in (kept, ref):
+        t.insert(torch.tensor([11, 12, 13, 14, 15, 16]))
+    rows = torch.tensor([0, 4, 5])
+    kept.read(rows, for_update=True)
+    ref.read(rows)
+    kept.apply_gradients(rows, grads[0])                             # the kept rows
+    ref.apply_gradients(rows, grads[0])                              # gathered again
+    assert torch.equal(torch.cat(kept.blocks), torch.cat(ref.blocks))
+    kept.apply_gradients(rows, grads[1])                             # the keep is spent: gathers the updated rows
+    ref.apply_gradients(rows, grads[1])
+    assert torch.equal(torch.cat(kept.blocks), torch.cat(ref.blocks))
+    kept.read(rows, for_update=True)
+    kept.apply_gradients(torch.tensor([4]), grads[2][:1])            # another write to row 4: the keep is stale
+    ref.apply_gradients(torch.tensor([4]), grads[2][:1])
+    kept.apply_gradients(rows, grads[2])
+    ref.apply_gradients(rows, grads[2])
+    assert torch.equal(torch.cat(kept.blocks), torch.cat(ref.blocks))
+    out = kept.read(torch.tensor([-1, 1]), for_update=True)          # a missing row reads zeros; the rest is kept
+    assert torch.equal(out[0], torch.zeros(3)) and torch.equal(out[1], ref.read(torch.tensor([1]))[0])
