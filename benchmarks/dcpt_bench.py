@@ -4,7 +4,7 @@ extrapolation to a model well beyond the probes, and fit wall time. Reads the pr
 benchmarks/results/dcpt.json.
 
     .venv/bin/python benchmarks/dcpt_bench.py [--lake .crucible] [--T 0.03] [--size xl4,xxl]
-        [--ratios 0.25,0.5,0.75] [--skip closed_loop,extrapolation,forms,law_fit_workers]
+        [--ratios 0.25,0.5,0.75] [--init-seeds 0,1] [--skip closed_loop,extrapolation,forms,law_fit_workers]
 
 Reported:
 * ``closed_loop``: the mixture group's closed loop as the main job runs it, plus usage 3: the law
@@ -19,7 +19,10 @@ Reported:
   continually trained at ``--ratios`` with the probes' CPT settings, through the probe worker
   (``ops.mixture.probe`` under ``accelerate launch``, 2 ranks; resumable, reused by fingerprint);
   each form is fitted on every probe point (all seeds) and scored on the new size's checkpoints
-  (D > 0): mean absolute relative error per target. Forms: L3, r_additive, chinchilla and, where
+  (D > 0): mean absolute relative error per target. Each validation size is trained once per
+  weight-initialisation seed (``--init-seeds``, default 0 and 1; the probes' base models use 0):
+  ``mare`` is the mean over seeds, ``by_init_seed`` has each, and ``init_noise`` the seeds' own
+  spread (how far one validation run lies from the seeds' mean: the floor of a single run's MARE). Forms: L3, r_additive, chinchilla and, where
   ``ops.mixture.law.FORMS`` has them, data_mixing_law and bimix (a missing one is noted).
 * ``forms``: per target and form, in-sample Huber / R^2 and held-out Huber / R^2 / MARE along unseen
   N, D and r; fit wall time; the trade-off at the probe grid; the Cross-Domain law.
@@ -120,24 +123,22 @@ def _worker(spec, run_dir: Path, timeout_s: float) -> dict:
     return json.loads((run_dir / "result.json").read_text())
 
 
-def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: float) -> dict:
-    """Train ``size`` (base + CPT at ``ratios``) and score every form's prediction of its losses."""
+def _validation_runs(lake, size: str, ratios: list[float], timeout_s: float, init_seed: int) -> dict:
+    """Train ``size`` (base + CPT at ``ratios``) with the probes' settings and weight-initialisation /
+    data-order seed ``init_seed`` (``ProbePlan.seed``; the probes use 0). Returns the measured points
+    (a DataFrame with the probe tables' columns), the base record, the CPT records and phase timings."""
     import polars as pl
 
     from assets.mixture import _probe_cpt_settings, _read_probe_runs
-    from ops.mixture import law
     from ops.mixture.probe import ProbePlan
-    from resources.lake import LakeResource
 
-    lake = LakeResource(root=lake_root)
     runs = _read_probe_runs(lake)
-    probe_sizes = sorted(runs["size"].unique().to_list(), key=lambda s: int(runs.filter(pl.col("size") == s)["n_params"][0]))
-    largest = probe_sizes[-1]
+    largest = sorted(runs["size"].unique().to_list(), key=lambda s: int(runs.filter(pl.col("size") == s)["n_params"][0]))[-1]
     base_info = json.loads((lake.base / "cpt_base_models" / largest / "base.json").read_text())
-    out = lake.base / "dcpt_bench"
-    d_max = int(runs["tokens"].max())
+    out = lake.base / "dcpt_bench" / (f"init{init_seed}" if init_seed else "")   # seed 0: the folders of earlier runs
     common = dict(data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(out / "bases"), out_dir=str(out / "runs"),
-                  **base_info["settings"], **_probe_cpt_settings(lake, largest), cpt_tokens=d_max)
+                  **{**base_info["settings"], "seed": init_seed}, **_probe_cpt_settings(lake, largest),
+                  cpt_tokens=int(runs["tokens"].max()))
     timings: dict = {}
     with _phase(timings, "base"):
         base = ProbePlan(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common).validate(2)
@@ -146,44 +147,90 @@ def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: flo
         cpt = ProbePlan(phase="cpt", runs=[{"size": size, "ratio": r, "key": f"{size}|{r:g}"} for r in ratios],
                         **common).validate(2)
         got = _worker(cpt, out / ".run-cpt", timeout_s)["runs"]
-    rows = []
-    for r in ratios:
-        info = got[f"{size}|{r:g}"]
-        for p in info["points"]:
-            if p["tokens"] > 0:
-                rows.append({"n_params": info["n_params"], "tokens": p["tokens"], "domain_ratio": float(r),
-                             "loss_general": p["loss_general"], "loss_domain": p["loss_domain"]})
-    test = pl.DataFrame(rows)
-    pts = runs.filter(pl.col("tokens") > 0)
-    n_probe = int(pts["n_params"].max())
+    rows = [{"n_params": info["n_params"], "tokens": p["tokens"], "domain_ratio": float(r),
+             "loss_general": p["loss_general"], "loss_domain": p["loss_domain"]}
+            for r in ratios for info in [got[f"{size}|{r:g}"]] for p in info["points"] if p["tokens"] > 0]
+    return {"test": pl.DataFrame(rows), "base": b, "cpt": got, "phases": timings}
+
+
+def _score(pts, test, ratios: list[float]) -> tuple[dict, dict, list[str]]:
+    """Each form fitted on the probe points ``pts``, scored on ``test``: (MARE {form: {target, mean}},
+    MARE per ratio {form: {target: {ratio: ..}}}, notes)."""
+    import polars as pl
+
+    from ops.mixture import law
+
     mare, notes, per_ratio = {}, [], {}
-    with _phase(timings, "fits"):
-        for form in EXTRAPOLATION_FORMS:
-            if form not in law.FORMS:
-                notes.append(f"{form}: not in ops.mixture.law.FORMS yet; skipped")
-                continue
-            mare[form], per_ratio[form] = {}, {}
-            for target in law.TARGETS:
-                fit = law.fit_law(pts, target, form)
-                col = law.LOSS_COLUMN[target]
-                pred = fit.predict(test["n_params"].to_numpy().astype(float), test["tokens"].to_numpy().astype(float),
-                                   test["domain_ratio"].to_numpy())
-                mare[form][target] = _mare(pred, test[col].to_numpy())
-                per_ratio[form][target] = {f"{r:g}": _mare(pred[(test["domain_ratio"] == r).to_numpy()],
-                                                          test.filter(pl.col("domain_ratio") == r)[col].to_numpy())
-                                           for r in ratios}
-            mare[form]["mean"] = (mare[form]["domain"] + mare[form]["general"]) / 2
+    for form in EXTRAPOLATION_FORMS:
+        if form not in law.FORMS:
+            notes.append(f"{form}: not in ops.mixture.law.FORMS yet; skipped")
+            continue
+        mare[form], per_ratio[form] = {}, {}
+        for target in law.TARGETS:
+            fit = law.fit_law(pts, target, form)
+            col = law.LOSS_COLUMN[target]
+            pred = fit.predict(test["n_params"].to_numpy().astype(float), test["tokens"].to_numpy().astype(float),
+                               test["domain_ratio"].to_numpy())
+            mare[form][target] = _mare(pred, test[col].to_numpy())
+            per_ratio[form][target] = {f"{r:g}": _mare(pred[(test["domain_ratio"] == r).to_numpy()],
+                                                      test.filter(pl.col("domain_ratio") == r)[col].to_numpy())
+                                       for r in ratios}
+        mare[form]["mean"] = (mare[form]["domain"] + mare[form]["general"]) / 2
+    return mare, per_ratio, notes
+
+
+def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: float, init_seeds: list[int]) -> dict:
+    """Train ``size`` (base + CPT at ``ratios``) once per weight-initialisation seed in ``init_seeds`` and
+    score every form's prediction of its losses. ``mare`` is the mean over the seeds' MAREs; with two
+    or more seeds, ``init_noise`` is the mean absolute relative difference of each seed's losses from
+    the seeds' mean at the same (ratio, D): the error a law that predicted the seeds' mean exactly
+    would still have on one seed (a floor for a single validation run's MARE)."""
+    import numpy as np
+    import polars as pl
+
+    from assets.mixture import _read_probe_runs
+    from ops.mixture import law
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=lake_root)
+    runs = _read_probe_runs(lake)
+    pts = runs.filter(pl.col("tokens") > 0)
+    largest_size = pts.sort("n_params")["size"][-1]
+    n_probe = int(pts["n_params"].max())
+    by_seed = {}
+    for seed in init_seeds:
+        v = _validation_runs(lake, size, ratios, timeout_s, seed)
+        mare, per_ratio, notes = _score(pts, v["test"], ratios)
+        by_seed[seed] = {**v, "mare": mare, "mare_per_ratio": per_ratio, "notes": notes}
+    first = by_seed[init_seeds[0]]
+    forms = list(first["mare"])
+    mare = {f: {k: float(np.mean([by_seed[s]["mare"][f][k] for s in init_seeds])) for k in first["mare"][f]} for f in forms}
     best = min(mare, key=lambda f: mare[f]["mean"]) if mare else None
-    return {"size": size, "n_params": int(b["n_params"]), "largest_probe": {"size": largest, "n_params": n_probe},
-            "size_ratio": int(b["n_params"]) / n_probe, "ratios": ratios, "tokens": sorted(test["tokens"].unique().to_list()),
-            "points": test.height, "mare": mare, "mare_per_ratio": per_ratio, "best_form": best,
+    init_noise = None
+    if len(init_seeds) > 1:
+        key = ["domain_ratio", "tokens"]
+        tables = [by_seed[s]["test"].sort(key) for s in init_seeds]
+        init_noise = {}
+        for target in law.TARGETS:
+            col = law.LOSS_COLUMN[target]
+            y = np.stack([t[col].to_numpy() for t in tables])          # [seeds, points]
+            init_noise[target] = float(np.mean(np.abs(y / y.mean(axis=0) - 1)))
+        init_noise["mean"] = (init_noise["domain"] + init_noise["general"]) / 2
+    n_params = int(first["base"]["n_params"])
+    return {"size": size, "n_params": n_params, "largest_probe": {"size": largest_size, "n_params": n_probe},
+            "size_ratio": n_params / n_probe, "ratios": ratios, "tokens": sorted(first["test"]["tokens"].unique().to_list()),
+            "points": first["test"].height, "init_seeds": init_seeds, "mare": mare, "best_form": best,
             "best_form_mare": mare[best]["mean"] if best else None, "target_mare": MARE_TARGET,
-            "meets_target": bool(best and mare[best]["mean"] <= MARE_TARGET), "notes": notes,
-            "measured": {"base_losses": b["losses"], "final": {f"{r:g}": {k: got[f"{size}|{r:g}"]["points"][-1][k]
-                                                                          for k in ("tokens", "loss_general", "loss_domain")}
-                                                               for r in ratios}},
-            "run_wall_s": {"base": b.get("wall_s"), **{f"{r:g}": got[f"{size}|{r:g}"].get("wall_s") for r in ratios}},
-            "phases": timings}
+            "meets_target": bool(best and mare[best]["mean"] <= MARE_TARGET), "init_noise": init_noise,
+            "notes": first["notes"],
+            "by_init_seed": {str(s): {
+                "mare": by_seed[s]["mare"], "mare_per_ratio": by_seed[s]["mare_per_ratio"],
+                "measured": {"base_losses": by_seed[s]["base"]["losses"],
+                             "final": {f"{r:g}": {k: by_seed[s]["cpt"][f"{size}|{r:g}"]["points"][-1][k]
+                                                  for k in ("tokens", "loss_general", "loss_domain")} for r in ratios}},
+                "run_wall_s": {"base": by_seed[s]["base"].get("wall_s"),
+                               **{f"{r:g}": by_seed[s]["cpt"][f"{size}|{r:g}"].get("wall_s") for r in ratios}},
+                "phases": by_seed[s]["phases"]} for s in init_seeds}}
 
 
 def forms_and_grid(lake_root: str, T: float) -> dict:
@@ -288,6 +335,8 @@ def main() -> int:
     ap.add_argument("--size", default="xl4,xxl", help="validation size(s) of the extrapolation, comma-separated "
                     "(ops.mixture.probe.SIZES); the first is reported as `extrapolation`, all under `extrapolation_by_size`")
     ap.add_argument("--ratios", default="0.25,0.5,0.75", help="domain ratios of the extrapolation runs")
+    ap.add_argument("--init-seeds", default="0,1", help="weight-initialisation seeds of each validation size "
+                    "(ProbePlan.seed; the probes use 0): MARE is averaged over them, and two or more measure init_noise")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: closed_loop, extrapolation, forms, law_fit_workers")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="limit of each training launch")
     args = ap.parse_args()
@@ -309,12 +358,14 @@ def main() -> int:
                                                                 "verdict")}, indent=1), flush=True)
     if "extrapolation" not in skip:
         with _phase(phases, "extrapolation"):
-            by_size = {size: {**extrapolation(args.lake, size, [float(x) for x in args.ratios.split(",")], args.timeout_s),
-                              **stamp} for size in args.size.split(",")}
+            seeds = [int(x) for x in args.init_seeds.split(",")]
+            by_size = {size: {**extrapolation(args.lake, size, [float(x) for x in args.ratios.split(",")], args.timeout_s,
+                                              seeds), **stamp} for size in args.size.split(",")}
             result["extrapolation"] = next(iter(by_size.values()))
             result["extrapolation_by_size"] = by_size
         for e in result["extrapolation_by_size"].values():
-            print(json.dumps({k: e[k] for k in ("size", "size_ratio", "mare", "best_form", "meets_target", "notes")},
+            print(json.dumps({k: e[k] for k in ("size", "size_ratio", "init_seeds", "mare", "init_noise", "best_form",
+                                                "meets_target", "notes")},
                              indent=1, default=float), flush=True)
     if "forms" not in skip:
         with _phase(phases, "forms"):
