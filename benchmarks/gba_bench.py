@@ -15,6 +15,12 @@ Sections (``--sections``, merged into the output file, other sections kept):
   ``sync_to_async`` (mode ``auto`` with ``switch_at: [{step: S, to: gba|async}]``, S = the middle
   of the run), same hyper-parameters, a persistent straggler; final test AUC mean and 95% CI
   (Student t over seeds) per run kind, and every switch event.
+- ``tune_lr``: the synchronous baseline's learning rates chosen as a practitioner would before
+  switching anything: never-switched ``sync`` at W for each (dense, sparse) pair of ``--tune-lrs``
+  and ``--tune-seeds`` seeds, trained on the first 80% (by time) of the training window and scored
+  on the last 20% (a validation split: the test split is never looked at); the pair with the best
+  mean validation AUC becomes the learning rates of every later section of the same invocation
+  (the paper's precondition: hyper-parameters tuned for synchronous training at the global batch).
 - ``throughput``: for each W in ``--throughput-workers`` and s in ``--slowdowns``: sync vs gba
   samples/s under one persistent straggler of slowdown s, ``measured_ratio`` next to the ideal
   (W - 1 + 1/s) / (W / s) (fast workers never wait in GBA; every sync step waits for the straggler).
@@ -117,6 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target-auc", type=float, default=0.69)
     ap.add_argument("--eval-every", type=int, default=16)
     ap.add_argument("--switch-at", type=float, default=0.5, help="switch point as a fraction of the run's global steps")
+    ap.add_argument("--tune-lrs", default="3e-4:3e-3,1e-3:1e-2,3e-3:3e-2,1e-2:1e-1",
+                    help="tune_lr section: comma-separated dense_lr:sparse_lr pairs")
+    ap.add_argument("--tune-seeds", type=int, default=2, help="tune_lr section: seeds per pair")
     ap.add_argument("--throughput-workers", default="4,8")
     ap.add_argument("--slowdowns", default="4")
     ap.add_argument("--throughput-epochs", type=float, default=0.5)
@@ -165,6 +174,30 @@ def main(argv=None) -> int:
                   "gba_vs_sync_auc": "matches (tuning-free switching)"},
     })
     try:
+        if "tune_lr" in sections:
+            import polars as pl
+
+            val_events = work / "ctr_events_val.parquet"
+            time_split(pl.read_parquet(events).filter(pl.col("split") == "train").drop("split")).write_parquet(val_events)
+            pairs = [tuple(float(x) for x in p.split(":")) for p in a.tune_lrs.split(",")]
+            grid = []
+            for dense_lr, sparse_lr in pairs:
+                aucs = []
+                for seed in range(a.tune_seeds):
+                    sp = dataclasses.replace(spec(a.workers, a.local_batch, G, a.epochs, seed=seed).with_mode("sync"),
+                                             events_path=str(val_events))
+                    sp = dataclasses.replace(sp, train=dataclasses.replace(sp.train, dense_lr=dense_lr, sparse_lr=sparse_lr))
+                    res = launch(sp, work, timeout_s=1800, name=f"tune-{dense_lr:g}-{sparse_lr:g}-seed{seed}")
+                    show(f"sync lr {dense_lr:g}/{sparse_lr:g} s{seed}", res)
+                    aucs.append(res["final"]["auc"])
+                grid.append({"dense_lr": dense_lr, "sparse_lr": sparse_lr, "val_auc": ci95(aucs)})
+            best = max(grid, key=lambda g: g["val_auc"]["mean"])
+            a.dense_lr, a.sparse_lr = best["dense_lr"], best["sparse_lr"]
+            out["tune_lr"] = {"workers": a.workers, "global_batch": G, "epochs": a.epochs, "seeds": a.tune_seeds,
+                              "split": "train window split again by time: first 80% train, last 20% validation",
+                              "grid": grid, "chosen": {"dense_lr": a.dense_lr, "sparse_lr": a.sparse_lr}}
+            print(json.dumps(out["tune_lr"], default=float), flush=True)
+
         if "modes" in sections:
             base = spec(a.workers, a.local_batch, G, a.epochs)
             results = {}
@@ -210,7 +243,8 @@ def main(argv=None) -> int:
                                  "curve": _curve(res)})
             auc = {k: ci95(v) for k, v in aucs.items()}
             out["switching"] = {
-                "seeds": a.seeds, "workers": a.workers, "num_ps": a.num_ps, "global_batch": G, "local_batch": a.local_batch,
+                "seeds": a.seeds, "workers": a.workers, "dense_lr": a.dense_lr, "sparse_lr": a.sparse_lr,
+                "lr_source": "tune_lr section of this run" if "tune_lr" in sections else "--dense-lr / --sparse-lr", "num_ps": a.num_ps, "global_batch": G, "local_batch": a.local_batch,
                 "epochs": a.epochs, "switch_at_fraction": a.switch_at, "trace": {"kind": a.trace, "slowdown": a.slowdown},
                 "auc": auc, "events": evs, "runs": runs,
                 "sync_to_gba_minus_sync": round(auc["sync_to_gba"]["mean"] - auc["sync"]["mean"], 5),
