@@ -74,6 +74,19 @@ def launch(spec, workdir: Path, timeout_s: float, name: str | None = None) -> di
     return res
 
 
+def paired_differences(aucs: dict[str, list[float]]) -> dict:
+    """Per-seed AUC differences of the switching runs and their 95% CI (Student t over seeds).
+
+    Runs of one seed share the data order, the initialisation and the straggler trace, so the
+    difference within a seed removes that seed's draw; ``aucs`` maps run kind -> final AUC per seed
+    (same seed order). Returns ``{"sync_to_gba_minus_sync": ci95, "sync_to_gba_minus_sync_to_async":
+    ci95}`` (each with ``values`` and ``n``)."""
+    pairs = {"sync_to_gba_minus_sync": ("sync_to_gba", "sync"),
+             "sync_to_gba_minus_sync_to_async": ("sync_to_gba", "sync_to_async")}
+    return {name: ci95([x - y for x, y in zip(aucs[a], aucs[b])]) for name, (a, b) in pairs.items()
+            if a in aucs and b in aucs}
+
+
 def ci95(xs: list[float]) -> dict:
     """Mean and 95% confidence interval (Student t, n - 1 degrees of freedom) of ``xs``; with one
     value the interval is the value itself (``n`` says so)."""
@@ -249,6 +262,7 @@ def main(argv=None) -> int:
                 "auc": auc, "events": evs, "runs": runs,
                 "sync_to_gba_minus_sync": round(auc["sync_to_gba"]["mean"] - auc["sync"]["mean"], 5),
                 "sync_to_gba_minus_sync_to_async": round(auc["sync_to_gba"]["mean"] - auc["sync_to_async"]["mean"], 5),
+                "paired": paired_differences(aucs),
             }
 
         if "throughput" in sections:
