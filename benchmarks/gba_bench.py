@@ -25,6 +25,9 @@ Sections (``--sections``, merged into the output file, other sections kept):
   samples/s under one persistent straggler of slowdown s, ``measured_ratio`` next to the ideal
   (W - 1 + 1/s) / (W / s) (fast workers never wait in GBA; every sync step waits for the straggler).
 
+The switching section records per-seed paired differences (``paired``); ``--first-seed`` runs a
+replication on new seeds and ``--pool a.json,b.json --out c.json`` pools such runs (no training).
+
     .venv/bin/python benchmarks/gba_bench.py --seeds 5          # -> benchmarks/results/gba.json
     .venv/bin/python benchmarks/gba_bench.py --quick            # 1 seed, small -> benchmarks/results/gba_quick.json
 """
@@ -72,6 +75,39 @@ def launch(spec, workdir: Path, timeout_s: float, name: str | None = None) -> di
     res["launch_wall_s"] = wall
     res["command"] = " ".join(cmd)
     return res
+
+
+def pool_switching(paths: list[Path], out_path: Path, argv=None) -> int:
+    """Pool the ``switching`` runs of several results files (a run and its replication on new seeds)
+    into one ``switching`` record at ``out_path``: AUC per kind and the paired differences over all
+    seeds. Raises ValueError naming the file when a file has no switching section, the files' setups
+    (W, b, G, learning rates, epochs, trace, switch point) differ, or a seed appears twice."""
+    import json
+
+    keys = ("workers", "local_batch", "global_batch", "dense_lr", "sparse_lr", "epochs", "trace", "switch_at_fraction", "num_ps")
+    setup, runs, sources = None, [], []
+    for p in paths:
+        sw = json.loads(p.read_text()).get("switching")
+        if not sw:
+            raise ValueError(f"{p}: no 'switching' section to pool")
+        this = {k: sw.get(k) for k in keys}
+        if setup is not None and this != setup:
+            raise ValueError(f"{p}: switching setup {this} differs from {paths[0]}'s {setup}")
+        setup = this
+        runs += sw["runs"]
+        sources.append({"file": str(p), "seeds": sorted({r["seed"] for r in sw["runs"]})})
+    seen = [s for src in sources for s in src["seeds"]]
+    if len(seen) != len(set(seen)):
+        raise ValueError(f"{paths}: a seed appears in more than one file ({sorted(seen)}); pool disjoint seeds only")
+    aucs: dict[str, list[float]] = {}
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        aucs.setdefault(r["run"], []).append(r["final_auc"])
+    write_results({"benchmark": "GBA switching, pooled over runs on disjoint seeds", "command": command_line(__file__, argv),
+                   "sources": sources,
+                   "switching": {**setup, "seeds": len(seen), "auc": {k: ci95(v) for k, v in aucs.items()},
+                                 "paired": paired_differences(aucs)}}, out_path)
+    print(json.dumps(paired_differences(aucs)), flush=True)
+    return 0
 
 
 def paired_differences(aucs: dict[str, list[float]]) -> dict:
@@ -135,6 +171,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slowdown", type=float, default=4.0)
     ap.add_argument("--target-auc", type=float, default=0.69)
     ap.add_argument("--eval-every", type=int, default=16)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="switching section: seeds first-seed .. first-seed + seeds - 1 (a replication on new seeds)")
     ap.add_argument("--switch-at", type=float, default=0.5, help="switch point as a fraction of the run's global steps")
     ap.add_argument("--tune-lrs", default="3e-4:3e-3,1e-3:1e-2,3e-3:3e-2,1e-2:1e-1",
                     help="tune_lr section: comma-separated dense_lr:sparse_lr pairs")
@@ -144,7 +182,11 @@ def main(argv=None) -> int:
     ap.add_argument("--throughput-epochs", type=float, default=0.5)
     ap.add_argument("--throughput-local-batch", type=int, default=128)
     ap.add_argument("--out", default=None, help="default benchmarks/results/gba.json (--quick: gba_quick.json)")
+    ap.add_argument("--pool", default=None, help="no training: pool the switching runs of these comma-separated results "
+                    "files (disjoint seeds, same setup) into --out")
     a = ap.parse_args(argv)
+    if a.pool:
+        return pool_switching([Path(p) for p in a.pool.split(",")], Path(a.out or RESULTS / "gba_pooled.json"), argv)
     if a.quick:
         a.seeds, a.epochs, a.throughput_workers, a.throughput_epochs = 1, 1.0, "4", 0.25
         if a.sections == ap.get_default("sections"):
@@ -239,7 +281,7 @@ def main(argv=None) -> int:
             aucs = {k: [] for k in kinds}
             evs, runs = [], []
             n_train = _n_train(events, work)
-            for seed in range(a.seeds):
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
                 base = spec(a.workers, a.local_batch, G, a.epochs, seed=seed)
                 steps = base.global_steps(n_train)
                 at = max(1, int(round(a.switch_at * steps)))
@@ -256,7 +298,7 @@ def main(argv=None) -> int:
                                  "curve": _curve(res)})
             auc = {k: ci95(v) for k, v in aucs.items()}
             out["switching"] = {
-                "seeds": a.seeds, "workers": a.workers, "dense_lr": a.dense_lr, "sparse_lr": a.sparse_lr,
+                "seeds": a.seeds, "first_seed": a.first_seed, "workers": a.workers, "dense_lr": a.dense_lr, "sparse_lr": a.sparse_lr,
                 "lr_source": "tune_lr section of this run" if "tune_lr" in sections else "--dense-lr / --sparse-lr", "num_ps": a.num_ps, "global_batch": G, "local_batch": a.local_batch,
                 "epochs": a.epochs, "switch_at_fraction": a.switch_at, "trace": {"kind": a.trace, "slowdown": a.slowdown},
                 "auc": auc, "events": evs, "runs": runs,

@@ -20,3 +20,33 @@ def test_paired_differences_are_per_seed_and_use_student_t():
 
 def test_paired_differences_skip_missing_kinds():
     assert paired_differences({"sync": [0.7], "sync_to_gba": [0.7]}).keys() == {"sync_to_gba_minus_sync"}
+
+
+def _switching_file(path, seeds, workers=16, gba=0.697, asyn=0.694):
+    import json
+
+    runs = [{"run": k, "seed": s, "final_auc": v + 0.001 * s} for s in seeds
+            for k, v in (("sync", 0.697), ("sync_to_gba", gba), ("sync_to_async", asyn))]
+    path.write_text(json.dumps({"switching": {"workers": workers, "local_batch": 128, "global_batch": 2048, "dense_lr": 3e-3,
+                                              "sparse_lr": 3e-2, "epochs": 2.0, "trace": {"kind": "persistent"},
+                                              "switch_at_fraction": 0.5, "num_ps": 2, "runs": runs}}))
+    return path
+
+
+def test_pool_switching_pools_disjoint_seeds_and_refuses_overlap_or_other_setups(tmp_path):
+    import json
+
+    from benchmarks.gba_bench import pool_switching
+
+    a = _switching_file(tmp_path / "a.json", [0, 1])
+    b = _switching_file(tmp_path / "b.json", [2, 3], gba=0.699)
+    assert pool_switching([a, b], tmp_path / "out.json", []) == 0
+    sw = json.loads((tmp_path / "out.json").read_text())["switching"]
+    assert sw["seeds"] == 4 and sw["workers"] == 16
+    assert sw["paired"]["sync_to_gba_minus_sync_to_async"]["values"] == [0.003, 0.003, 0.005, 0.005]
+    assert sw["paired"]["sync_to_gba_minus_sync_to_async"]["mean"] == pytest.approx(0.004)
+    with pytest.raises(ValueError, match="a seed appears in more than one file"):
+        pool_switching([a, a], tmp_path / "bad.json", [])
+    with pytest.raises(ValueError, match="c.json: switching setup"):
+        pool_switching([a, _switching_file(tmp_path / "c.json", [5], workers=8)], tmp_path / "bad.json", [])
+    assert not (tmp_path / "bad.json").exists()
