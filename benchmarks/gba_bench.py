@@ -81,9 +81,8 @@ def pool_switching(paths: list[Path], out_path: Path, argv=None) -> int:
     """Pool the ``switching`` runs of several results files (a run and its replication on new seeds)
     into one ``switching`` record at ``out_path``: AUC per kind and the paired differences over all
     seeds. Raises ValueError naming the file when a file has no switching section, the files' setups
-    (W, b, G, learning rates, epochs, trace, switch point) differ, or a seed appears twice."""
-    import json
-
+    (W, b, G, learning rates, epochs, trace, switch point) differ, a seed appears twice, or a seed
+    lacks one of the run kinds (the differences are paired by seed)."""
     keys = ("workers", "local_batch", "global_batch", "dense_lr", "sparse_lr", "epochs", "trace", "switch_at_fraction", "num_ps")
     setup, runs, sources = None, [], []
     for p in paths:
@@ -99,14 +98,20 @@ def pool_switching(paths: list[Path], out_path: Path, argv=None) -> int:
     seen = [s for src in sources for s in src["seeds"]]
     if len(seen) != len(set(seen)):
         raise ValueError(f"{paths}: a seed appears in more than one file ({sorted(seen)}); pool disjoint seeds only")
-    aucs: dict[str, list[float]] = {}
-    for r in sorted(runs, key=lambda r: r["seed"]):
-        aucs.setdefault(r["run"], []).append(r["final_auc"])
+    kinds = list(dict.fromkeys(r["run"] for r in runs))  # in the order the benchmark ran them
+    by = {(r["run"], r["seed"]): r["final_auc"] for r in runs}
+    for seed in sorted(seen):
+        missing = [k for k in kinds if (k, seed) not in by]
+        if missing:
+            src = next(src["file"] for src in sources if seed in src["seeds"])
+            raise ValueError(f"{src}: seed {seed} has no {missing} run; every seed needs every kind {kinds} to pair")
+    aucs = {k: [by[k, seed] for seed in sorted(seen)] for k in kinds}
+    paired = paired_differences(aucs)
     write_results({"benchmark": "GBA switching, pooled over runs on disjoint seeds", "command": command_line(__file__, argv),
                    "sources": sources,
                    "switching": {**setup, "seeds": len(seen), "auc": {k: ci95(v) for k, v in aucs.items()},
-                                 "paired": paired_differences(aucs)}}, out_path)
-    print(json.dumps(paired_differences(aucs)), flush=True)
+                                 "paired": paired}}, out_path)
+    print(json.dumps(paired), flush=True)
     return 0
 
 

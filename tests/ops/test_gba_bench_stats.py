@@ -49,4 +49,8 @@ def test_pool_switching_pools_disjoint_seeds_and_refuses_overlap_or_other_setups
         pool_switching([a, a], tmp_path / "bad.json", [])
     with pytest.raises(ValueError, match="c.json: switching setup"):
         pool_switching([a, _switching_file(tmp_path / "c.json", [5], workers=8)], tmp_path / "bad.json", [])
+    lacking = _switching_file(tmp_path / "d.json", [7])
+    lacking.write_text(lacking.read_text().replace('"run": "sync_to_async"', '"run": "sync_to_gba"', 1))
+    with pytest.raises(ValueError, match=r"d.json: seed 7 has no \['sync_to_async'\] run"):
+        pool_switching([a, lacking], tmp_path / "bad.json", [])
     assert not (tmp_path / "bad.json").exists()
