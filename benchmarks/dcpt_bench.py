@@ -25,7 +25,9 @@ Reported:
   spread (how far one validation run lies from the seeds' mean: the floor of a single run's MARE). Forms: L3, r_additive, chinchilla and, where
   ``ops.mixture.law.FORMS`` has them, data_mixing_law and bimix (a missing one is noted).
 * ``forms``: per target and form, in-sample Huber / R^2 and held-out Huber / R^2 / MARE along unseen
-  N, D and r; fit wall time; the trade-off at the probe grid; the Cross-Domain law.
+  N, D and r; fit wall time; the trade-off at the probe grid; the Cross-Domain law; under ``probe``,
+  the fitted points and their sha256 (``probe_points``: do two lakes hold the same probes?);
+  ``identification``: the main job's fit read back (parameters on a bound, held-out R^2 against the noise ceiling).
 * ``law_fit_workers``: the ``dcpt_law_fit`` asset in one process and on every core, side by side:
   wall seconds each and whether fit.json is byte-identical.
 Every phase records its wall time and the load average before and after it (a shared machine);
@@ -233,6 +235,48 @@ def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: flo
                 "phases": by_seed[s]["phases"]} for s in init_seeds}}
 
 
+def probe_points(pts) -> dict:
+    """The probe points a fit used, in a stable order, for comparing two lakes: ``sha256`` of the
+    table at full float precision (equal digests: bit-identical probes) and ``points``, one row per
+    checkpoint (D > 0) with size, n_params, domain_ratio, seed, tokens and both losses (nats/token,
+    rounded to 1e-6). ``pts``: a Polars DataFrame with those columns (``seed`` optional, 0 when
+    absent). Raises polars' ColumnNotFoundError for a missing column."""
+    import hashlib
+
+    import polars as pl
+
+    if "seed" not in pts.columns:
+        pts = pts.with_columns(seed=pl.lit(0, dtype=pl.Int64))
+    cols = ["size", "n_params", "domain_ratio", "seed", "tokens", "loss_general", "loss_domain"]
+    t = pts.select(cols).sort(["n_params", "domain_ratio", "seed", "tokens"])
+    digest = hashlib.sha256(json.dumps(t.rows(), default=repr).encode()).hexdigest()
+    rows = t.with_columns(pl.col("loss_general", "loss_domain").round(6)).to_dicts()
+    return {"sha256": digest, "points": rows}
+
+
+def identification(fit_doc: dict, source: str) -> dict:
+    """What the main job's law fit (``dcpt_law_fit``'s fit.json, ``fit_doc``) says about
+    identification: the parameters on a bound per target and form, held-out R^2 per axis next to
+    the noise ceiling (``noise_floor_k2`` = 1 - 2 (1 - ceiling), what a law equal to the truth
+    scores against one noisy seed; ``mse_over_noise`` = (1 - R^2) / (1 - ceiling)), and the probes'
+    seed noise. Raises KeyError when fit.json lacks ``fits`` or ``generalisation``."""
+    axes = ("unseen_N", "unseen_D", "unseen_r", "unseen_N_largest")
+    held = {}
+    for target, g in fit_doc["generalisation"].items():
+        held[target] = {}
+        for ax in axes:
+            r2, ceil = (g.get(ax) or {}).get("r2"), (g.get(ax) or {}).get("r2_ceiling")
+            if r2 is None or ceil is None:
+                continue
+            held[target][ax] = {"r2": r2, "r2_ceiling": ceil, "noise_floor_k2": 1 - 2 * (1 - ceil),
+                                "mse_over_noise": (1 - r2) / (1 - ceil) if ceil < 1 else None}
+    return {"source": source,
+            "at_bound": {t: {form: sorted(k for k, v in fit["at_bound"].items() if v) for form, fit in fits.items()}
+                         for t, fits in fit_doc["fits"].items()},
+            "heldout_r2_vs_ceiling": held,
+            "seed_noise": {t: g.get("noise") for t, g in fit_doc["generalisation"].items()}}
+
+
 def forms_and_grid(lake_root: str, T: float) -> dict:
     """The per-form fit quality, the trade-off at the probe grid and the Cross-Domain law."""
     import polars as pl
@@ -279,7 +323,8 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
         "probe": {"runs": int(runs.select(pl.struct("n_params", "domain_ratio", "seed").n_unique()).item()),
                   "points_used": pts.height, "sizes_n_params": sorted(int(x) for x in pts["n_params"].unique()),
                   "ratios": sorted(float(x) for x in pts["domain_ratio"].unique()), "max_tokens": d_max,
-                  "seeds_per_ratio": {f"{r:g}": int(n) for r, n in last.select("domain_ratio", "seeds").iter_rows()}},
+                  "seeds_per_ratio": {f"{r:g}": int(n) for r, n in last.select("domain_ratio", "seeds").iter_rows()},
+                  **probe_points(pts)},
         "forms": forms,
         "tradeoff_T": T,
         "tradeoff_at_probe_grid": {
@@ -292,6 +337,8 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
             "law_loss_domain_at_grid_best": float(fd.predict(n_max, d_max, grid_best["domain_ratio"])) if grid_best else None,
             "grid": last.select("domain_ratio", "loss_general", "loss_domain", "general_rise", "seeds").to_dicts()},
         "cross_domain_leave_one_out": cross,
+        "identification": identification(json.loads((lake.base / "dcpt_law_fit" / "fit.json").read_text()),
+                                         "the main job's dcpt_law_fit (fit.json) of the same lake"),
     }
 
 
