@@ -170,7 +170,7 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
 @mirrors(ProbePlan, own=("timeout_s", "seeds", "repeat_ratios"))
 class ProbeRunConfig(fields_of(ProbePlan,
         exclude=("phase", "data_dir", "base_dir", "out_dir", "runs", "sizes", "seq_len", "global_batch",
-                 "base_tokens", "base_lr", "lr_ref_width", "warmup_steps", "weight_decay", "val_seqs_general",
+                 "base_tokens", "base_lr", "lr_ref_width", "lr_rule_below_ref", "warmup_steps", "weight_decay", "val_seqs_general",
                  "val_seqs_per_subdomain", "seed"))):
     """Continual pre-training of each (size, domain ratio) probe: the Launchpad face of the CPT
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there). The base settings

@@ -149,11 +149,18 @@ class ProbePlan(JsonSpec):
     """Peak AdamW learning rate of the base: linear warm-up, then constant, so the base ends at the
     rate the CPT continues with (no re-warming transient in the early checkpoints)."""
     lr_ref_width: int = 48
-    """Width (``n_embd``) at which ``base_lr`` and ``cpt_lr`` hold; a size of width d trains at
-    lr x lr_ref_width / d, base and CPT alike (``lr_for``): the 1/width rule for Adam of muP (Yang et
-    al., 2022, "Tensor Programs V", Table 3). 0: every size at the same rate. Measured (docs/mixture.md,
+    """Width (``n_embd``) at which ``base_lr`` and ``cpt_lr`` hold; a size of width d >= lr_ref_width
+    trains at lr x lr_ref_width / d, base and CPT alike (``lr_for``): the 1/width rule for Adam of muP
+    (Yang et al., 2022, "Tensor Programs V", Table 3); a narrower size at lr itself unless
+    ``lr_rule_below_ref``. 0: every size at the same rate. Measured (docs/mixture.md,
     "Learning rate per size"): at one rate of 3e-3 every size beyond ``l`` was *worse* than ``l``
     after the base (general loss 5.69 for ``l``, 5.72 for ``xxl``), at the rule's 7.5e-4 ``xxl`` reaches 5.10."""
+    lr_rule_below_ref: bool = False
+    """Apply the 1/width rule below ``lr_ref_width`` too, raising a narrower size's rate above the
+    given one (``xs``, width 16, at 3x). Off by default: a size narrower than the reference trains at
+    the given rate. Measured (docs/mixture.md, "The smallest probe is numerically chaotic"): at 3x
+    (9e-3) ``xs``'s base loss moved 2.8% between two CPU kernel paths of the same machine, and at 3e-3
+    by 0.009%; the rule (Yang et al., 2022) scales up from a base width, not down."""
     cpt_tokens: int = 131_072
     """CPT tokens per run: the largest D."""
     first_checkpoint: int = 4_096
@@ -172,8 +179,9 @@ class ProbePlan(JsonSpec):
     """Validation blocks per domain sub-domain; the domain loss is their token-weighted mean."""
     seed: int = 0
     """Weight initialisation and data order."""
-    BASE_FIELDS = ("seq_len", "global_batch", "base_tokens", "base_lr", "lr_ref_width", "warmup_steps", "weight_decay",
-                   "val_seqs_general", "val_seqs_per_subdomain", "seed")
+    BASE_FIELDS = ("seq_len", "global_batch", "base_tokens", "base_lr", "lr_ref_width", "lr_rule_below_ref", "warmup_steps",
+                   "weight_decay", "val_seqs_general", "val_seqs_per_subdomain", "seed")
+    _HASH_IF_IT_MATTERS = ("lr_rule_below_ref",)   # hashed through the rate it gives (fingerprint)
     CPT_FIELDS = ("cpt_tokens", "first_checkpoint", "cpt_lr", "cpt_warmup_steps")
 
     def validate(self, processes: Optional[int] = None) -> "ProbePlan":
@@ -211,11 +219,15 @@ class ProbePlan(JsonSpec):
         """Hash of what determines a result: the data manifest, the size's shape, the base
         hyper-parameters, and for a CPT run (``ratio`` given) the CPT hyper-parameters, the ratio,
         the run's CPT budget ``tokens`` (None: ``cpt_tokens``) and its data-order ``seed``. Seed 0
-        hashes exactly as before seeds existed (its published results stay valid). 16 hex digits."""
+        hashes exactly as before seeds existed (its published results stay valid), and so does a
+        size whose rate ``lr_rule_below_ref`` leaves unchanged (every size at least
+        ``lr_ref_width`` wide); a size it changes hashes its rate. 16 hex digits."""
         manifest = (Path(self.data_dir) / "manifest.json").read_text()
         fields = self.BASE_FIELDS + (self.CPT_FIELDS if ratio is not None else ())
-        d = {k: getattr(self, k) for k in fields}
+        d = {k: getattr(self, k) for k in fields if k not in self._HASH_IF_IT_MATTERS}
         payload: list = [manifest, self.sizes.get(size), d, ratio]
+        if size in self.sizes and self.lr_multiplier(size) != self.lr_multiplier(size, below_ref=True):
+            payload.append({"lr_multiplier": self.lr_multiplier(size)})
         if ratio is not None:
             if tokens is not None:
                 d["cpt_tokens"] = int(tokens)
@@ -227,11 +239,20 @@ class ProbePlan(JsonSpec):
         """The launch's fingerprint (``ops.launch.spec_fingerprint`` of the plan and the manifest)."""
         return spec_fingerprint(asdict(self), str(Path(self.data_dir) / "manifest.json"))
 
+    def lr_multiplier(self, size: str, below_ref: Optional[bool] = None) -> float:
+        """What ``size``'s rate is multiplied by: lr_ref_width / n_embd, at most 1 unless the rule
+        applies below the reference width (``below_ref``; None: ``lr_rule_below_ref``); 1 when
+        lr_ref_width is 0. Raises KeyError for an unknown size."""
+        if not self.lr_ref_width:
+            return 1.0
+        m = self.lr_ref_width / self.sizes[size]["n_embd"]
+        return m if (self.lr_rule_below_ref if below_ref is None else below_ref) else min(1.0, m)
+
     def lr_for(self, size: str, lr: float) -> float:
         """The learning rate ``size`` trains at for a rate ``lr`` given at width ``lr_ref_width``:
-        lr x lr_ref_width / n_embd (``lr`` itself when lr_ref_width is 0). Raises KeyError for an
-        unknown size."""
-        return lr * self.lr_ref_width / self.sizes[size]["n_embd"] if self.lr_ref_width else lr
+        lr x ``lr_multiplier(size)`` (lr x lr_ref_width / n_embd, never above ``lr`` unless
+        ``lr_rule_below_ref``; ``lr`` itself when lr_ref_width is 0). Raises KeyError for an unknown size."""
+        return lr * self.lr_multiplier(size)
 
     def base_settings(self) -> dict:
         """The fields a CPT launch must share with the base models it starts from."""

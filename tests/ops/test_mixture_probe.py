@@ -101,8 +101,16 @@ def test_learning_rate_scales_as_one_over_width_and_enters_the_fingerprint(tmp_p
     (tmp_path / "manifest.json").write_text("{}")
     plan = ProbePlan(phase="base", data_dir=str(tmp_path), base_dir="", out_dir="")
     assert plan.lr_ref_width == 48 and plan.base_lr == 3e-3
-    assert [plan.lr_for(s, plan.base_lr) for s in ("xs", "l", "xxl")] == pytest.approx([9e-3, 1.5e-3, 7.5e-4])
+    # never above the given rate below the reference width (xs is 16 wide, s 32), 1/width above it
+    assert [plan.lr_for(s, plan.base_lr) for s in ("xs", "s", "m", "l", "xxl")] == pytest.approx([3e-3, 3e-3, 2.25e-3, 1.5e-3, 7.5e-4])
     assert plan.lr_for("l", 1e-3) == pytest.approx(0.5e-3)
+    below = ProbePlan(phase="base", data_dir=str(tmp_path), base_dir="", out_dir="", lr_rule_below_ref=True)
+    assert below.lr_for("xs", 3e-3) == pytest.approx(9e-3) and below.lr_for("l", 3e-3) == pytest.approx(1.5e-3)
+    # the cap re-hashes only the sizes whose rate it changes: wider sizes keep their published runs
+    assert [plan.fingerprint(s) == below.fingerprint(s) for s in ("xs", "s", "m", "l", "xl4", "xxl")] == \
+        [False, False, True, True, True, True]
+    assert plan.fingerprint("l", 0.5) == below.fingerprint("l", 0.5) and plan.fingerprint("xs", 0.5) != below.fingerprint("xs", 0.5)
+    assert plan.base_settings()["lr_rule_below_ref"] is False
     flat = ProbePlan(phase="base", data_dir=str(tmp_path), base_dir="", out_dir="", lr_ref_width=0)
     assert flat.lr_for("xxl", 3e-3) == 3e-3                       # 0: one rate for every size
     assert flat.fingerprint("l") != plan.fingerprint("l") and "lr_ref_width" in plan.base_settings()
@@ -114,7 +122,7 @@ def test_crashed_probe_resumes_from_its_checkpoint_to_the_uninterrupted_result(t
     data = _tiny_streams(tmp_path)
     assert _launch(_plan(tmp_path, data, "runs", "base")).returncode == 0
     assert (tmp_path / "base/xs/optimizer.pt").exists()
-    assert json.loads((tmp_path / "base/xs/base.json").read_text())["lr"] == pytest.approx(3e-3 * 48 / 16)  # 1/width rule
+    assert json.loads((tmp_path / "base/xs/base.json").read_text())["lr"] == pytest.approx(3e-3)  # narrower than 48: the base rate
 
     whole = _launch(_plan(tmp_path, data, "whole", "cpt"))
     assert whole.returncode == 0, whole.stderr[-2000:]
@@ -150,12 +158,14 @@ def test_fingerprints_and_folders_differ_per_seed_and_budget(tmp_path):
 
     (tmp_path / "manifest.json").write_text('{"vocab_size": 300}')
     plan = ProbePlan(phase="cpt", data_dir=str(tmp_path), base_dir="", out_dir="")
-    fp = {s: plan.fingerprint("xs", 0.5, seed=s) for s in (0, 1, 2)}
+    fp = {s: plan.fingerprint("l", 0.5, seed=s) for s in (0, 1, 2)}
     assert len(set(fp.values())) == 3
-    d = {k: getattr(plan, k) for k in plan.BASE_FIELDS + plan.CPT_FIELDS}
-    legacy = hashlib.sha256(json.dumps(['{"vocab_size": 300}', plan.sizes["xs"], d, 0.5], sort_keys=True).encode()).hexdigest()[:16]
+    # the fields as they were before lr_rule_below_ref existed: a size it does not change (l) hashes as then
+    d = {k: getattr(plan, k) for k in plan.BASE_FIELDS + plan.CPT_FIELDS if k != "lr_rule_below_ref"}
+    legacy = hashlib.sha256(json.dumps(['{"vocab_size": 300}', plan.sizes["l"], d, 0.5], sort_keys=True).encode()).hexdigest()[:16]
     assert fp[0] == legacy
-    assert plan.fingerprint("xs", 0.5, tokens=plan.cpt_tokens * 4) != fp[0]
+    assert plan.fingerprint("l", 0.5, tokens=plan.cpt_tokens * 4) != fp[0]
+    assert len({plan.fingerprint("xs", 0.5, seed=s) for s in (0, 1, 2)}) == 3
     # a run with its own budget is the run a plan with that budget would train
     assert plan.fingerprint("xs", 0.5, tokens=8192) == ProbePlan(phase="cpt", data_dir=str(tmp_path), base_dir="", out_dir="",
                                                                  cpt_tokens=8192).fingerprint("xs", 0.5)
