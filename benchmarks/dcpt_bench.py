@@ -395,7 +395,8 @@ def main() -> int:
     out = Path(args.out)
     result = previous_results(out)   # a skipped section keeps its last figures
     command = command_line(__file__)
-    result.update({"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}})
+    result.update({"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                                     "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY") or "default"}})
     phases = result.setdefault("phases", {})
     stamp = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if "closed_loop" not in skip:

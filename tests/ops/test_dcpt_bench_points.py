@@ -1,4 +1,6 @@
 """The D-CPT benchmark's record of the probe points it fitted: a digest that tells two lakes apart."""
+import math
+
 import polars as pl
 
 from benchmarks.dcpt_bench import probe_points
@@ -17,7 +19,7 @@ def test_digest_ignores_row_order_and_sees_a_last_bit_change():
     assert probe_points(_pts().reverse())["sha256"] == a["sha256"]
     assert len(a["points"]) == 8 and a["points"][0]["size"] == "xs" and a["points"][0]["tokens"] == 4096
     x = _pts()["loss_general"][1]
-    changed = probe_points(_pts(loss_general=x + x * 2.3e-16))      # one ulp at ~5 nats
+    changed = probe_points(_pts(loss_general=math.nextafter(x, math.inf)))      # one ulp up
     assert changed["sha256"] != a["sha256"]
     # the rounded table hides such a change, the digest does not
     assert changed["points"] == a["points"]
