@@ -21,7 +21,7 @@ import polars as pl
 from ops.lake import atomic_path, replace_dir_atomic
 from ops.lm.checkpoint import describe_saved
 from ops.mixture.law.config import FitFloorParams, LawFitParams, MixturePlanParams
-from ops.mixture.probe import PROBE_REPEAT_RATIOS, PROBE_SEEDS, SIZES, ProbePlan, run_dir_name
+from ops.mixture.probe import PROBE_BASE_INITS, PROBE_REPEAT_RATIOS, PROBE_SEEDS, SIZES, ProbePlan, base_dir_name, run_dir_name
 from ops.mixture.validation import ValidationParams
 from ops.mixture.tokens import TokenizerParams
 from resources.compute import ComputeResource
@@ -118,15 +118,27 @@ def cpt_tokenizer(context: dg.AssetExecutionContext, config: TokenizerConfig, la
                   "subdomain_shares": md_table(shares), "data_version": version})
 
 
-@mirrors(ProbePlan, own=("timeout_s",))
+@mirrors(ProbePlan, own=("timeout_s", "inits"))
 class BaseModelConfig(fields_of(ProbePlan,
         exclude=("phase", "data_dir", "base_dir", "out_dir", "runs", "sizes", "cpt_tokens",
                  "first_checkpoint", "cpt_lr", "cpt_warmup_steps"))):
     """Pre-training of the shared base model of each probe size: the Launchpad face of the base
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there)."""
 
+    inits: list[int] = list(PROBE_BASE_INITS)
+    """Base initialisations per size (distinct integers >= 0; default 0 and 1:
+    ops.mixture.probe.PROBE_BASE_INITS). Init 0 is the size's base at cpt_base_models/<size>/, init
+    k at <size>_i<k>/; each re-draws the weights and the base's data order. CPT seed k continues
+    init k (cpt_probe_runs.seeds_reinit_base)."""
     timeout_s: float = 1800.0
     """Wall-clock limit of the launch (all partitions of the run)."""
+
+
+def _init_list(inits) -> list[int]:
+    out = [int(i) for i in inits]
+    if not out or len(set(out)) != len(out) or min(out) < 0 or 0 not in out:
+        raise dg.Failure(f"cpt_base_models.inits must be distinct integers >= 0 including 0, got {list(inits)}")
+    return sorted(out)
 
 
 def _probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: ProbePlan, timeout_s: float,
@@ -143,31 +155,41 @@ def _probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: 
           group_name="mixture", code_version="1", kinds={"pytorch", "accelerate"}, pool="gpu")
 def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, lake: LakeResource,
                     compute: ComputeResource) -> dg.MaterializeResult:
-    """One GPT-2-style causal LM per probe size, pre-trained on the general corpus: the shared start
-    of that size's CPT probe runs. Non-embedding parameters N per size are in the metadata. A killed
-    launch is relaunched over its run folder (``assets.launch``); a finished base is reused."""
-    sizes = list(context.partition_keys)
+    """GPT-2-style causal LMs per probe size, pre-trained on the general corpus, one per base
+    initialisation (``inits``): the starts of that size's CPT probe runs (CPT seed k continues init
+    k). Non-embedding parameters N and each init's losses are in the metadata. A killed launch is
+    relaunched over its run folder (``assets.launch``); a finished base is reused."""
+    sizes, inits = list(context.partition_keys), _init_list(config.inits)
+    runs = [{"size": s, "ratio": 0.0, "init": i, "key": _base_key(s, i)} for s in sizes for i in inits]
     plan = ProbePlan(phase="base", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(lake.base / "cpt_base_models"),
-                     out_dir=str(lake.base / "cpt_probe_runs"), runs=[{"size": s, "ratio": 0.0, "key": s} for s in sizes],
-                     **config.model_dump(exclude={"timeout_s"})).validate(compute.num_processes)
+                     out_dir=str(lake.base / "cpt_probe_runs"), runs=runs,
+                     **config.model_dump(exclude={"timeout_s", "inits"})).validate(compute.num_processes)
     with _probe_launch(context, compute, lake, "cpt_base_models", plan, config.timeout_s) as run:
-        rows = [{"size": i["size"], "n_params": i["n_params"], "n_params_total": i["n_params_total"], "tokens": i["tokens"],
-                 "loss_general": round(i["losses"]["general"], 4), "loss_domain": round(i["losses"]["domain"], 4),
-                 "wall_s": i.get("wall_s"), "fingerprint": i["fingerprint"]} for i in (run.result["runs"][s] for s in sizes)]
+        rows = [{"size": i["size"], "init": int(i.get("init", 0)), "n_params": i["n_params"], "n_params_total": i["n_params_total"],
+                 "tokens": i["tokens"], "loss_general": round(i["losses"]["general"], 4), "loss_domain": round(i["losses"]["domain"], 4),
+                 "wall_s": i.get("wall_s"), "fingerprint": i["fingerprint"]} for i in (run.result["runs"][r["key"]] for r in runs)]
         per_key = {}
-        for key, r in zip(context.partition_keys, rows):
-            folder = lake.base / "cpt_base_models" / r["size"]
-            files = [folder / "model.safetensors", folder / "base.json"]
+        for key in context.partition_keys:
+            mine = [r for r in rows if r["size"] == key]
+            files = [lake.base / "cpt_base_models" / base_dir_name(key, r["init"]) / f for r in mine
+                     for f in ("model.safetensors", "base.json")]
             per_key[key] = {"partition_data_version": _content_version(*(f.read_bytes() for f in files if f.exists())),
-                            "rows": 1, "n_params": r["n_params"], "tokens": r["tokens"],
-                            "loss_general": r["loss_general"], "loss_domain": r["loss_domain"]}
+                            "rows": len(mine), "inits": len(mine), "n_params": mine[0]["n_params"], "tokens": mine[0]["tokens"],
+                            "loss_general": round(sum(r["loss_general"] for r in mine) / len(mine), 4),
+                            "loss_domain": round(sum(r["loss_domain"] for r in mine) / len(mine), 4)}
         return dg.MaterializeResult(
             data_version=_partition_versions(context, per_key),
             metadata={"bases": md_table(pl.DataFrame(rows)), "path": dg.MetadataValue.path(plan.base_dir),
                       "world_size": run.result["world_size"], "parallelism": run.result.get("parallelism", "data"), **run.metadata()})
 
 
-@mirrors(ProbePlan, own=("timeout_s", "seeds", "repeat_ratios"))
+def _base_key(size: str, init: int) -> str:
+    """A base run's key in the launch: ``size`` for init 0 (the key bases had before inits),
+    ``size|i<init>`` otherwise."""
+    return size + (f"|i{init}" if init else "")
+
+
+@mirrors(ProbePlan, own=("timeout_s", "seeds", "repeat_ratios", "seeds_reinit_base"))
 class ProbeRunConfig(fields_of(ProbePlan,
         exclude=("phase", "data_dir", "base_dir", "out_dir", "runs", "sizes", "seq_len", "global_batch",
                  "base_tokens", "base_lr", "lr_ref_width", "lr_rule_below_ref", "warmup_steps", "weight_decay", "val_seqs_general",
@@ -177,9 +199,14 @@ class ProbeRunConfig(fields_of(ProbePlan,
     (sequence length, global batch, validation sets) are those of cpt_base_models."""
 
     seeds: list[int] = list(PROBE_SEEDS)
-    """CPT data-order seeds: every (size, ratio) partition trains one run per seed in the same
-    launch, from the size's one base model (ops.mixture.probe.PROBE_SEEDS; >= 2 measure the noise
-    floor). The partition's table holds every seed's checkpoints, with a seed column."""
+    """Probe replicates: every (size, ratio) partition trains one run per seed in the same launch
+    (ops.mixture.probe.PROBE_SEEDS; >= 2 measure the noise floor). Seed k draws the CPT data order k
+    and, with seeds_reinit_base, continues base init k. The partition's table holds every seed's
+    checkpoints, with seed and init columns."""
+    seeds_reinit_base: bool = True
+    """Seed k continues the size's base initialisation k (cpt_base_models.inits must hold it), so
+    repeats measure initialisation and data-order noise together; false: every seed continues init
+    0 and the repeats measure the CPT data order alone (the behaviour before inits)."""
     repeat_ratios: list[float] = list(PROBE_REPEAT_RATIOS)
     """The ratios at which the seeds after the first are trained (empty = every ratio; default the
     interior ratios 0.25, 0.5, 0.75 of every size: ops.mixture.probe.PROBE_REPEAT_RATIOS)."""
@@ -189,10 +216,12 @@ class ProbeRunConfig(fields_of(ProbePlan,
 
 def _probe_table(info: dict) -> pl.DataFrame:
     """One row per checkpoint of a finished run: n_params, tokens, domain_ratio, seed (the run's CPT
-    data-order seed), loss_general, loss_domain and loss_domain/<subdomain> columns."""
+    data-order seed), init (its base initialisation), loss_general, loss_domain and
+    loss_domain/<subdomain> columns."""
     df = pl.DataFrame(info["points"])
     return df.with_columns(size=pl.lit(info["size"]), domain_ratio=pl.lit(float(info["ratio"])),
                            seed=pl.lit(int(info.get("seed", 0)), dtype=pl.Int64),
+                           init=pl.lit(int(info.get("init", 0)), dtype=pl.Int64),
                            n_params=pl.lit(int(info["n_params"])), n_params_total=pl.lit(int(info["n_params_total"])))
 
 
@@ -216,7 +245,8 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
                    compute: ComputeResource) -> dg.MaterializeResult:
     """Continual pre-training of a size's base model on a general/domain mixture at one domain ratio
     r_d, with validation losses (general, domain, each sub-domain; nats/token) at exponentially spaced
-    token counts D. One Parquet table per (size, ratio) partition."""
+    token counts D, one run per seed (seed k from base init k). One Parquet table per (size, ratio)
+    partition."""
     from ops.mixture import plots
 
     seeds = _seed_list(config.seeds)
@@ -225,17 +255,20 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
     def seeds_of(ratio: str) -> list[int]:
         return seeds if not repeat or ratio in repeat else seeds[:1]
 
-    runs = sorted(({"size": k["size"], "ratio": float(k["ratio"]), "seed": seed, "key": _run_key(k["size"], k["ratio"], seed)}
+    runs = sorted(({"size": k["size"], "ratio": float(k["ratio"]), "seed": seed, "init": seed if config.seeds_reinit_base else 0,
+                    "key": _run_key(k["size"], k["ratio"], seed)}
                    for k in (_dims(k) for k in context.partition_keys) for seed in seeds_of(k["ratio"])),
                   key=lambda r: (CPT_SIZES.index(r["size"]) if r["size"] in CPT_SIZES else 0, r["ratio"], r["seed"]))
     if not runs:
         raise dg.Failure(f"cpt_probe_runs: no run in partitions {list(context.partition_keys)} (seeds {seeds})")
     base_dir = lake.base / "cpt_base_models"
     settings = None
-    for s in sorted({r["size"] for r in runs}):
-        p = base_dir / s / "base.json"
+    for s, init in sorted({(r["size"], r["init"]) for r in runs}):
+        p = base_dir / base_dir_name(s, init) / "base.json"
         if not p.exists():
-            raise dg.Failure(f"cpt_probe_runs: no base model for size {s!r} at {p}; materialize cpt_base_models[{s}] first")
+            raise dg.Failure(f"cpt_probe_runs: no base model for size {s!r}, init {init} at {p} (seed {init} continues "
+                             f"base init {init}); materialize cpt_base_models[{s}] with inits holding {init}, or set "
+                             "seeds_reinit_base false")
         st = json.loads(p.read_text())["settings"]
         if settings is not None and st != settings:
             raise dg.Failure(f"cpt_probe_runs: base models disagree on their settings ({s}: {st} vs {settings}); "
@@ -243,7 +276,7 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
         settings = st
     plan = ProbePlan(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
                      out_dir=str(lake.base / "cpt_probe_runs"), runs=runs, **settings,
-                     **config.model_dump(exclude={"timeout_s", "seeds", "repeat_ratios"})).validate(compute.num_processes)
+                     **config.model_dump(exclude={"timeout_s", "seeds", "repeat_ratios", "seeds_reinit_base"})).validate(compute.num_processes)
     with _probe_launch(context, compute, lake, "cpt_probe_runs", plan, config.timeout_s) as run:
         finals, per_key = [], {}
         for key, d in ((k, _dims(k)) for k in context.partition_keys):
@@ -254,6 +287,7 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
                 tables.append(df)
                 last = df.sort("tokens").row(-1, named=True)
                 finals.append({"size": d["size"], "n_params": info["n_params"], "domain_ratio": float(d["ratio"]), "seed": seed,
+                               "init": int(info.get("init", 0)),
                                "tokens": last["tokens"], "loss_general": round(last["loss_general"], 4),
                                "loss_domain": round(last["loss_domain"], 4), "checkpoints": df.height - 1,
                                "wall_s": info.get("wall_s")})
@@ -309,13 +343,39 @@ def _dims(key) -> dict:
     return dict(probe_partitions.get_partition_key_from_str(str(key)).keys_by_dimension)
 
 
+def final_rises(runs: pl.DataFrame, n_params: int) -> pl.DataFrame:
+    """Each probe run of one size at its largest D, with ``general_rise``: its general loss relative
+    to its own base model's (the run's D = 0 point; null for a table without one), so a seed that
+    continues another base initialisation is measured against that base. Columns: domain_ratio,
+    seed, tokens, loss_general, loss_domain, loss_general_base, general_rise."""
+    at = runs.filter(pl.col("n_params") == n_params)
+    base = at.filter(pl.col("tokens") == 0).select("domain_ratio", "seed", loss_general_base=pl.col("loss_general"))
+    last = at.filter(pl.col("tokens") == at["tokens"].max()).select("domain_ratio", "seed", "tokens", "loss_general", "loss_domain")
+    return (last.join(base, on=["domain_ratio", "seed"], how="left")
+            .with_columns(general_rise=(pl.col("loss_general") - pl.col("loss_general_base")) / pl.col("loss_general_base")))
+
+
 def grid_at_largest(runs: pl.DataFrame, n_params: int) -> pl.DataFrame:
     """The probe grid at one size and its largest D: per domain ratio the seed-mean general and
-    domain losses (nats/token) and the number of seeds, sorted by ratio."""
-    at = runs.filter(pl.col("n_params") == n_params)
-    return (at.filter(pl.col("tokens") == at["tokens"].max()).group_by("domain_ratio")
+    domain losses (nats/token), the seed-mean ``general_rise`` over each run's own base model
+    (``final_rises``) and the number of seeds, sorted by ratio."""
+    return (final_rises(runs, n_params).group_by("domain_ratio")
             .agg(pl.col("tokens").first(), pl.col("loss_general").mean(), pl.col("loss_domain").mean(),
-                 seeds=pl.len()).sort("domain_ratio"))
+                 pl.col("general_rise").mean(), seeds=pl.len()).sort("domain_ratio"))
+
+
+def base_losses(lake: LakeResource, size: str) -> dict[str, float]:
+    """A probe size's base losses (nats/token, per stream): the mean over its base initialisations
+    in the lake (``<size>/`` and ``<size>_i<k>/`` with init 0's settings), the size's expected base
+    model, as the law's fit averages over the probes' seeds. Raises dagster.Failure without init 0."""
+    root = lake.base / "cpt_base_models"
+    p0 = root / size / "base.json"
+    if not p0.exists():
+        raise dg.Failure(f"no base model for size {size!r} at {p0}; materialize cpt_base_models[{size}] first")
+    first = json.loads(p0.read_text())
+    infos = [first] + [i for i in (json.loads(p.read_text()) for p in sorted(root.glob(f"{size}_i*/base.json")))
+                       if i.get("settings") == first.get("settings") and i.get("size") == size]
+    return {k: sum(i["losses"][k] for i in infos) / len(infos) for k in first["losses"]} | {"inits": len(infos)}
 
 
 def _read_probe_runs(lake: LakeResource) -> pl.DataFrame:
@@ -423,8 +483,7 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     cross = pl.DataFrame(cross_rows)
     base_loss = {}
     for s in sorted(runs["size"].unique().to_list()):
-        info = json.loads((lake.base / "cpt_base_models" / s / "base.json").read_text())
-        base_loss[str(info["n_params"])] = info["losses"]
+        base_loss[str(int(runs.filter(pl.col("size") == s)["n_params"][0]))] = base_losses(lake, s)
     doc = {"chosen_form": chosen, "huber_delta": config.huber_delta, "fits": fits,
            "bootstrap": {t: [f.to_dict() for f in b.fits] for t, b in boots.items()},
            "generalisation": generalisation, "cross_domain": cross_rows,
@@ -579,8 +638,9 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
     n_max = max(probe["n_params"])
     last = grid_at_largest(runs, n_max)
     grid_answer, base_probe = None, probe["base_losses"].get(str(n_max))
-    if base_probe:
+    if last["general_rise"].is_null().any() and base_probe:   # a table without D = 0 points: the size's base
         last = last.with_columns(general_rise=(pl.col("loss_general") - base_probe["general"]) / base_probe["general"])
+    if last["general_rise"].is_not_null().all():
         ok = last.filter(pl.col("general_rise") <= T)
         if ok.height:
             grid_answer = ok.sort("loss_domain").row(0, named=True)
@@ -780,7 +840,7 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
                          "runs": [{k: r[k] for k in ("size", "ratio", "seed", "tokens", "key")} for r in runs]}
                       ).validate(compute.num_processes)
     with _probe_launch(context, compute, lake, "mixture_validation", cplan, config.timeout_s, key="cpt") as run:
-        base_losses = {s: json.loads((base_dir / s / "base.json").read_text())["losses"] for s in need}
+        val_base_losses = {s: json.loads((base_dir / s / "base.json").read_text())["losses"] for s in need}
         base_n = {s: int(json.loads((base_dir / s / "base.json").read_text())["n_params"]) for s in need}
         rows, tables = [], []
         quantiles = (plan["tradeoff"].get("spread") or {}).get("q") or [10, 90]   # the plan's bootstrap percentiles
@@ -790,7 +850,7 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
             tables.append(df)
             last = df.filter(pl.col("tokens") == pl.col("tokens").max()).row(0, named=True)
             N, Dm, rd = float(info["n_params"]), float(last["tokens"]), float(r["ratio"])
-            lg0 = float(base_losses[r["size"]]["general"])
+            lg0 = float(val_base_losses[r["size"]]["general"])
             pred = {t: float(fits[t].predict(N, Dm, rd)) for t in law.TARGETS}
             band = {t: ([float(np.percentile([b.predict(N, Dm, rd) for b in boots[t]], q)) for q in quantiles]
                         if boots[t] else None) for t in law.TARGETS}
@@ -808,10 +868,9 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
                                       asks["tradeoff_grid"]["ratio"] if "tradeoff_grid" in asks else None, target_rows)
         # context for the verdict: the seed spread of the rise among the probes of the target size
         probes = _read_probe_runs(lake)
-        at = probes.filter((pl.col("size") == target_size) & (pl.col("tokens") == probes.filter(
-            pl.col("size") == target_size)["tokens"].max()))
-        lg0_t = float(base_losses[target_size]["general"])
-        spread = (at.group_by("domain_ratio").agg(sd=(pl.col("loss_general") / lg0_t).std(), n=pl.len())
+        lg0_t = float(val_base_losses[target_size]["general"])
+        at = final_rises(probes, int(probes.filter(pl.col("size") == target_size)["n_params"][0]))
+        spread = (at.group_by("domain_ratio").agg(sd=pl.col("general_rise").std(), n=pl.len())
                   .filter(pl.col("n") >= 2))
         noise = float(np.sqrt((spread["sd"] ** 2).mean())) if spread.height else None
         usages = {}

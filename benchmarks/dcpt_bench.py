@@ -281,7 +281,7 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
     """The per-form fit quality, the trade-off at the probe grid and the Cross-Domain law."""
     import polars as pl
 
-    from assets.mixture import _read_probe_runs, grid_at_largest, subdomain_points
+    from assets.mixture import _read_probe_runs, base_losses, grid_at_largest, subdomain_points
     from ops.mixture import law
     from resources.lake import LakeResource
 
@@ -306,9 +306,9 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
     n_max = int(pts["n_params"].max())
     d_max = int(pts["tokens"].max())
     size = runs.filter(pl.col("n_params") == n_max)["size"][0]
-    base = json.loads((lake.base / "cpt_base_models" / size / "base.json").read_text())["losses"]["general"]
+    base = base_losses(lake, size)["general"]          # the mean over the size's base initialisations
     law_plan = law.tradeoff_ratio(fg, fd, n_max, d_max, T, L_g0=base)
-    last = grid_at_largest(runs, n_max).with_columns(general_rise=(pl.col("loss_general") - base) / base)
+    last = grid_at_largest(runs, n_max)                 # each run's rise over its own base, seed-mean
     feasible = last.filter(pl.col("general_rise") <= T)
     grid_best = feasible.sort("loss_domain").row(0, named=True) if feasible.height else None
     manifest = json.loads((lake.base / "cpt_tokenizer" / "manifest.json").read_text())

@@ -21,6 +21,13 @@ CPT-stage noise the law's fit cannot explain (docs/mixture.md, "Closed loop"). S
 stream seeds, fingerprint and folder name that runs had before seeds existed, so their results are
 reused. A run may also carry its own ``tokens`` (its CPT budget D instead of the plan's
 ``cpt_tokens``), as the closed-loop validation runs do.
+
+Base initialisations: a size may have several base models, one per ``init`` (``init_seed_offset``
+re-draws both the weights and the base's data order; init 0 is the base every run had before
+inits existed, at ``<base_dir>/<size>/``, init k > 0 at ``<size>_i<k>/``). A CPT run carrying
+``init`` continues that base. The probe assets pair CPT seed k with base init k, so repeated probes
+are whole replicates and their spread includes the initialisation noise, as a model of another
+size (or a validation model) differs from the law's probes by both (docs/mixture.md, "Noise ceiling").
 """
 
 from __future__ import annotations
@@ -57,8 +64,16 @@ SIZES: dict[str, dict[str, int]] = {
 PROBE_SEEDS: tuple[int, ...] = (0, 1)
 """CPT data-order seeds of the probe runs (``cpt_probe_runs.seeds``). Two is the fewest that
 measure the noise floor: the spread of repeated runs at one (N, D, r_d), which no law can fit below
-(docs/mixture.md, "Closed loop"). Every run at every seed continues the size's one base model, so
-the seeds measure the CPT-stage noise (data order), not the base model's initialisation noise."""
+(docs/mixture.md, "Closed loop"). Seed k continues the size's base initialisation k
+(``PROBE_BASE_INITS``), so the seeds measure the noise of the whole run, initialisation and data
+order, not only the CPT stage's."""
+
+PROBE_BASE_INITS: tuple[int, ...] = (0, 1)
+"""Base initialisations per probe size (``cpt_base_models.inits``). With CPT seed k continuing base
+init k (``cpt_probe_runs.seeds_reinit_base``), a probe's repeats differ in initialisation and data
+order. Measured before they did (docs/mixture.md, "Base initialisations"): two initialisations of
+one validation size differ by ~0.5% in loss, as much as the CPT seeds' spread, and each probe size's
+N-axis point was one draw of it."""
 
 PROBE_REPEAT_RATIOS: tuple[float, ...] = (0.25, 0.5, 0.75)
 """The ratios at which the seeds after the first are trained (``cpt_probe_runs.repeat_ratios``;
@@ -127,9 +142,10 @@ class ProbePlan(JsonSpec):
     out_dir: str
     """Root of the CPT results: ``<out_dir>/<run>/metrics.json`` per CPT run."""
     runs: list[dict] = field(default_factory=list)
-    """[{"size": "xs", "ratio": 0.25, "key": "...", "seed": 0, "tokens": None}]: ``seed`` (int >= 0,
-    default 0) is a CPT run's data-order seed, ``tokens`` (int >= 1, default ``cpt_tokens``) its
-    own CPT budget D; both are ignored by the base phase."""
+    """[{"size": "xs", "ratio": 0.25, "key": "...", "seed": 0, "tokens": None, "init": 0}]: ``seed``
+    (int >= 0, default 0) is a CPT run's data-order seed, ``tokens`` (int >= 1, default
+    ``cpt_tokens``) its own CPT budget D, both ignored by the base phase; ``init`` (int >= 0,
+    default 0) the base initialisation the base phase trains and a CPT run continues."""
     parallelism: Parallelism = "auto"
     """How the launch's ranks share its runs: "data" (every rank takes a slice of every run's
     global batch, gradients all-reduced), "runs" (each rank trains whole runs alone, assigned by
@@ -207,27 +223,32 @@ class ProbePlan(JsonSpec):
                 raise ValueError(f"probe run {r.get('key')!r}: unknown probe size {r.get('size')!r}; known: {sorted(self.sizes)}")
             if not 0.0 <= float(r.get("ratio", -1)) <= 1.0:
                 raise ValueError(f"probe run {r.get('key')!r}: domain ratio {r.get('ratio')} outside [0, 1]")
-            seed = r.get("seed", 0)
-            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-                raise ValueError(f"probe run {r.get('key')!r}: seed must be an integer >= 0, got {seed!r}")
+            for k in ("seed", "init"):
+                v = r.get(k, 0)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"probe run {r.get('key')!r}: {k} must be an integer >= 0, got {v!r}")
             tokens = r.get("tokens")
             if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
                 raise ValueError(f"probe run {r.get('key')!r}: tokens must be an integer >= 1 (or absent), got {tokens!r}")
         return self
 
-    def fingerprint(self, size: str, ratio: float | None = None, seed: int = 0, tokens: int | None = None) -> str:
+    def fingerprint(self, size: str, ratio: float | None = None, seed: int = 0, tokens: int | None = None,
+                    init: int = 0) -> str:
         """Hash of what determines a result: the data manifest, the size's shape, the base
-        hyper-parameters, and for a CPT run (``ratio`` given) the CPT hyper-parameters, the ratio,
-        the run's CPT budget ``tokens`` (None: ``cpt_tokens``) and its data-order ``seed``. Seed 0
-        hashes exactly as before seeds existed (its published results stay valid), and so does a
-        size whose rate ``lr_rule_below_ref`` leaves unchanged (every size at least
-        ``lr_ref_width`` wide); a size it changes hashes its rate. 16 hex digits."""
+        hyper-parameters, the base initialisation ``init``, and for a CPT run (``ratio`` given) the
+        CPT hyper-parameters, the ratio, the run's CPT budget ``tokens`` (None: ``cpt_tokens``) and
+        its data-order ``seed``. Seed 0 and init 0 hash exactly as before seeds and inits existed
+        (their published results stay valid), and so does a size whose rate ``lr_rule_below_ref``
+        leaves unchanged (every size at least ``lr_ref_width`` wide); a size it changes hashes its
+        rate. 16 hex digits."""
         manifest = (Path(self.data_dir) / "manifest.json").read_text()
         fields = self.BASE_FIELDS + (self.CPT_FIELDS if ratio is not None else ())
         d = {k: getattr(self, k) for k in fields if k not in self._HASH_IF_IT_MATTERS}
         payload: list = [manifest, self.sizes.get(size), d, ratio]
         if size in self.sizes and self.lr_multiplier(size) != self.lr_multiplier(size, below_ref=True):
             payload.append({"lr_multiplier": self.lr_multiplier(size)})
+        if init:
+            payload.append({"base_init": int(init)})
         if ratio is not None:
             if tokens is not None:
                 d["cpt_tokens"] = int(tokens)
@@ -259,10 +280,24 @@ class ProbePlan(JsonSpec):
         return {k: getattr(self, k) for k in self.BASE_FIELDS}
 
 
-def run_dir_name(size: str, ratio: float, seed: int = 0, tokens: int | None = None) -> str:
+def run_dir_name(size: str, ratio: float, seed: int = 0, tokens: int | None = None, init: int = 0) -> str:
     """The folder (and lake table) name of a CPT run: ``<size>_r<ratio>``, then ``_s<seed>`` for a
-    seed other than 0 and ``_D<tokens>`` for a run with its own CPT budget."""
-    return f"{size}_r{ratio:.3f}" + (f"_s{seed}" if seed else "") + (f"_D{tokens}" if tokens is not None else "")
+    seed other than 0, ``_D<tokens>`` for a run with its own CPT budget and ``_i<init>`` for a run
+    continuing a base initialisation other than 0."""
+    return (f"{size}_r{ratio:.3f}" + (f"_s{seed}" if seed else "") + (f"_D{tokens}" if tokens is not None else "")
+            + (f"_i{init}" if init else ""))
+
+
+def base_dir_name(size: str, init: int = 0) -> str:
+    """The folder of a base model under ``base_dir``: ``<size>`` for init 0 (the folder bases had
+    before inits existed), ``<size>_i<init>`` otherwise."""
+    return size + (f"_i{init}" if init else "")
+
+
+def init_seed_offset(init: int) -> int:
+    """What base initialisation ``init`` adds to the weight seed and to the base's stream seeds: 0
+    for init 0, else a multiple of 10^9, beyond every base/ratio/CPT-seed offset."""
+    return 1_000_000_000 * int(init)
 
 
 def cpt_seed_offset(seed: int) -> int:
@@ -310,18 +345,21 @@ class _Probe:
     def load(self, name: str) -> np.ndarray:
         return np.load(Path(self.plan.data_dir) / f"{name}.npy", mmap_mode="r")
 
-    def model(self, size: str):
+    def model(self, size: str, init: int = 0):
         from ops.lm.model import gpt2, param_counts
 
-        m = gpt2(self.manifest["vocab_size"], self.plan.seq_len, self.manifest["eot_id"], self.plan.sizes[size], self.plan.seed)
+        m = gpt2(self.manifest["vocab_size"], self.plan.seq_len, self.manifest["eot_id"], self.plan.sizes[size],
+                 self.plan.seed + init_seed_offset(init))
         return m, *param_counts(m)
 
-    def batches(self, ratio_seed: int, ratio: float, cpt_seed: int = 0):
+    def batches(self, ratio_seed: int, ratio: float, cpt_seed: int = 0, init: int = 0):
         """General and domain blocks at domain ratio ``ratio`` (domain rows first in each batch), in
-        the order of ``cpt_seed`` (``cpt_seed_offset``)."""
+        the order of ``cpt_seed`` (``cpt_seed_offset``) and, for a base, of its ``init``
+        (``init_seed_offset``)."""
         from ops.lm.data import BlockStream, MixedBatches
 
-        seed, L = self.plan.seed * 1000 + ratio_seed + cpt_seed_offset(cpt_seed), self.plan.seq_len
+        seed = self.plan.seed * 1000 + ratio_seed + cpt_seed_offset(cpt_seed) + init_seed_offset(init)
+        L = self.plan.seq_len
         general = BlockStream(self.load("general_train"), L, seed, "general_train")
         domain = BlockStream(self.load("domain_train"), L, seed + 1, "domain_train")
         return MixedBatches(domain, general, self.plan.global_batch, ratio, name="probe batches")
@@ -342,24 +380,26 @@ class _Probe:
         return info
 
     def base(self, run: dict, out: Path) -> dict:
-        """Pre-train the base model of ``run["size"]`` and publish it (or reuse the published one)."""
+        """Pre-train base initialisation ``run["init"]`` (default 0) of ``run["size"]`` and publish
+        it (or reuse the published one)."""
         from ops.lake import write_json_atomic
         from ops.lm.checkpoint import published
         from ops.lm.model import save_model
         from ops.lm.train import Trainer, adamw, lambda_lr, token_mean_loss, warmup_constant
 
-        plan, size, t0 = self.plan, run["size"], time.monotonic()
-        folder, fp = Path(plan.base_dir) / size, plan.fingerprint(size)
-        if (info := self.reused(run["key"], published(folder / "base.json", fp, self.log, f"base {size}"))) is not None:
+        plan, size, init, t0 = self.plan, run["size"], int(run.get("init", 0)), time.monotonic()
+        name = base_dir_name(size, init)
+        folder, fp = Path(plan.base_dir) / name, plan.fingerprint(size, init=init)
+        if (info := self.reused(run["key"], published(folder / "base.json", fp, self.log, f"base {name}"))) is not None:
             return info
-        model, n_params, n_total = self.model(size)
+        model, n_params, n_total = self.model(size, init)
         opt = adamw(model, plan.lr_for(size, plan.base_lr), plan.weight_decay)
         steps = max(1, math.ceil(plan.base_tokens / self.per_step))
-        trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.warmup_steps)), self.batches(0, 0.0),
-                          token_mean_loss, name=f"base {size}", log=self.log)
+        trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.warmup_steps)), self.batches(0, 0.0, init=init),
+                          token_mean_loss, name=f"base {name}", log=self.log)
         trainer.train(steps)
         losses = trainer.evaluate(self.losses)
-        info = {"fingerprint": fp, "size": size, "settings": plan.base_settings(), "n_params": n_params,
+        info = {"fingerprint": fp, "size": size, "init": init, "settings": plan.base_settings(), "n_params": n_params,
                 "n_params_total": n_total, "tokens": steps * self.per_step, "steps": steps, "lr": plan.lr_for(size, plan.base_lr),
                 "losses": losses,
                 "wall_s": round(time.monotonic() - t0, 2), "world_size": self.dp.world}
@@ -368,7 +408,7 @@ class _Probe:
             save_model(trainer.unwrapped, folder, trainer.optimizer)
             write_json_atomic(info, folder / "base.json", indent=1)
             self.pipes.report_custom_message({"run": run["key"], **info})
-            self.log(f"base {size}: N={n_params} loss_general={losses['general']:.4f} "
+            self.log(f"base {name}: N={n_params} loss_general={losses['general']:.4f} "
                      f"loss_domain={losses['domain']:.4f} in {info['wall_s']} s")
         self.dp.barrier()
         return info
@@ -382,17 +422,17 @@ class _Probe:
         from ops.lm.train import Trainer, adamw, crash_if_asked, lambda_lr, token_mean_loss, warmup_constant
 
         plan, size, ratio, key, t0 = self.plan, run["size"], float(run["ratio"]), run["key"], time.monotonic()
-        seed, budget = int(run.get("seed", 0)), run.get("tokens")
-        base = Path(plan.base_dir) / size
+        seed, budget, init = int(run.get("seed", 0)), run.get("tokens"), int(run.get("init", 0))
+        base = Path(plan.base_dir) / base_dir_name(size, init)
         base_info = json.loads((base / "base.json").read_text()) if (base / "base.json").exists() else None
-        if base_info is None or base_info.get("fingerprint") != plan.fingerprint(size):
-            raise FileNotFoundError(f"run {key}: no base model for size {size!r} under {base} matching these "
-                                    "base settings; materialize cpt_base_models (size partition) first")
-        name, fp = run_dir_name(size, ratio, seed, budget), plan.fingerprint(size, ratio, seed, budget)
+        if base_info is None or base_info.get("fingerprint") != plan.fingerprint(size, init=init):
+            raise FileNotFoundError(f"run {key}: no base model for size {size!r} (init {init}) under {base} matching "
+                                    "these base settings; materialize cpt_base_models (size partition) first")
+        name, fp = run_dir_name(size, ratio, seed, budget, init), plan.fingerprint(size, ratio, seed, budget, init)
         metrics = Path(plan.out_dir) / name / "metrics.json"
         if (info := self.reused(key, published(metrics, fp, self.log, f"cpt {key}"))) is not None:
             return info
-        model, n_params, n_total = self.model(size)
+        model, n_params, n_total = self.model(size, init)
         load_model(base, model)
         opt = adamw(model, plan.lr_for(size, plan.cpt_lr), plan.weight_decay, init_state=base / "optimizer.pt")
         marks = [m // self.per_step for m in checkpoint_tokens(plan, budget)]
@@ -416,7 +456,7 @@ class _Probe:
             if stop < marks[-1]:
                 crash_if_asked("CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS", len(trainer.history) - 1, "checkpoints",
                                f"cpt {key}", self.log, since=saved_before, kill=self.dp.kill_launch)
-        info = {"fingerprint": fp, "key": key, "size": size, "ratio": ratio, "seed": seed,
+        info = {"fingerprint": fp, "key": key, "size": size, "ratio": ratio, "seed": seed, "init": init,
                 "cpt_settings": {**{k: getattr(plan, k) for k in plan.CPT_FIELDS}, "cpt_tokens": points_budget(plan, budget)},
                 "lr": plan.lr_for(size, plan.cpt_lr), "n_params": n_params, "n_params_total": n_total, "world_size": self.dp.world,
                 "subdomain_share": self.manifest["subdomain_share"], "points": trainer.history,

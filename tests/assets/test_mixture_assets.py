@@ -55,6 +55,21 @@ def test_one_probe_partition_materializes_on_two_ranks(tmp_path):
     assert {"loss_domain/algebra", "loss_domain/geometry"} <= set(df.columns)
     # training on the mixture lowered the domain loss below the base model's
     assert df["loss_domain"][-1] < df["loss_domain"][0]
+    # seed k continued base init k (the default inits 0 and 1): different base points, then different data order
+    a, b = (df.filter(pl.col("seed") == s).sort("tokens") for s in (0, 1))
+    assert a["init"].unique().to_list() == [0] and b["init"].unique().to_list() == [1]
+    assert (a["loss_general"] != b["loss_general"]).all()
+    b0, b1 = (json.loads((tmp_path / f"lake/cpt_base_models/{d}/base.json").read_text()) for d in ("xs", "xs_i1"))
+    assert (a["loss_general"][0], b["loss_general"][0]) == (b0["losses"]["general"], b1["losses"]["general"])
+    # the grid's rise is each run's over its own base, averaged over the seeds
+    rises = mixture.final_rises(df, int(df["n_params"][0])).sort("seed")
+    assert rises["general_rise"].to_list() == pytest.approx(
+        [(x["loss_general"][-1] - x["loss_general"][0]) / x["loss_general"][0] for x in (a, b)])
+    grid = mixture.grid_at_largest(df, int(df["n_params"][0]))
+    assert grid["general_rise"][0] == pytest.approx(sum(rises["general_rise"]) / 2) and grid["seeds"][0] == 2
+    # the size's base losses (the fit's and the plan's L_g0) are the mean over its inits
+    got = mixture.base_losses(lake, "xs")
+    assert got["inits"] == 2 and got["general"] == pytest.approx((b0["losses"]["general"] + b1["losses"]["general"]) / 2)
 
 
 def test_a_killed_probe_launch_is_retried_and_resumes_from_its_checkpoint(tmp_path, monkeypatch):
@@ -216,7 +231,11 @@ def test_a_range_run_gives_every_partition_its_own_data_version(tmp_path):
     assert sorted(bases) == ["s", "xs"]
     v = {k: m.metadata["partition_data_version"].value for k, m in bases.items()}
     assert v["xs"] != v["s"] and all(len(x) == 16 for x in v.values())
-    assert bases["xs"].metadata["rows"].value == 1 and bases["s"].metadata["n_params"].value > bases["xs"].metadata["n_params"].value
+    # one base per initialisation (default inits 0 and 1), both hashed into the partition's version
+    assert bases["xs"].metadata["rows"].value == bases["xs"].metadata["inits"].value == 2
+    assert bases["s"].metadata["n_params"].value > bases["xs"].metadata["n_params"].value
+    xs = [tmp_path / "lake/cpt_base_models" / d / f for d in ("xs", "xs_i1") for f in ("model.safetensors", "base.json")]
+    assert v["xs"] == mixture._content_version(*(f.read_bytes() for f in xs))
 
     probes = materialize(mixture.cpt_probe_runs, TINY_CPT, "0.50|xs", "0.50|s")
     assert sorted(probes) == ["0.50|s", "0.50|xs"]
@@ -245,8 +264,9 @@ def test_a_range_run_gives_every_partition_its_own_data_version(tmp_path):
 
 # --- the closed loop on real tiny training ------------------------------------------------------
 
-LOOP_BASE = {**TINY_BASE, "base_tokens": 8192}     # a base trained to its floor on the tiny general corpus
-LOOP_CPT = {"cpt_tokens": 1024, "first_checkpoint": 64, "seeds": [0, 1], "repeat_ratios": [0.5]}
+LOOP_BASE = {**TINY_BASE, "base_tokens": 8192, "inits": [0]}  # a base trained to its floor on the tiny general corpus
+# data-order seeds only (one base per size): the case whose plan breaks T, below
+LOOP_CPT = {"cpt_tokens": 1024, "first_checkpoint": 64, "seeds": [0, 1], "repeat_ratios": [0.5], "seeds_reinit_base": False}
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +304,8 @@ def test_probe_tables_hold_one_run_per_seed(loop_lake):
     df = lake.read("cpt_probe_runs", "s_r0.500")
     assert sorted(df["seed"].unique().to_list()) == [0, 1] and df.height == 2 * 6
     a, b = (df.filter(pl.col("seed") == s).sort("tokens") for s in (0, 1))
+    # seeds_reinit_base false: every seed continues init 0, so the seeds share the base point
+    assert df["init"].unique().to_list() == [0]
     assert a["loss_general"][0] == b["loss_general"][0]                        # the shared base point
     assert (a["loss_general"][1:] != b["loss_general"][1:]).all()               # then different data order
     assert lake.read("cpt_probe_runs", "s_r1.000")["seed"].unique().to_list() == [0]   # not a repeat ratio

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from ops.mixture import corpus
-from ops.mixture.probe import ProbePlan, checkpoint_tokens, run_dir_name
+from ops.mixture.probe import ProbePlan, base_dir_name, checkpoint_tokens, run_dir_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,6 +201,51 @@ def test_seeds_train_distinct_runs_from_one_base(tmp_path):
     assert [p["tokens"] for p in c["points"]] == [0, 128, 256]
     assert c["points"][1:] == b["points"][1:3]                               # same seed: the same data, cut at its budget
     assert (tmp_path / "runs" / "xs_r0.500_s1" / "metrics.json").exists() and (tmp_path / "runs" / "xs_r0.500_s1_D256").exists()
+
+
+def test_base_inits_are_distinct_models_that_cpt_runs_continue(tmp_path):
+    """A second base initialisation of one size re-draws the weights and the base data order (its
+    own folder, fingerprint and losses); a CPT run carrying init 1 starts from that base's losses
+    and differs from the init-0 run of the same seed; init 0 hashes as bases did before inits."""
+    import hashlib
+
+    data = _tiny_streams(tmp_path)
+    spec = json.loads(_plan(tmp_path, data, "runs", "base").read_text())
+    spec["runs"] = [{"size": "xs", "ratio": 0.0, "key": "xs"}, {"size": "xs", "ratio": 0.0, "key": "xs|i1", "init": 1}]
+    p = tmp_path / "inits-base.json"
+    p.write_text(json.dumps(spec))
+    r = _launch(p)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "inits-base.run" / "result.json").read_text())["runs"]
+    b0, b1 = got["xs"], got["xs|i1"]
+    assert (b0["init"], b1["init"]) == (0, 1) and b0["fingerprint"] != b1["fingerprint"]
+    assert b0["losses"]["general"] != b1["losses"]["general"] and b0["n_params"] == b1["n_params"]
+    assert (tmp_path / "base" / "xs" / "base.json").exists() and (tmp_path / "base" / "xs_i1" / "base.json").exists()
+    plan = ProbePlan.from_json(p.read_text())
+    d = {k: getattr(plan, k) for k in plan.BASE_FIELDS if k != "lr_rule_below_ref"}
+    manifest = (data / "manifest.json").read_text()
+    legacy = hashlib.sha256(json.dumps([manifest, plan.sizes["m"], d, None], sort_keys=True).encode()).hexdigest()[:16]
+    assert plan.fingerprint("m") == legacy != plan.fingerprint("m", init=1)
+    assert base_dir_name("xs") == "xs" and base_dir_name("xs", 1) == "xs_i1"
+    assert run_dir_name("xs", 0.5, 1, init=1) == "xs_r0.500_s1_i1"
+
+    spec = json.loads(_plan(tmp_path, data, "runs", "cpt").read_text())
+    spec["runs"] = [{"size": "xs", "ratio": 0.5, "key": "a", "seed": 1}, {"size": "xs", "ratio": 0.5, "key": "b", "seed": 1, "init": 1}]
+    p = tmp_path / "inits-cpt.json"
+    p.write_text(json.dumps(spec))
+    r = _launch(p)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "inits-cpt.run" / "result.json").read_text())["runs"]
+    a, b = got["a"], got["b"]
+    assert b["init"] == 1 and a["fingerprint"] != b["fingerprint"]
+    assert a["points"][0]["loss_general"] == b0["losses"]["general"] and b["points"][0]["loss_general"] == b1["losses"]["general"]
+    assert all(pa["loss_general"] != pb["loss_general"] for pa, pb in zip(a["points"], b["points"]))
+    assert (tmp_path / "runs" / "xs_r0.500_s1_i1" / "metrics.json").exists()
+    # a run whose base init was never trained names the size and the init
+    spec["runs"] = [{"size": "xs", "ratio": 0.5, "key": "c", "init": 2}]
+    p.write_text(json.dumps(spec))
+    r = _launch(p)
+    assert r.returncode != 0 and "no base model for size 'xs' (init 2)" in r.stderr
 
 
 def test_runs_are_assigned_longest_first_and_auto_picks_by_makespan():
