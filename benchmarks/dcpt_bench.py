@@ -155,30 +155,49 @@ def _validation_runs(lake, size: str, ratios: list[float], timeout_s: float, ini
     return {"test": pl.DataFrame(rows), "base": b, "cpt": got, "phases": timings}
 
 
-def _score(pts, test, ratios: list[float]) -> tuple[dict, dict, list[str]]:
+def _signed_by_tokens(pred, test, col: str) -> dict[str, float]:
+    """Mean signed relative error pred / obs - 1 per checkpoint D (str), over the ratios (and seeds)
+    in ``test``: > 0 where the law predicts a higher loss than was measured."""
+    import numpy as np
+
+    err = np.asarray(pred, dtype=float) / test[col].to_numpy() - 1.0
+    tok = test["tokens"].to_numpy()
+    return {str(int(d)): float(err[tok == d].mean()) for d in sorted(set(tok.tolist()))}
+
+
+def _score(pts, test, ratios: list[float], in_sample=None) -> tuple[dict, dict, list[str], dict]:
     """Each form fitted on the probe points ``pts``, scored on ``test``: (MARE {form: {target, mean}},
-    MARE per ratio {form: {target: {ratio: ..}}}, notes)."""
+    MARE per ratio {form: {target: {ratio: ..}}}, notes, signed error by D {"test" | "in_sample":
+    {form: {target: {D: ..}}}}). ``in_sample`` (probe points the fit saw, e.g. the largest probe
+    at the same ratios) is scored with the same fits: a misfit already there is the form's, not the
+    extrapolation's."""
     import polars as pl
 
     from ops.mixture import law
 
-    mare, notes, per_ratio = {}, [], {}
+    mare, notes, per_ratio, signed = {}, [], {}, {"test": {}, "in_sample": {}}
     for form in EXTRAPOLATION_FORMS:
         if form not in law.FORMS:
             notes.append(f"{form}: not in ops.mixture.law.FORMS yet; skipped")
             continue
         mare[form], per_ratio[form] = {}, {}
+        signed["test"][form], signed["in_sample"][form] = {}, {}
         for target in law.TARGETS:
             fit = law.fit_law(pts, target, form)
             col = law.LOSS_COLUMN[target]
             pred = fit.predict(test["n_params"].to_numpy().astype(float), test["tokens"].to_numpy().astype(float),
                                test["domain_ratio"].to_numpy())
+            signed["test"][form][target] = _signed_by_tokens(pred, test, col)
+            if in_sample is not None and in_sample.height:
+                p_in = fit.predict(in_sample["n_params"].to_numpy().astype(float),
+                                   in_sample["tokens"].to_numpy().astype(float), in_sample["domain_ratio"].to_numpy())
+                signed["in_sample"][form][target] = _signed_by_tokens(p_in, in_sample, col)
             mare[form][target] = _mare(pred, test[col].to_numpy())
             per_ratio[form][target] = {f"{r:g}": _mare(pred[(test["domain_ratio"] == r).to_numpy()],
                                                       test.filter(pl.col("domain_ratio") == r)[col].to_numpy())
                                        for r in ratios}
         mare[form]["mean"] = (mare[form]["domain"] + mare[form]["general"]) / 2
-    return mare, per_ratio, notes
+    return mare, per_ratio, notes, signed
 
 
 def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: float, init_seeds: list[int]) -> dict:
@@ -199,11 +218,12 @@ def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: flo
     pts = runs.filter(pl.col("tokens") > 0)
     largest_size = pts.sort("n_params")["size"][-1]
     n_probe = int(pts["n_params"].max())
+    in_sample = pts.filter((pl.col("size") == largest_size) & pl.col("domain_ratio").is_in(ratios))
     by_seed = {}
     for seed in init_seeds:
         v = _validation_runs(lake, size, ratios, timeout_s, seed)
-        mare, per_ratio, notes = _score(pts, v["test"], ratios)
-        by_seed[seed] = {**v, "mare": mare, "mare_per_ratio": per_ratio, "notes": notes}
+        mare, per_ratio, notes, signed = _score(pts, v["test"], ratios, in_sample)
+        by_seed[seed] = {**v, "mare": mare, "mare_per_ratio": per_ratio, "notes": notes, "signed": signed}
     first = by_seed[init_seeds[0]]
     forms = list(first["mare"])
     mare = {f: {k: float(np.mean([by_seed[s]["mare"][f][k] for s in init_seeds])) for k in first["mare"][f]} for f in forms}
@@ -225,6 +245,13 @@ def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: flo
             "best_form_mare": mare[best]["mean"] if best else None, "target_mare": MARE_TARGET,
             "meets_target": bool(best and mare[best]["mean"] <= MARE_TARGET), "init_noise": init_noise,
             "notes": first["notes"],
+            # where the error sits: mean signed relative error (predicted / measured - 1) per checkpoint
+            # D, on this size (mean over its seeds and ratios) and in-sample on the largest probe at the
+            # same ratios (every probe seed), each form fitted on all probe points
+            "signed_error_by_tokens": {
+                "test": {f: {t: {d: float(np.mean([by_seed[s]["signed"]["test"][f][t][d] for s in init_seeds]))
+                                 for d in first["signed"]["test"][f][t]} for t in law.TARGETS} for f in forms},
+                "in_sample_largest_probe": first["signed"]["in_sample"]},
             "by_init_seed": {str(s): {
                 "mare": by_seed[s]["mare"], "mare_per_ratio": by_seed[s]["mare_per_ratio"],
                 "measured": {"base_losses": by_seed[s]["base"]["losses"],

@@ -132,7 +132,21 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
 
             for name in scratch:                       # finished: the result is the record
                 shutil.rmtree(out / name, ignore_errors=True)
+    _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Destroy the default torch.distributed process group, if this rank has one, before the
+    interpreter exits (PyTorch's documented shutdown): exiting with it alive left gloo's threads to
+    the interpreter's teardown, and twice in about ten 2-rank probe launches a rank then aborted
+    ("terminate called without an active exception") after its work was done. Only on success;
+    torch is imported only if the driver already did."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def data_parallel(global_batch: int):

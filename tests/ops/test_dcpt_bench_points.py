@@ -42,3 +42,13 @@ def test_identification_reads_bounds_and_compares_heldout_r2_with_the_ceiling():
     assert abs(n["noise_floor_k2"] - 0.996) < 1e-12 and abs(n["mse_over_noise"] - 50.0) < 1e-9
     assert "unseen_D" not in out["heldout_r2_vs_ceiling"]["domain"]      # no ceiling: not compared
     assert out["seed_noise"]["domain"]["log_std"] == 0.004
+
+
+def test_signed_error_is_per_checkpoint_and_keeps_its_sign():
+    """pred / obs - 1 averaged per D over the ratios: +10% and -10% at one D cancel, a uniform +5% stays."""
+    from benchmarks.dcpt_bench import _signed_by_tokens
+
+    test = pl.DataFrame({"tokens": [4096, 4096, 8192, 8192], "loss_domain": [2.0, 4.0, 2.0, 4.0]})
+    got = _signed_by_tokens([2.2, 3.6, 2.1, 4.2], test, "loss_domain")
+    assert list(got) == ["4096", "8192"]
+    assert math.isclose(got["4096"], 0.0, abs_tol=1e-12) and math.isclose(got["8192"], 0.05, rel_tol=1e-12)
