@@ -203,6 +203,16 @@ def test_seeds_train_distinct_runs_from_one_base(tmp_path):
     assert (tmp_path / "runs" / "xs_r0.500_s1" / "metrics.json").exists() and (tmp_path / "runs" / "xs_r0.500_s1_D256").exists()
 
 
+def _launch_runs(tmp: Path, data: Path, phase: str, name: str, runs: list[dict]) -> tuple[subprocess.CompletedProcess, Path]:
+    """The tiny plan of ``phase`` with ``runs`` instead of its own, written as ``<name>.json`` and
+    launched; returns the process and the spec file (its run folder is ``<name>.run``)."""
+    spec = json.loads(_plan(tmp, data, "runs", phase).read_text())
+    spec["runs"] = runs
+    p = tmp / f"{name}.json"
+    p.write_text(json.dumps(spec))
+    return _launch(p), p
+
+
 def test_base_inits_are_distinct_models_that_cpt_runs_continue(tmp_path):
     """A second base initialisation of one size re-draws the weights and the base data order (its
     own folder, fingerprint and losses); a CPT run carrying init 1 starts from that base's losses
@@ -210,11 +220,8 @@ def test_base_inits_are_distinct_models_that_cpt_runs_continue(tmp_path):
     import hashlib
 
     data = _tiny_streams(tmp_path)
-    spec = json.loads(_plan(tmp_path, data, "runs", "base").read_text())
-    spec["runs"] = [{"size": "xs", "ratio": 0.0, "key": "xs"}, {"size": "xs", "ratio": 0.0, "key": "xs|i1", "init": 1}]
-    p = tmp_path / "inits-base.json"
-    p.write_text(json.dumps(spec))
-    r = _launch(p)
+    r, p = _launch_runs(tmp_path, data, "base", "inits-base",
+                        [{"size": "xs", "ratio": 0.0, "key": "xs"}, {"size": "xs", "ratio": 0.0, "key": "xs|i1", "init": 1}])
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads((tmp_path / "inits-base.run" / "result.json").read_text())["runs"]
     b0, b1 = got["xs"], got["xs|i1"]
@@ -229,11 +236,8 @@ def test_base_inits_are_distinct_models_that_cpt_runs_continue(tmp_path):
     assert base_dir_name("xs") == "xs" and base_dir_name("xs", 1) == "xs_i1"
     assert run_dir_name("xs", 0.5, 1, init=1) == "xs_r0.500_s1_i1"
 
-    spec = json.loads(_plan(tmp_path, data, "runs", "cpt").read_text())
-    spec["runs"] = [{"size": "xs", "ratio": 0.5, "key": "a", "seed": 1}, {"size": "xs", "ratio": 0.5, "key": "b", "seed": 1, "init": 1}]
-    p = tmp_path / "inits-cpt.json"
-    p.write_text(json.dumps(spec))
-    r = _launch(p)
+    r, _ = _launch_runs(tmp_path, data, "cpt", "inits-cpt", [{"size": "xs", "ratio": 0.5, "key": "a", "seed": 1},
+                                                             {"size": "xs", "ratio": 0.5, "key": "b", "seed": 1, "init": 1}])
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads((tmp_path / "inits-cpt.run" / "result.json").read_text())["runs"]
     a, b = got["a"], got["b"]
@@ -242,9 +246,7 @@ def test_base_inits_are_distinct_models_that_cpt_runs_continue(tmp_path):
     assert all(pa["loss_general"] != pb["loss_general"] for pa, pb in zip(a["points"], b["points"]))
     assert (tmp_path / "runs" / "xs_r0.500_s1_i1" / "metrics.json").exists()
     # a run whose base init was never trained names the size and the init
-    spec["runs"] = [{"size": "xs", "ratio": 0.5, "key": "c", "init": 2}]
-    p.write_text(json.dumps(spec))
-    r = _launch(p)
+    r, _ = _launch_runs(tmp_path, data, "cpt", "inits-missing", [{"size": "xs", "ratio": 0.5, "key": "c", "init": 2}])
     assert r.returncode != 0 and "no base model for size 'xs' (init 2)" in r.stderr
 
 
