@@ -364,26 +364,40 @@ def grid_at_largest(runs: pl.DataFrame, n_params: int) -> pl.DataFrame:
                  pl.col("general_rise").mean(), seeds=pl.len()).sort("domain_ratio"))
 
 
-def base_losses(lake: LakeResource, size: str) -> dict[str, float]:
-    """A probe size's base losses (nats/token, per stream): the mean over its base initialisations
-    in the lake (``<size>/`` and ``<size>_i<k>/`` with init 0's settings), the size's expected base
-    model, as the law's fit averages over the probes' seeds. Raises dagster.Failure without init 0."""
+def base_losses(lake: LakeResource, size: str, inits=None) -> tuple[dict[str, float], list[int]]:
+    """A probe size's base losses (nats/token, per stream): the mean over its base initialisations,
+    the size's expected base model, as the law's fit averages over the probes' seeds. Returns
+    (losses, the inits averaged). An init k > 0 counts only if it is in ``inits`` (None: any; pass
+    the inits the size's probe runs continued) and its fingerprint is the one init 0's settings
+    and the current token data give (a base left over from other settings or data is ignored).
+    Raises dagster.Failure without init 0."""
     root = lake.base / "cpt_base_models"
     p0 = root / size / "base.json"
     if not p0.exists():
         raise dg.Failure(f"no base model for size {size!r} at {p0}; materialize cpt_base_models[{size}] first")
     first = json.loads(p0.read_text())
-    infos = [first] + [i for i in (json.loads(p.read_text()) for p in sorted(root.glob(f"{size}_i*/base.json")))
-                       if i.get("settings") == first.get("settings") and i.get("size") == size]
-    return {k: sum(i["losses"][k] for i in infos) / len(infos) for k in first["losses"]} | {"inits": len(infos)}
+    infos, used = [first], [0]
+    manifest = lake.base / "cpt_tokenizer" / "manifest.json"
+    if manifest.exists() and "settings" in first:              # a record without its settings: init 0 alone
+        plan = ProbePlan(phase="base", data_dir=str(manifest.parent), base_dir=str(root), out_dir="", **first["settings"])
+        if first.get("fingerprint") == plan.fingerprint(size):     # init 0 is of these settings and data
+            for p in sorted(root.glob(f"{size}_i*/base.json")):
+                info = json.loads(p.read_text())
+                k = int(info.get("init", 0))
+                if (k > 0 and p.parent.name == base_dir_name(size, k) and (inits is None or k in set(inits))
+                        and info.get("fingerprint") == plan.fingerprint(size, init=k)):
+                    infos.append(info)
+                    used.append(k)
+    return {k: sum(i["losses"][k] for i in infos) / len(infos) for k in first["losses"]}, used
 
 
 def _read_probe_runs(lake: LakeResource) -> pl.DataFrame:
     """Every finished probe run's checkpoints in the lake (all partitions), diagonally concatenated;
-    a table written before probe runs had seeds reads as seed 0."""
+    a table written before probe runs had seeds reads as seed 0, one from before base inits as init 0."""
     d = lake.base / "cpt_probe_runs"
     frames = [pl.read_parquet(p) for p in sorted(d.glob("*/data.parquet"))] if d.exists() else []
     frames = [f if "seed" in f.columns else f.with_columns(seed=pl.lit(0, dtype=pl.Int64)) for f in frames]
+    frames = [f if "init" in f.columns else f.with_columns(init=pl.lit(0, dtype=pl.Int64)) for f in frames]
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
@@ -482,15 +496,18 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     cross_rows = [done[("cross", held)] for held in domains]
     cross = pl.DataFrame(cross_rows)
     base_loss = {}
+    base_inits = {}
     for s in sorted(runs["size"].unique().to_list()):
-        base_loss[str(int(runs.filter(pl.col("size") == s)["n_params"][0]))] = base_losses(lake, s)
+        mine = runs.filter(pl.col("size") == s)
+        n = str(int(mine["n_params"][0]))
+        base_loss[n], base_inits[n] = base_losses(lake, s, mine["init"].unique().to_list())
     doc = {"chosen_form": chosen, "huber_delta": config.huber_delta, "fits": fits,
            "bootstrap": {t: [f.to_dict() for f in b.fits] for t, b in boots.items()},
            "generalisation": generalisation, "cross_domain": cross_rows,
            "probe": {"n_params": sorted(int(n) for n in pts["n_params"].unique()),
                      "ratios": sorted(float(r) for r in pts["domain_ratio"].unique()),
                      "max_tokens": int(pts["tokens"].max()), "points": pts.height, "runs": runs["size"].n_unique(),
-                     "base_losses": base_loss}}
+                     "base_losses": base_loss, "base_inits": base_inits}}
     text = json.dumps(doc, indent=1, default=float)
     out = lake.base / "dcpt_law_fit" / "fit.json"
     with atomic_path(out) as tmp:
@@ -639,7 +656,8 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
     last = grid_at_largest(runs, n_max)
     grid_answer, base_probe = None, probe["base_losses"].get(str(n_max))
     if last["general_rise"].is_null().any() and base_probe:   # a table without D = 0 points: the size's base
-        last = last.with_columns(general_rise=(pl.col("loss_general") - base_probe["general"]) / base_probe["general"])
+        last = last.with_columns(general_rise=pl.coalesce(
+            "general_rise", (pl.col("loss_general") - base_probe["general"]) / base_probe["general"]))
     if last["general_rise"].is_not_null().all():
         ok = last.filter(pl.col("general_rise") <= T)
         if ok.height:
@@ -869,9 +887,9 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
         # context for the verdict: the seed spread of the rise among the probes of the target size
         probes = _read_probe_runs(lake)
         lg0_t = float(val_base_losses[target_size]["general"])
-        at = final_rises(probes, int(probes.filter(pl.col("size") == target_size)["n_params"][0]))
+        at = final_rises(probes, sizes_n[target_size]) if probes.height else probes   # no probe of it: no spread
         spread = (at.group_by("domain_ratio").agg(sd=pl.col("general_rise").std(), n=pl.len())
-                  .filter(pl.col("n") >= 2))
+                  .filter((pl.col("n") >= 2) & pl.col("sd").is_not_null())) if at.height else at
         noise = float(np.sqrt((spread["sd"] ** 2).mean())) if spread.height else None
         usages = {}
         for usage, a in asks.items():

@@ -20,7 +20,8 @@ Reported:
   (``ops.mixture.probe`` under ``accelerate launch``, 2 ranks; resumable, reused by fingerprint);
   each form is fitted on every probe point (all seeds) and scored on the new size's checkpoints
   (D > 0): mean absolute relative error per target. Each validation size is trained once per
-  weight-initialisation seed (``--init-seeds``, default 0 and 1; the probes' base models use 0):
+  weight-initialisation seed (``--init-seeds``, default 0 and 1: ``ProbePlan.seed``, a different
+  stream from the probes' base inits, which offset the weight seed of ``ProbePlan.seed`` 0):
   ``mare`` is the mean over seeds, ``by_init_seed`` has each, and ``init_noise`` the seeds' own
   spread (how far one validation run lies from the seeds' mean: the floor of a single run's MARE). Forms: L3, r_additive, chinchilla and, where
   ``ops.mixture.law.FORMS`` has them, data_mixing_law and bimix (a missing one is noted).
@@ -333,7 +334,7 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
     n_max = int(pts["n_params"].max())
     d_max = int(pts["tokens"].max())
     size = runs.filter(pl.col("n_params") == n_max)["size"][0]
-    base = base_losses(lake, size)["general"]          # the mean over the size's base initialisations
+    base = base_losses(lake, size, runs.filter(pl.col("size") == size)["init"].unique().to_list())[0]["general"]  # mean over inits
     law_plan = law.tradeoff_ratio(fg, fd, n_max, d_max, T, L_g0=base)
     last = grid_at_largest(runs, n_max)                 # each run's rise over its own base, seed-mean
     feasible = last.filter(pl.col("general_rise") <= T)

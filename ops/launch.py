@@ -146,7 +146,10 @@ def _close_process_group() -> None:
 
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:                                   # the result is written: a failed teardown must not fail the launch
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001
+            print(f"worker_main: destroy_process_group failed after the result was written: {e!r}", file=sys.stderr)
 
 
 def data_parallel(global_batch: int):

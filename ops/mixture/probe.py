@@ -14,10 +14,10 @@ metrics.json``, each record carrying its fingerprint; ``launch.json`` (world siz
 killed CPT run resumes from its last checkpoint in the launch's run folder; a finished run with the
 same fingerprint is reused.
 
-Seeds: a CPT run may carry a ``seed`` (its data-order seed; the base model it continues is the
-size's shared one, and the probes have no dropout, so the seed changes exactly which blocks of the
-two corpora each step draws). Repeated runs at one (size, ratio) and different seeds measure the
-CPT-stage noise the law's fit cannot explain (docs/mixture.md, "Closed loop"). Seed 0 keeps the
+Seeds: a CPT run may carry a ``seed`` (its data-order seed: the probes have no dropout, so the seed
+changes exactly which blocks of the two corpora each step draws) and an ``init`` (the base model it
+continues, below). Repeated runs at one (size, ratio) measure the noise the law's fit cannot
+explain (docs/mixture.md, "Closed loop"). Seed 0 keeps the
 stream seeds, fingerprint and folder name that runs had before seeds existed, so their results are
 reused. A run may also carry its own ``tokens`` (its CPT budget D instead of the plan's
 ``cpt_tokens``), as the closed-loop validation runs do.
@@ -71,9 +71,10 @@ order, not only the CPT stage's."""
 PROBE_BASE_INITS: tuple[int, ...] = (0, 1)
 """Base initialisations per probe size (``cpt_base_models.inits``). With CPT seed k continuing base
 init k (``cpt_probe_runs.seeds_reinit_base``), a probe's repeats differ in initialisation and data
-order. Measured before they did (docs/mixture.md, "Base initialisations"): two initialisations of
-one validation size differ by ~0.5% in loss, as much as the CPT seeds' spread, and each probe size's
-N-axis point was one draw of it."""
+order, and at the repeat ratios (``PROBE_REPEAT_RATIOS``) a size's points average two base models
+(r_d 0 and 1 have seed 0, so init 0, only). Measured before (docs/mixture.md, "Base
+initialisations"): two base inits of one probe size differ by 0.3-0.8% in general loss, more than
+the CPT seeds' spread, and each probe size's N-axis point was one draw of it."""
 
 PROBE_REPEAT_RATIOS: tuple[float, ...] = (0.25, 0.5, 0.75)
 """The ratios at which the seeds after the first are trained (``cpt_probe_runs.repeat_ratios``;

@@ -68,8 +68,14 @@ def test_one_probe_partition_materializes_on_two_ranks(tmp_path):
     grid = mixture.grid_at_largest(df, int(df["n_params"][0]))
     assert grid["general_rise"][0] == pytest.approx(sum(rises["general_rise"]) / 2) and grid["seeds"][0] == 2
     # the size's base losses (the fit's and the plan's L_g0) are the mean over its inits
-    got = mixture.base_losses(lake, "xs")
-    assert got["inits"] == 2 and got["general"] == pytest.approx((b0["losses"]["general"] + b1["losses"]["general"]) / 2)
+    got, inits = mixture.base_losses(lake, "xs", [0, 1])
+    assert inits == [0, 1] and got["general"] == pytest.approx((b0["losses"]["general"] + b1["losses"]["general"]) / 2)
+    # only the inits the probes continued, and only a base of these settings and data
+    assert mixture.base_losses(lake, "xs", [0]) == ({k: v for k, v in b0["losses"].items()}, [0])
+    stale = tmp_path / "lake/cpt_base_models/xs_i2"
+    stale.mkdir()
+    (stale / "base.json").write_text(json.dumps({**b1, "init": 2}))        # init 1's record: not init 2's fingerprint
+    assert mixture.base_losses(lake, "xs")[1] == [0, 1]
 
 
 def test_a_killed_probe_launch_is_retried_and_resumes_from_its_checkpoint(tmp_path, monkeypatch):
