@@ -174,7 +174,7 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
             files = [lake.base / "cpt_base_models" / base_dir_name(key, r["init"]) / f for r in mine
                      for f in ("model.safetensors", "base.json")]
             per_key[key] = {"partition_data_version": _content_version(*(f.read_bytes() for f in files if f.exists())),
-                            "rows": len(mine), "inits": len(mine), "n_params": mine[0]["n_params"], "tokens": mine[0]["tokens"],
+                            "rows": len(mine), "n_params": mine[0]["n_params"], "tokens": mine[0]["tokens"],
                             "loss_general": round(sum(r["loss_general"] for r in mine) / len(mine), 4),
                             "loss_domain": round(sum(r["loss_domain"] for r in mine) / len(mine), 4)}
         return dg.MaterializeResult(

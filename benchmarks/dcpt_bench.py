@@ -166,6 +166,12 @@ def _signed_by_tokens(pred, test, col: str) -> dict[str, float]:
     return {str(int(d)): float(err[tok == d].mean()) for d in sorted(set(tok.tolist()))}
 
 
+def _predict(fit, df):
+    """``fit``'s prediction at every row of ``df`` (n_params, tokens, domain_ratio columns)."""
+    return fit.predict(df["n_params"].to_numpy().astype(float), df["tokens"].to_numpy().astype(float),
+                       df["domain_ratio"].to_numpy())
+
+
 def _score(pts, test, ratios: list[float], in_sample=None) -> tuple[dict, dict, list[str], dict]:
     """Each form fitted on the probe points ``pts``, scored on ``test``: (MARE {form: {target, mean}},
     MARE per ratio {form: {target: {ratio: ..}}}, notes, signed error by D {"test" | "in_sample":
@@ -186,13 +192,10 @@ def _score(pts, test, ratios: list[float], in_sample=None) -> tuple[dict, dict, 
         for target in law.TARGETS:
             fit = law.fit_law(pts, target, form)
             col = law.LOSS_COLUMN[target]
-            pred = fit.predict(test["n_params"].to_numpy().astype(float), test["tokens"].to_numpy().astype(float),
-                               test["domain_ratio"].to_numpy())
+            pred = _predict(fit, test)
             signed["test"][form][target] = _signed_by_tokens(pred, test, col)
             if in_sample is not None and in_sample.height:
-                p_in = fit.predict(in_sample["n_params"].to_numpy().astype(float),
-                                   in_sample["tokens"].to_numpy().astype(float), in_sample["domain_ratio"].to_numpy())
-                signed["in_sample"][form][target] = _signed_by_tokens(p_in, in_sample, col)
+                signed["in_sample"][form][target] = _signed_by_tokens(_predict(fit, in_sample), in_sample, col)
             mare[form][target] = _mare(pred, test[col].to_numpy())
             per_ratio[form][target] = {f"{r:g}": _mare(pred[(test["domain_ratio"] == r).to_numpy()],
                                                       test.filter(pl.col("domain_ratio") == r)[col].to_numpy())

@@ -142,8 +142,6 @@ def _close_process_group() -> None:
     the interpreter's teardown, and twice in about ten 2-rank probe launches a rank then aborted
     ("terminate called without an active exception") after its work was done. Only on success;
     torch is imported only if the driver already did."""
-    import sys
-
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         try:                                   # the result is written: a failed teardown must not fail the launch

@@ -51,3 +51,21 @@ def test_a_bad_spec_file_is_named(tmp_path):
     p.write_text("{not json")
     with pytest.raises(ValueError, match=str(p)):
         worker_main(json.loads, lambda *a: {}, ["--spec", str(p), "--out", str(tmp_path / "run")])
+
+
+def test_a_finished_worker_destroys_its_process_group(tmp_path, monkeypatch):
+    """A run that initialised torch.distributed (one gloo rank here) leaves worker_main with the
+    default process group destroyed, after its result is written."""
+    import torch.distributed as dist
+
+    monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
+    seen = {}
+
+    def run(spec, out_dir, fp, pipes):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        seen["during"] = dist.is_initialized()
+        return {"ok": True}
+
+    assert worker_main(json.loads, run, ["--spec", str(_spec(tmp_path)), "--out", str(tmp_path / "run")]) == 0
+    assert seen["during"] is True and not dist.is_initialized()
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["ok"] is True
