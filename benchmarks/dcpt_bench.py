@@ -48,7 +48,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._cli import ROOT, bench_parser, command_line, previous_results, write_results  # noqa: E402
 
-EXTRAPOLATION_FORMS = ("L3", "r_additive", "chinchilla", "data_mixing_law", "bimix")
+EXTRAPOLATION_FORMS = ("L3", "r_additive", "chinchilla", "data_mixing_law", "bimix", "L3_d0", "r_additive_d0")
+# Forms added after the signed error by D showed where the others miss (registered in docs/mixture.md,
+# "A D term that bends", before they were scored on a validation size): reported apart.
+POST_DIAGNOSIS_FORMS = ("L3_d0", "r_additive_d0")
 MARE_TARGET = 0.02
 
 
@@ -232,6 +235,8 @@ def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: flo
     forms = list(first["mare"])
     mare = {f: {k: float(np.mean([by_seed[s]["mare"][f][k] for s in init_seeds])) for k in first["mare"][f]} for f in forms}
     best = min(mare, key=lambda f: mare[f]["mean"]) if mare else None
+    original = [f for f in mare if f not in POST_DIAGNOSIS_FORMS]
+    best_original = min(original, key=lambda f: mare[f]["mean"]) if original else None
     init_noise = None
     if len(init_seeds) > 1:
         key = ["domain_ratio", "tokens"]
@@ -247,6 +252,9 @@ def extrapolation(lake_root: str, size: str, ratios: list[float], timeout_s: flo
             "size_ratio": n_params / n_probe, "ratios": ratios, "tokens": sorted(first["test"]["tokens"].unique().to_list()),
             "points": first["test"].height, "init_seeds": init_seeds, "mare": mare, "best_form": best,
             "best_form_mare": mare[best]["mean"] if best else None, "target_mare": MARE_TARGET,
+            "post_diagnosis_forms": [f for f in POST_DIAGNOSIS_FORMS if f in mare],
+            "best_original_form": best_original,
+            "best_original_form_mare": mare[best_original]["mean"] if best_original else None,
             "meets_target": bool(best and mare[best]["mean"] <= MARE_TARGET), "init_noise": init_noise,
             "notes": first["notes"],
             # where the error sits: mean signed relative error (predicted / measured - 1) per checkpoint

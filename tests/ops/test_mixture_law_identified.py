@@ -257,3 +257,43 @@ def test_estimation_cost_counts_six_n_d_of_the_runs_k_needs():
     assert frac < 0.01
     with pytest.raises(ValueError, match="no run has n_params <= max_n_params=1"):
         law.split_early(pts, n_early=2, max_n_params=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The D term with an offset (docs/mixture.md, "A D term that bends")
+
+TRUE_L3_D0 = dict(TRUE_L3, B=15.0, D0=2e4)
+
+
+def test_offset_d_term_has_the_analytic_gradient():
+    from scipy.optimize import check_grad
+
+    from ops.mixture.law.fit import _Problem
+    from ops.mixture.law.forms import _load
+
+    data = _load(points("L3_d0", TRUE_L3_D0, noise=0.002, seed=3), "loss_domain")
+    rng = np.random.default_rng(0)
+    for form in ("L3_d0", "r_additive_d0"):
+        prob = _Problem.build(law.FORMS[form], data, "domain", law.HUBER_DELTA)
+        theta = prob.theta_from_params(TRUE_L3_D0) + rng.normal(0.0, 0.05, len(prob.names))
+        j = prob.names.index("ld0")
+        err = check_grad(lambda t: prob.log_pred(t)[7], lambda t: prob.log_pred(t, grad=True)[1][7], theta)
+        assert err < 1e-5, (form, err)
+        # the offset's own column is not zero: the term depends on D0 where D is comparable to it
+        assert abs(prob.log_pred(theta, grad=True)[1][:, j]).max() > 1e-3
+
+
+def test_offset_form_follows_a_bending_d_curve_that_a_pure_power_cannot():
+    pts = points("L3_d0", TRUE_L3_D0, noise=0.001, seed=4)
+    bent = law.fit_law(pts, "domain", "L3_d0")
+    pure = law.fit_law(pts, "domain", "L3")
+    assert set(bent.params) == set(law.FORMS["L3_d0"].param_names)
+    assert 5e3 < bent.params["D0"] < 8e4  # the generating 2e4 within a factor of 4
+    assert bent.huber < 0.5 * pure.huber
+    # finite at D = 0 (where the pure power diverges), and the JSON round trip keeps D0
+    with np.errstate(divide="ignore"):
+        assert np.isfinite(bent.predict(447552.0, 0.0, 0.5)) and not np.isfinite(pure.predict(447552.0, 0.0, 0.5))
+    back = law.LawFit.from_dict(bent.to_dict())
+    assert back.predict(1e6, 3e5, 0.4) == pytest.approx(bent.predict(1e6, 3e5, 0.4), rel=1e-12)
+    with pytest.raises(ValueError, match="dcpt family only"):
+        law.LawForm("x", ("E",), has_eta=False, has_c=False, description="", family="bimix", has_d0=True)

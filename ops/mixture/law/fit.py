@@ -81,7 +81,8 @@ def _one_blas_thread(fn):
 #   floor          tau_0 = e_g                       E_g = exp(e_g) (one floor per group; G = 1
 #                                                    except the cross-domain law)
 #   N term         tau_A = a - alpha xN  [+ t r]     A = exp(a + alpha mean(log N))
-#   D term         tau_B = b - beta xD [+ eta log r] [+ t r]   (-inf at r = 0 with eta)
+#   D term         tau_B = b - beta xD [+ eta log r] [+ t r]   (-inf at r = 0 with eta); the *_d0
+#                  forms use xD = log(D + D0) - mean(log D), D0 = exp(ld0)
 #   r term (dcpt)  tau_C = c + log((r+eps)^-gamma - (1+eps)^-gamma)   C = exp(c), eps = exp(leps)
 #                  (anchored at r = 1, where it is 0 and tau_C = -inf; computed with expm1)
 #   multiplier     m = -gamma log(r + eps) (BiMix only; else 0)
@@ -89,7 +90,8 @@ def _one_blas_thread(fn):
 # [+ t r] is the Data Mixing Law's exp(t r) on the reducible terms. The gradient of log L is the
 # softmax weight of each term times that term's gradient (plus the multiplier's).
 
-_NATURAL = {"a": "A", "b": "B", "c": "C", "leps": "eps"}  # optimiser name -> natural name
+_NATURAL = {"a": "A", "b": "B", "c": "C", "leps": "eps", "ld0": "D0"}  # optimiser name -> natural name
+_OPT = {"eps": "leps", "D0": "ld0"}  # natural name -> optimiser name, for parameters fitted in log
 _R_TERM = "anchored_at_r1"  # LawFit.to_dict marker: the r term is C((r+eps)^-gamma - (1+eps)^-gamma)
 
 
@@ -99,7 +101,8 @@ def _nonlinear(form: LawForm) -> list[str]:
         return ["alpha", "beta", "t"]
     if form.family == "bimix":
         return ["alpha", "beta", "gamma", "eps"]
-    return ["alpha"] + (["eta"] if form.has_eta else []) + ["beta"] + (["gamma", "eps"] if form.has_c else [])
+    return (["alpha"] + (["eta"] if form.has_eta else []) + ["beta"] + (["D0"] if form.has_d0 else [])
+            + (["gamma", "eps"] if form.has_c else []))
 
 
 @dataclass
@@ -145,9 +148,12 @@ class _Problem:
         self.has_c = self.is_dcpt and f.has_c
         self.is_dml = f.family == "data_mixing_law"
         self.is_bimix = f.family == "bimix"
+        self.has_d0 = self.is_dcpt and f.has_d0
+        self.D = np.exp(self.xD + self.lD0)  # tokens (the D offset of the *_d0 forms is added to them)
         self.names = [f"e{g}" for g in range(self.n_groups)] + ["a", "alpha", "b"]
         self.names += ["eta"] if self.has_eta else []
         self.names += ["beta"]
+        self.names += ["ld0"] if self.has_d0 else []
         self.names += ["c", "gamma", "leps"] if self.has_c else []
         self.names += ["t"] if self.is_dml else []
         self.names += ["gamma", "leps"] if self.is_bimix else []
@@ -183,8 +189,8 @@ class _Problem:
                 # The anchored r term is about C gamma log((1+eps)/(r+eps)) at small gamma, so C
                 # may need 1/gamma_min more room than the other coefficients.
                 out.append((_LOG_COEF_MIN, top + 1.0 - math.log(max(nat["gamma"][0], 1e-12))))
-            elif n == "leps":
-                lo, hi = nat["eps"]
+            elif n in ("leps", "ld0"):
+                lo, hi = nat[_NATURAL[n]]
                 out.append((math.log(lo), math.log(hi)))
             else:
                 out.append(tuple(float(x) for x in nat[n]))
@@ -217,7 +223,12 @@ class _Problem:
         T[0] = theta[0] if G == 1 else theta[:G][self.group]
         np.multiply(self.xN, -theta[i["alpha"]], out=T[1])
         T[1] += theta[i["a"]]
-        np.multiply(self.xD, -theta[i["beta"]], out=T[2])
+        if self.has_d0:
+            d0 = math.exp(theta[i["ld0"]])
+            xD = np.log(self.D + d0) - self.lD0
+        else:
+            xD = self.xD
+        np.multiply(xD, -theta[i["beta"]], out=T[2])
         T[2] += theta[i["b"]]
         if self.is_dml:
             tr = theta[i["t"]] * self.r
@@ -259,7 +270,9 @@ class _Problem:
         J[:, i["a"]] = w[1]
         np.multiply(self.xN, -w[1], out=J[:, i["alpha"]])
         J[:, i["b"]] = w[2]
-        np.multiply(self.xD, -w[2], out=J[:, i["beta"]])
+        np.multiply(xD, -w[2], out=J[:, i["beta"]])
+        if self.has_d0:  # d xD / d ld0 = D0 / (D + D0)
+            J[:, i["ld0"]] = -theta[i["beta"]] * (d0 / (self.D + d0)) * w[2]
         if self.is_dml:
             J[:, i["t"]] = self.r * (w[1] + w[2])
         if self.has_eta:
@@ -296,7 +309,8 @@ class _Problem:
         n = len(self.logy)
         mult = (self.r + v["eps"]) ** -v["gamma"] if self.is_bimix else np.ones(n)
         colA = np.exp(-v["alpha"] * self.xN)
-        colB = np.exp(-v["beta"] * self.xD)
+        xD = np.log(self.D + v["D0"]) - self.lD0 if self.has_d0 else self.xD
+        colB = np.exp(-v["beta"] * xD)
         if self.is_dml:
             colA, colB = colA * np.exp(v["t"] * self.r), colB * np.exp(v["t"] * self.r)
         if self.has_eta:
@@ -318,7 +332,7 @@ class _Problem:
                 lv = np.linspace(*_T_GRID, n_grid) if n_grid > 1 else np.array([0.0])
             else:
                 lv = np.geomspace(*_GRID_RANGES[k], n_grid)
-            lo, hi = (math.exp(x) for x in bnd["leps"]) if k == "eps" else bnd[k]
+            lo, hi = (math.exp(x) for x in bnd[_OPT[k]]) if k in _OPT else bnd[k]
             levels[k] = np.unique(np.clip(lv, lo, hi))
         y = np.exp(self.logy)
         onehot = np.zeros((len(y), self.n_groups))
@@ -374,7 +388,7 @@ class _Problem:
         if self.has_c:
             vals["c"] = logc[G + 2]
         for k, x in v.items():
-            vals["leps" if k == "eps" else k] = math.log(x) if k == "eps" else x
+            vals[_OPT.get(k, k)] = math.log(x) if k in _OPT else x
         return self.clip(np.array([vals[n] for n in self.names]))
 
     def clip(self, theta: np.ndarray) -> np.ndarray:
@@ -391,8 +405,9 @@ class _Problem:
                 vals[k] = p[k]
         if "c" in self.idx:
             vals["c"] = math.log(max(p["C"], 1e-300))
-        if "leps" in self.idx:
-            vals["leps"] = math.log(p["eps"])
+        for k, nat in _OPT.items():
+            if nat in self.idx:
+                vals[nat] = math.log(p[k])
         return self.clip(np.array([vals[n] for n in self.names]))
 
     def natural(self, theta: np.ndarray) -> dict[str, float]:
@@ -405,8 +420,9 @@ class _Problem:
                 p[k] = t[k]
         if "c" in t:
             p["C"] = math.exp(t["c"])
-        if "leps" in t:
-            p["eps"] = math.exp(t["leps"])
+        for k, nat in _OPT.items():
+            if nat in t:
+                p[k] = math.exp(t[nat])
         return {k: float(v) for k, v in p.items()}
 
     def at_bounds(self, theta: np.ndarray) -> dict[str, str | None]:

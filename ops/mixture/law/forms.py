@@ -42,6 +42,7 @@ _NB_EXPONENT_MAX = 1.0
 _EPS_RANGE = (1e-4, 1.0)
 _E_MIN = 1e-3
 _GAMMA_MIN = 1e-3  # the anchored r term C((r+eps)^-gamma - (1+eps)^-gamma) vanishes at gamma = 0
+_D0_RANGE = (1e2, 1e7)  # D offset of the *_d0 forms, tokens (the probes' checkpoints span ~4e3-1.3e5)
 _T_MAX = 10.0  # |t| of the Data Mixing Law's exp(t r): r in [0, 1], so e^10 ~ 2e4 across the range
 _FAMILIES = ("dcpt", "data_mixing_law", "bimix")
 _LOG_COEF_MIN = -30.0  # exp(-30) ~ 1e-13 nats: a term switched off
@@ -52,6 +53,7 @@ _GRID_RANGES = {
     "eta": (0.1, 1.5),
     "gamma": (0.05, 1.0),
     "eps": (1e-3, 0.3),
+    "D0": (1e3, 1e6),
 }
 _T_GRID = (-3.0, 3.0)  # linear spacing (t may take either sign)
 
@@ -104,7 +106,8 @@ class LawForm:
     """
 
     name: str
-    """The form's key in ``FORMS`` (L3, r_additive, chinchilla, data_mixing_law, bimix)."""
+    """The form's key in ``FORMS`` (L3, r_additive, chinchilla, data_mixing_law, bimix, L3_d0,
+    r_additive_d0)."""
     param_names: tuple[str, ...]
     """Natural parameter names, in order (E first), as in ``LawFit.params``."""
     has_eta: bool
@@ -115,10 +118,18 @@ class LawForm:
     """One-line formula and source of the form (for reports)."""
     family: str = "dcpt"
     """The family: "dcpt", "data_mixing_law" or "bimix" (ValueError otherwise)."""
+    has_d0: bool = False
+    """dcpt family: the D term is B r^eta / (D + D0)^beta with a fitted offset D0 (tokens) instead of
+    B r^eta / D^beta, so that it is finite at D = 0 (where a continually trained model starts from its
+    base loss) and its log-log slope -beta D / (D + D0) steepens with D (docs/mixture.md, "A D term
+    that bends"). The offset plays the role of Hernandez et al.'s (2021, arXiv 2102.01293) effective
+    data transferred."""
 
     def __post_init__(self):
         if self.family not in _FAMILIES:
             raise ValueError(f"LawForm.family must be one of {_FAMILIES}, got {self.family!r}")
+        if self.has_d0 and self.family != "dcpt":
+            raise ValueError(f"LawForm.has_d0 is defined for the dcpt family only, got {self.family!r}")
 
     @property
     def uses_ratio(self) -> bool:
@@ -137,6 +148,7 @@ class LawForm:
             "gamma": (_GAMMA_MIN, _EXPONENT_MAX),
             "eps": _EPS_RANGE,
             "t": (-_T_MAX, _T_MAX),
+            "D0": _D0_RANGE,
         }
         return {k: full[k] for k in self.param_names}
 
@@ -156,7 +168,7 @@ class LawForm:
         # r^eta is 0 at r = 0 for every eta >= 0 (the limit from eta > 0; the fit uses the same
         # convention), so a run without the law's corpus has no D term in this form.
         rfac = np.where(r > 0, np.abs(r) ** p["eta"], 0.0) if self.has_eta else 1.0
-        out = out + p["B"] * rfac * D ** -p["beta"]
+        out = out + p["B"] * rfac * (D + p["D0"] if self.has_d0 else D) ** -p["beta"]
         if self.has_c:
             # the r term anchored at r = 1, where it is 0 (docs/mixture.md, "Identification")
             out = out + p["C"] * ((r + p["eps"]) ** -p["gamma"] - (1.0 + p["eps"]) ** -p["gamma"])
@@ -211,6 +223,24 @@ FORMS: dict[str, LawForm] = {
             "(Ge et al. 2024, arXiv 2405.14908) with steps s -> tokens D, an N term added to its "
             "constant, and r + eps so that r = 0 is finite (our extension)",
             family="bimix",
+        ),
+        LawForm(
+            "L3_d0",
+            ("E", "A", "alpha", "B", "eta", "beta", "D0", "C", "gamma", "eps"),
+            has_eta=True,
+            has_c=True,
+            has_d0=True,
+            description="E + A/N^alpha + B r^eta / (D+D0)^beta + C((r+eps)^-gamma - (1+eps)^-gamma): L3 "
+            "with a D term finite at D = 0 (offset D0 in tokens; our variant, docs/mixture.md)",
+        ),
+        LawForm(
+            "r_additive_d0",
+            ("E", "A", "alpha", "B", "beta", "D0", "C", "gamma", "eps"),
+            has_eta=False,
+            has_c=True,
+            has_d0=True,
+            description="E + A/N^alpha + B/(D+D0)^beta + C((r+eps)^-gamma - (1+eps)^-gamma): r_additive "
+            "with a D term finite at D = 0 (our variant, docs/mixture.md)",
         ),
     )
 }
