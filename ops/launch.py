@@ -8,6 +8,9 @@ Every out-of-process driver is a module run as ``python -m <module> --spec SPEC.
     def main(argv=None) -> int:
         return worker_main(RunSpec.from_json, run, argv, description=__doc__)
 
+    if __name__ == "__main__":
+        exit_worker(main())
+
 where ``run(spec, out, fingerprint, pipes)`` trains, resumes from what it saved under ``out`` and
 returns the result dict on rank 0 (``None`` on other ranks). ``worker_main`` parses the arguments,
 validates the spec, opens the Pipes channel on rank 0 only (when every rank opens it the step fails
@@ -24,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 def rank() -> int:
@@ -132,22 +135,45 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
 
             for name in scratch:                       # finished: the result is the record
                 shutil.rmtree(out / name, ignore_errors=True)
-    _close_process_group()
     return 0
 
 
-def _close_process_group() -> None:
-    """Destroy the default torch.distributed process group, if this rank has one, before the
-    interpreter exits (PyTorch's documented shutdown): exiting with it alive left gloo's threads to
-    the interpreter's teardown, and twice in about ten 2-rank probe launches a rank then aborted
-    ("terminate called without an active exception") after its work was done. Only on success;
-    torch is imported only if the driver already did."""
+def exit_worker(code: int, barrier_timeout_s: float = 120.0) -> NoReturn:
+    """End a launched driver's process with ``code``; a driver's last line is
+    ``if __name__ == "__main__": exit_worker(main())``.
+
+    Where this process joined a torch.distributed group (an ``accelerate launch`` / ``torchrun``
+    launch of several ranks), every rank first meets at a barrier (gloo: ``monitored_barrier``,
+    which names a rank that does not arrive within ``barrier_timeout_s`` seconds), so no rank leaves
+    while another still uses the group; then stdout, stderr and logging are flushed and the process
+    ends with ``os._exit(code)``, skipping the interpreter's finalisation. Why: with gloo, a rank
+    that let the interpreter tear the group down aborted after its result was written
+    ("terminate called without an active exception", SIGABRT, so the launch failed) about twice in
+    ten 2-rank probe launches, and once more after ``destroy_process_group`` was added
+    (2026-12-06; docs/architecture.md, "Launching out-of-process work"). Everything the launch
+    leaves is written before this (``result.json`` atomically, the Pipes channel closed). A
+    failed barrier is printed and the process still exits with ``code`` (the launcher sees a
+    missing rank's own exit status). Without a group: ``sys.exit(code)``.
+    """
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        try:                                   # the result is written: a failed teardown must not fail the launch
-            dist.destroy_process_group()
-        except Exception as e:  # noqa: BLE001
-            print(f"worker_main: destroy_process_group failed after the result was written: {e!r}", file=sys.stderr)
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        sys.exit(code)
+    try:
+        from datetime import timedelta
+
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=barrier_timeout_s))
+        else:
+            dist.barrier()
+    except Exception as e:  # noqa: BLE001 - the exit status is the launch's, not the barrier's
+        print(f"exit_worker: rank {rank()}: the exit barrier failed: {e!r}", file=sys.stderr)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def data_parallel(global_batch: int):

@@ -503,4 +503,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ops.launch import exit_worker
+
+    exit_worker(main())

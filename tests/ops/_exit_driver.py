@@ -1,0 +1,31 @@
+"""A launched driver for test_launch_worker: two gloo ranks under accelerate that all-reduce and
+gather objects (what the probe worker does in "runs" mode) and end through ops.launch.exit_worker,
+or through sys.exit when the spec says {"exit": "sys"} (the way that aborted)."""
+
+import json
+import sys
+
+from ops.launch import exit_worker, worker_main
+
+
+def run(spec, out, fingerprint, pipes):
+    import torch
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    Accelerator(cpu=True)                          # initialises the gloo group from torchrun's env
+    x = torch.ones(1000) * (dist.get_rank() + 1)
+    for _ in range(20):
+        dist.all_reduce(x)                         # 20 sums of (1 + 2): 3 * 2^19
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"rank": dist.get_rank(), "items": list(range(100))})
+    print(f"rank {dist.get_rank()} sum {x[0].item():g}")
+    return {"sum": float(x[0]), "ranks": [g["rank"] for g in gathered]} if dist.get_rank() == 0 else None
+
+
+if __name__ == "__main__":
+    code = worker_main(json.loads, run, sys.argv[1:])
+    spec = json.loads(open(sys.argv[sys.argv.index("--spec") + 1]).read())
+    if spec.get("exit") == "sys":
+        sys.exit(code)
+    exit_worker(code)
