@@ -71,6 +71,17 @@ def _phase(record: dict, name: str):
     return _P()
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere): timings differ by model."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def _mare(pred, obs) -> float:
     import numpy as np
 
@@ -434,7 +445,8 @@ def main() -> int:
     out = Path(args.out)
     result = previous_results(out)   # a skipped section keeps its last figures
     command = command_line(__file__)
-    result.update({"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+    result.update({"command": command, "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(),
+                                                     "python": platform.python_version(),
                                                      "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY") or "default"}})
     phases = result.setdefault("phases", {})
     stamp = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -171,7 +171,8 @@ def test_law_fit_check_and_plan_on_law_generated_probes(tmp_path):
     checks = r.get_asset_check_evaluations()
     assert len(checks) == 1 and checks[0].passed
     fit = json.loads((tmp_path / "lake/dcpt_law_fit/fit.json").read_text())
-    assert fit["chosen_form"] == "L3" and set(fit["fits"]["domain"]) == {"L3", "r_additive", "chinchilla"}
+    assert fit["chosen_form"] == "L3" and set(fit["fits"]["domain"]) == {"L3", "r_additive", "chinchilla", "L3_d0",
+                                                                       "r_additive_d0"}
     for target in ("general", "domain"):
         for axis in ("unseen_N", "unseen_D", "unseen_r"):
             assert fit["generalisation"][target][axis]["r2"] > 0.9, (target, axis)
@@ -416,4 +417,5 @@ def test_law_fit_is_the_same_on_one_process_and_on_two(tmp_path):
         docs.append((tmp_path / f"w{workers}/lake/dcpt_law_fit/fit.json").read_text())
     assert docs[0] == docs[1]
     doc = json.loads(docs[0])
-    assert len(doc["bootstrap"]["domain"]) == 3 and set(doc["fits"]["general"]) == {"L3", "r_additive", "chinchilla"}
+    assert len(doc["bootstrap"]["domain"]) == 3 and set(doc["fits"]["general"]) == {"L3", "r_additive", "chinchilla",
+                                                                                          "L3_d0", "r_additive_d0"}

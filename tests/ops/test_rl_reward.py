@@ -126,6 +126,20 @@ class _SlowScorer:
         return [{"key": d["key"], "score": 1.0, "status": "verified"} for d in items]
 
 
+def _wait_dead(ray, actor, timeout_s: float = 60.0) -> None:
+    """Block until calls on a killed ``actor`` fail (RayActorError), at most ``timeout_s`` seconds."""
+    from ray.exceptions import RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.health.remote(), timeout=5.0)
+        except RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the killed actor still answers after {timeout_s} s")
+
+
 def test_the_reward_actor_scores_through_ray_with_the_fault_contract(ray_local):
     from ops.rl.ray_actors import _RewardImpl
 
@@ -148,6 +162,7 @@ def test_the_reward_actor_scores_through_ray_with_the_fault_contract(ray_local):
     assert rh.failed and rh.score is None and math.isnan(rh.value) and rh.attempts == 2 and "timed out" in rh.error
     # a dead actor: the health check before training fails; scores fail after bounded retries
     ray_local.kill(actor)
+    _wait_dead(ray_local, actor)                 # kill is asynchronous: a loaded machine may answer once more
     dead = RewardClient(RayRewardTransport(actor), timeout_s=5.0, max_retries=2, backoff_s=0.01)
     with pytest.raises(RewardServiceError, match="unhealthy"):
         dead.health()

@@ -18,11 +18,11 @@ def test_the_law_config_loads_without_scipy_and_the_law_still_resolves():
     code = ("import sys; import ops.mixture.law.config as c; assert 'scipy' not in sys.modules, 'scipy loaded'; "
             "from ops.mixture import law; assert law.FORMS['L3'] and callable(law.fit_law); print(c.LawFitParams().forms)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['L3', 'r_additive', 'chinchilla']"
+    assert out.strip() == "['L3', 'r_additive', 'chinchilla', 'L3_d0', 'r_additive_d0']"
 
 
 @pytest.mark.parametrize("cls, fields, match", [
-    (LawFitParams, {"forms": ["L3", "L9"]}, r"dcpt_law_fit.forms must be a non-empty list of \['L3', 'bimix', 'chinchilla', 'data_mixing_law', 'r_additive'\]"),
+    (LawFitParams, {"forms": ["L3", "L9"]}, r"dcpt_law_fit.forms must be a non-empty list of \['L3', 'L3_d0', 'bimix', 'chinchilla', 'data_mixing_law', 'r_additive', 'r_additive_d0'\]"),
     (LawFitParams, {"forms": []}, "dcpt_law_fit.forms must be a non-empty list"),
     (LawFitParams, {"huber_delta": 0.0}, "dcpt_law_fit.huber_delta must be > 0, got 0.0"),
     (LawFitParams, {"holdout_last_k": 0}, "dcpt_law_fit.holdout_last_k must be >= 1, got 0"),

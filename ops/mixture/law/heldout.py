@@ -230,7 +230,7 @@ def bootstrap(points, target: str, form: str = "L3", n_boot: int = N_BOOT, seed:
 def compare_generalisation(points, target: str, forms: Sequence[str] = tuple(FORMS),
                            **kwargs) -> dict[str, dict[str, Any]]:
     """``generalisation`` for each form by name on the same points: {form: result}. Default: every
-    registered form (L3, r_additive, chinchilla, data_mixing_law, bimix). Each result carries
+    registered form (L3, r_additive, chinchilla, data_mixing_law, bimix, L3_d0, r_additive_d0). Each result carries
     R^2, MARE and the noise ceiling per axis, so ``out[f]["unseen_N_largest"]["mare"]`` is form
     f's extrapolation MARE. kwargs as ``generalisation``; raises as ``generalisation``."""
     return {name: generalisation(points, target, name, **kwargs) for name in forms}
