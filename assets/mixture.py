@@ -447,7 +447,7 @@ def _run_tasks(tasks: list, workers: int) -> dict:
     return {key: r for (key, *_rest), r in zip(tasks, out)}
 
 
-@dg.asset(deps=["cpt_probe_runs"], group_name="mixture", code_version="1", kinds={"scipy"})
+@dg.asset(deps=["cpt_probe_runs"], group_name="mixture", code_version="2", kinds={"scipy"})
 def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: LakeResource) -> dg.MaterializeResult:
     """The D-CPT Law fitted separately to the general and the domain validation loss of every
     finished probe run (arXiv 2406.01375 §3; Huber loss on log residuals, L-BFGS-B from a start

@@ -3,7 +3,7 @@
 
 Every out-of-process driver is a module run as ``python -m <module> --spec SPEC.json --out RUN_DIR
 --fingerprint FP`` (on several ranks through ``accelerate launch -m`` / ``torchrun -m``). Its
-``main`` is one line::
+``main`` is one line, and the module ends through ``exit_worker``::
 
     def main(argv=None) -> int:
         return worker_main(RunSpec.from_json, run, argv, description=__doc__)
@@ -138,35 +138,47 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
     return 0
 
 
-def exit_worker(code: int, barrier_timeout_s: float = 120.0) -> NoReturn:
+def exit_worker(code: int, barrier_timeout_s: float = 600.0) -> NoReturn:
     """End a launched driver's process with ``code``; a driver's last line is
     ``if __name__ == "__main__": exit_worker(main())``.
 
-    Where this process joined a torch.distributed group (an ``accelerate launch`` / ``torchrun``
-    launch of several ranks), every rank first meets at a barrier (gloo: ``monitored_barrier``,
-    which names a rank that does not arrive within ``barrier_timeout_s`` seconds), so no rank leaves
-    while another still uses the group; then stdout, stderr and logging are flushed and the process
-    ends with ``os._exit(code)``, skipping the interpreter's finalisation. Why: with gloo, a rank
-    that let the interpreter tear the group down aborted after its result was written
-    ("terminate called without an active exception", SIGABRT, so the launch failed) about twice in
-    ten 2-rank probe launches, and once more after ``destroy_process_group`` was added
-    (2026-12-06; docs/architecture.md, "Launching out-of-process work"). Everything the launch
-    leaves is written before this (``result.json`` atomically, the Pipes channel closed). A
-    failed barrier is printed and the process still exits with ``code`` (the launcher sees a
-    missing rank's own exit status). Without a group: ``sys.exit(code)``.
+    Where this process is in a torch.distributed group (an ``accelerate launch`` / ``torchrun``
+    launch of several ranks), every rank first meets at a barrier, so no rank leaves while another
+    still uses the group (rank 0 arrives after writing ``result.json``). The barrier runs in a
+    daemon thread joined for at most ``barrier_timeout_s`` seconds, whatever the backend (gloo:
+    ``monitored_barrier``, which names a rank that does not arrive). Then stdout, stderr and
+    logging are flushed and the process ends with ``os._exit(code)``, skipping the interpreter's
+    finalisation. Why: with gloo, a rank that let the interpreter tear the group down aborted after
+    its result was written ("terminate called without an active exception", SIGABRT, so the
+    launch failed), also with ``destroy_process_group`` called first (docs/architecture.md,
+    "Launching out-of-process work", for the measurement). A barrier that fails or times out is
+    printed and the process still exits with ``code`` (the launcher sees a missing rank's own exit
+    status). Without a group: ``sys.exit(code)``.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         sys.exit(code)
-    try:
-        from datetime import timedelta
+    import threading
+    from datetime import timedelta
 
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timedelta(seconds=barrier_timeout_s))
-        else:
-            dist.barrier()
-    except Exception as e:  # noqa: BLE001 - the exit status is the launch's, not the barrier's
-        print(f"exit_worker: rank {rank()}: the exit barrier failed: {e!r}", file=sys.stderr)
+    failed: list[str] = []
+
+    def _barrier() -> None:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=timedelta(seconds=barrier_timeout_s))
+            else:
+                dist.barrier()
+        except Exception as e:  # noqa: BLE001 - the exit status is the launch's, not the barrier's
+            failed.append(repr(e))
+
+    t = threading.Thread(target=_barrier, name="exit-barrier", daemon=True)
+    t.start()
+    t.join(barrier_timeout_s + 5.0)
+    if t.is_alive():
+        failed.append(f"no answer within {barrier_timeout_s:g} s")
+    if failed:
+        print(f"exit_worker: rank {rank()}: the exit barrier failed: {failed[0]}", file=sys.stderr)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -2,9 +2,8 @@
 ``torchrun -m``): ``ops.gba.launch_sync --spec SPEC --out DIR [--fingerprint FP]``, started through
 ``resources.compute.ComputeResource``. See ``ops.gba.sync``."""
 
-import sys
-
 from ops.gba.sync import main
+from ops.launch import exit_worker
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

@@ -291,7 +291,8 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict | None:
     state = PartialState(cpu=True, timeout=timeout)       # the sparse engine keeps its tables in CPU memory
     dtype = str(state.distributed_type).split(".")[-1]
     check_launch(state.num_processes, dtype, spec.cluster.workers)
-    if not dist.is_initialized():                         # a single rank: a world-1 gloo group
+    own_group = not dist.is_initialized()
+    if own_group:                                         # a single rank: a world-1 gloo group
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     try:
         def on_eval(point: dict) -> None:
@@ -335,7 +336,8 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict | None:
                        f"{res['samples_per_s']:.0f} samples/s, final AUC {res['final']['auc']:.4f}")
         return res
     finally:
-        dist.destroy_process_group()
+        if own_group:       # a launch's group is the launch's: its ranks leave through ops.launch.exit_worker
+            dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

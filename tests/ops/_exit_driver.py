@@ -1,8 +1,12 @@
 """A launched driver for test_launch_worker: two gloo ranks under accelerate that all-reduce and
-gather objects (what the probe worker does in "runs" mode) and end through ops.launch.exit_worker,
-or through sys.exit when the spec says {"exit": "sys"} (the way that aborted)."""
+gather objects (what the probe worker does in "runs" mode) and end through ops.launch.exit_worker.
+An atexit handler prints a marker that only an interpreter shutdown (not os._exit) runs. With spec
+{"rank1_leaves": true} rank 1 leaves at once without the exit barrier, so rank 0's barrier
+(``barrier_timeout_s`` from the spec) times out."""
 
+import atexit
 import json
+import os
 import sys
 
 from ops.launch import exit_worker, worker_main
@@ -24,8 +28,9 @@ def run(spec, out, fingerprint, pipes):
 
 
 if __name__ == "__main__":
+    atexit.register(lambda: print("interpreter shutdown ran", flush=True))
     code = worker_main(json.loads, run, sys.argv[1:])
     spec = json.loads(open(sys.argv[sys.argv.index("--spec") + 1]).read())
-    if spec.get("exit") == "sys":
-        sys.exit(code)
-    exit_worker(code)
+    if spec.get("rank1_leaves") and os.environ.get("RANK") == "1":
+        os._exit(0)
+    exit_worker(code, barrier_timeout_s=spec.get("barrier_timeout_s", 600.0))

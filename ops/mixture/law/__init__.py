@@ -8,8 +8,9 @@ Spec, defaults and the choices that are ours: docs/mixture.md.
 
 Modules, by concept (each imports only those before it):
 
-- ``forms``: the parameterisations (``LawForm``, ``FORMS``: L3, r-additive, Chinchilla, and for
-  comparison the Data Mixing Law of Ye et al. 2024 and BiMix of Ge et al. 2024), the Huber loss
+- ``forms``: the parameterisations (``LawForm``, ``FORMS``: L3, r-additive, Chinchilla, L3 and
+  r-additive with a D term offset by D0 (B / (D + D0)^beta), and for comparison the Data Mixing
+  Law of Ye et al. 2024 and BiMix of Ge et al. 2024), the Huber loss
   and fit metrics, the fit's defaults, and loading/checking probe points (§3).
 - ``fit``: the optimiser's problem (log-sum-exp in log space), ``LawFit`` (with the parameters
   on a bound), ``fit_law`` and ``compare_forms`` (§3-§4).

@@ -128,11 +128,11 @@ class _Problem:
     delta: float
     """Huber delta on log-loss residuals (> 0)."""
     bound_override: Mapping[str, tuple[float, float]] | None = None
-    """{name: (lo, hi)} overriding the form's bounds of E, alpha, beta, eta, gamma, eps or t
-    (finite, lo <= hi; E and eps > 0)."""
+    """{name: (lo, hi)} overriding the form's bounds of E, alpha, beta, eta, gamma, eps, t or D0
+    (finite, lo <= hi; E, eps and D0 > 0)."""
     names: list[str] = field(init=False)
-    """Optimiser coordinates of theta: e<g> per group, a, alpha, b, [eta], beta, then [c, gamma, leps]
-    (dcpt with C), [t] (data mixing law) or [gamma, leps] (bimix)."""
+    """Optimiser coordinates of theta: e<g> per group, a, alpha, b, [eta], beta, [ld0] (the *_d0 forms:
+    log D0), then [c, gamma, leps] (dcpt with C), [t] (data mixing law) or [gamma, leps] (bimix)."""
     bounds: list[tuple[float, float]] = field(init=False)
     """L-BFGS-B bounds per coordinate of ``names`` (log coefficients in log space)."""
 
@@ -162,13 +162,13 @@ class _Problem:
 
     def _bounds(self) -> list[tuple[float, float]]:
         over = dict(self.bound_override or {})
-        unknown = sorted(set(over) - {"E", "alpha", "beta", "eta", "gamma", "eps", "t"})
+        unknown = sorted(set(over) - {"E", "alpha", "beta", "eta", "gamma", "eps", "t", "D0"})
         if unknown:
-            raise ValueError(f"bounds can override E, alpha, beta, eta, gamma, eps, t; got {unknown}")
+            raise ValueError(f"bounds can override E, alpha, beta, eta, gamma, eps, t, D0; got {unknown}")
         for k, (lo, hi) in over.items():
             if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
                 raise ValueError(f"bounds[{k!r}] must be finite with lo <= hi, got {(lo, hi)}")
-            if k in ("E", "eps") and lo <= 0:
+            if k in ("E", "eps", "D0") and lo <= 0:
                 raise ValueError(f"bounds[{k!r}] must be > 0, got {(lo, hi)}")
         nat = {**self.form.bounds, **{k: v for k, v in over.items() if k in self.form.bounds}}
         top = float(self.logy.max())
@@ -569,7 +569,7 @@ def fit_law(points, target: str, form: str = "L3", huber_delta: float = HUBER_DE
     Minimises the mean Huber loss (``huber_delta``, default 1e-3) of log(pred) - log(obs), with
     log(pred) a log-sum-exp of the form's terms (E = exp(e); Besiroglu et al. 2024), by L-BFGS-B
     inside each parameter's bounds (``FORMS[form].bounds``, overridden per parameter by
-    ``bounds`` = {name: (lo, hi)} for E, alpha, beta, eta, gamma, eps, t; E is also capped at the
+    ``bounds`` = {name: (lo, hi)} for E, alpha, beta, eta, gamma, eps, t, D0; E is also capped at the
     smallest observed loss, where the floor is additive). Starts: a grid of ``n_grid`` levels per
     nonlinear parameter (4^5 = 1024 grid points for L3) with the linear coefficients by NNLS; the
     ``n_starts`` best are refined (plus ``init``, natural parameters, if given). Deterministic.
