@@ -336,6 +336,7 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
     from resources.lake import LakeResource
 
     lake = LakeResource(root=lake_root)
+    fit_json = lake.base / "dcpt_law_fit" / "fit.json"
     runs = _read_probe_runs(lake)
     pts = runs.filter(pl.col("tokens") > 0)
     forms = {}
@@ -387,8 +388,10 @@ def forms_and_grid(lake_root: str, T: float) -> dict:
             "law_loss_domain_at_grid_best": float(fd.predict(n_max, d_max, grid_best["domain_ratio"])) if grid_best else None,
             "grid": last.select("domain_ratio", "loss_general", "loss_domain", "general_rise", "seeds").to_dicts()},
         "cross_domain_leave_one_out": cross,
-        "identification": identification(json.loads((lake.base / "dcpt_law_fit" / "fit.json").read_text()),
-                                         "the main job's dcpt_law_fit (fit.json) of the same lake"),
+        "identification": (identification(json.loads(fit_json.read_text()),
+                                          "the main job's dcpt_law_fit (fit.json) of the same lake")
+                           if fit_json.exists() else
+                           {"skipped": f"{fit_json} does not exist: materialize dcpt_law_fit in this lake first"}),
     }
 
 
