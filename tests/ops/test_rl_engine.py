@@ -116,7 +116,10 @@ def test_abort_from_another_thread_ends_the_batch(engine, tok):
     timer.start()
     t = time.monotonic()
     out = engine.generate(prompts(tok, 1), n=2, max_new_tokens=1500, timeout_s=60)
-    assert time.monotonic() - t < 5 and {c.finish_reason for c in out.completions} == {"abort"}
+    reasons = [c.finish_reason for c in out.completions]
+    # a sample may reach EOS ("stop") in the 0.3 s before the abort (seen once in a fresh make test);
+    # every other one ends "abort", long before 1,500 tokens
+    assert time.monotonic() - t < 5 and "abort" in reasons and set(reasons) <= {"abort", "stop"}, reasons
 
 
 def test_weights_publish_a_version_only_after_a_complete_sync(engine, tok):
