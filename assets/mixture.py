@@ -126,7 +126,7 @@ class BaseModelConfig(fields_of(ProbePlan,
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there)."""
 
     inits: list[int] = list(PROBE_BASE_INITS)
-    """Base initialisations per size (distinct integers >= 0; default 0 and 1:
+    """Base initialisations per size (distinct integers >= 0; default 0, 1, 2, 3:
     ops.mixture.probe.PROBE_BASE_INITS). Init 0 is the size's base at cpt_base_models/<size>/, init
     k at <size>_i<k>/; each re-draws the weights and the base's data order. CPT seed k continues
     init k (cpt_probe_runs.seeds_reinit_base)."""
@@ -209,7 +209,7 @@ class ProbeRunConfig(fields_of(ProbePlan,
     0 and the repeats measure the CPT data order alone (the behaviour before inits)."""
     repeat_ratios: list[float] = list(PROBE_REPEAT_RATIOS)
     """The ratios at which the seeds after the first are trained (empty = every ratio; default the
-    interior ratios 0.25, 0.5, 0.75 of every size: ops.mixture.probe.PROBE_REPEAT_RATIOS)."""
+    middle ratio 0.5 of every size: ops.mixture.probe.PROBE_REPEAT_RATIOS)."""
     timeout_s: float = 1800.0
     """Wall-clock limit of the launch (all partitions of the run)."""
 

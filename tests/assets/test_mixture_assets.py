@@ -12,8 +12,9 @@ from assets import mixture
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-TINY_BASE = {"base_tokens": 512, "seq_len": 16, "global_batch": 4, "val_seqs_general": 4, "val_seqs_per_subdomain": 4}
-TINY_CPT = {"cpt_tokens": 512, "first_checkpoint": 128}
+TINY_BASE = {"base_tokens": 512, "seq_len": 16, "global_batch": 4, "val_seqs_general": 4, "val_seqs_per_subdomain": 4,
+             "inits": [0, 1]}
+TINY_CPT = {"cpt_tokens": 512, "first_checkpoint": 128, "seeds": [0, 1], "repeat_ratios": [0.25, 0.5, 0.75]}
 
 
 def _corpora(lake: LakeResource) -> None:
@@ -48,14 +49,14 @@ def test_one_probe_partition_materializes_on_two_ranks(tmp_path):
     launch = json.loads((tmp_path / "lake/cpt_probe_runs/launch.json").read_text())
     assert launch == {"world_size": 2, "distributed_type": "DistributedType.MULTI_CPU"}
     df = lake.read("cpt_probe_runs", "xs_r0.500")
-    assert df["seed"].to_list() == [0] * 4 + [1] * 4             # the default seeds, both at an interior ratio
+    assert df["seed"].to_list() == [0] * 4 + [1] * 4             # the configured seeds, both at an interior ratio
     assert df["tokens"].to_list() == [0, 128, 256, 512] * 2
     assert df["domain_ratio"].unique().to_list() == [0.5] and df["size"].unique().to_list() == ["xs"]
     assert df.select(pl.col("^loss_.*$")).to_numpy().min() > 0 and np.isfinite(df.select(pl.col("^loss_.*$")).to_numpy()).all()
     assert {"loss_domain/algebra", "loss_domain/geometry"} <= set(df.columns)
     # training on the mixture lowered the domain loss below the base model's
     assert df["loss_domain"][-1] < df["loss_domain"][0]
-    # seed k continued base init k (the default inits 0 and 1): different base points, then different data order
+    # seed k continued base init k (inits 0 and 1): different base points, then different data order
     a, b = (df.filter(pl.col("seed") == s).sort("tokens") for s in (0, 1))
     assert a["init"].unique().to_list() == [0] and b["init"].unique().to_list() == [1]
     assert (a["loss_general"] != b["loss_general"]).all()
@@ -238,7 +239,7 @@ def test_a_range_run_gives_every_partition_its_own_data_version(tmp_path):
     assert sorted(bases) == ["s", "xs"]
     v = {k: m.metadata["partition_data_version"].value for k, m in bases.items()}
     assert v["xs"] != v["s"] and all(len(x) == 16 for x in v.values())
-    # one base per initialisation (default inits 0 and 1), both hashed into the partition's version
+    # one base per initialisation (inits 0 and 1), both hashed into the partition's version
     assert bases["xs"].metadata["rows"].value == 2
     assert bases["s"].metadata["n_params"].value > bases["xs"].metadata["n_params"].value
     xs = [tmp_path / "lake/cpt_base_models" / d / f for d in ("xs", "xs_i1") for f in ("model.safetensors", "base.json")]
