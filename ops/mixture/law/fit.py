@@ -91,7 +91,7 @@ def _one_blas_thread(fn):
 # softmax weight of each term times that term's gradient (plus the multiplier's).
 
 _NATURAL = {"a": "A", "b": "B", "c": "C", "leps": "eps", "ld0": "D0"}  # optimiser name -> natural name
-_OPT = {"eps": "leps", "D0": "ld0"}  # natural name -> optimiser name, for parameters fitted in log
+_OPT = {nat: opt for opt, nat in _NATURAL.items() if opt.startswith("l")}  # eps -> leps, D0 -> ld0: fitted as logs
 _R_TERM = "anchored_at_r1"  # LawFit.to_dict marker: the r term is C((r+eps)^-gamma - (1+eps)^-gamma)
 
 
@@ -189,7 +189,7 @@ class _Problem:
                 # The anchored r term is about C gamma log((1+eps)/(r+eps)) at small gamma, so C
                 # may need 1/gamma_min more room than the other coefficients.
                 out.append((_LOG_COEF_MIN, top + 1.0 - math.log(max(nat["gamma"][0], 1e-12))))
-            elif n in ("leps", "ld0"):
+            elif n in _OPT.values():
                 lo, hi = nat[_NATURAL[n]]
                 out.append((math.log(lo), math.log(hi)))
             else:
