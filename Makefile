@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/setup.sh
 
 setup: $(STAMP)
 
-## Set up, then run the main job (every source partition, then the curation graph) on the embedded default.
+## Set up, then run the main job (sources, curation, CTR + GBA, RollPacker + RollArc, mixture, post-training) on the embedded default.
 demo: setup
 	$(VENV)/bin/crucible demo
 
