@@ -77,7 +77,7 @@ class PulledCollection(EmbeddingCollection):
     def serve(self, rows: dict[str, torch.Tensor]) -> None:
         self._served = rows
 
-    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool) -> torch.Tensor:
+    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool, counts: torch.Tensor | None = None) -> torch.Tensor:
         rows = self._served[tname]
         if rows.shape[0] != len(uids):
             raise ValueError(f"table {tname}: served {rows.shape[0]} rows for {len(uids)} ids")
@@ -172,7 +172,7 @@ class ServedCollection(EmbeddingCollection):
     def serve(self, rows: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         self._rows = rows
 
-    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool) -> torch.Tensor:
+    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool, counts: torch.Tensor | None = None) -> torch.Tensor:
         ids, rows = self._rows[tname]
         pos = torch.searchsorted(ids, uids)
         if len(uids) and (pos.max() >= len(ids) or not torch.equal(ids[pos], uids)):

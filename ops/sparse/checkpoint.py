@@ -6,7 +6,9 @@ Sharded checkpoints record their sharding in a manifest and load at any world si
 One file (``save_tables`` / ``load_tables``): tensors ``<table>/ids`` int64 [n] (table keys, sorted),
 ``<table>/rows`` float32 [n, width] (embedding [dim] | optimizer slots), ``<table>/last_seen`` int64
 [n], ``<table>/step`` int64 [2] (step, rows evicted so far), ``<table>/sighting_ids`` and
-``<table>/sighting_counts`` int64 [p] (IDs not yet admitted), ``<table>/size_history`` int64 [h, 2].
+``<table>/sighting_counts`` int64 [p] (IDs not yet admitted), ``<table>/sighting_steps`` int64 [p] (the
+step each was last sighted in; files written before it existed load with the saved step),
+``<table>/size_history`` int64 [h, 2].
 The safetensors header metadata records the format, the writer's ``rank`` and ``world_size``, the
 sharding rule, each table's layout (dim, width, dtype, features in slot order, optimizer and its
 slots, step) and ``data_sha256``, the SHA-256 of the tensor bytes, checked on load.
@@ -49,11 +51,13 @@ def table_tensors(ec: EmbeddingCollection) -> dict[str, torch.Tensor]:
     for name, t in ec.tables.items():
         ids, full, seen = t.live()
         pend = sorted(t.sightings.items())
+        last = t.pending.last_sighted()
         out.update({
             f"{name}/ids": ids, f"{name}/rows": full.contiguous(), f"{name}/last_seen": seen,
             f"{name}/step": torch.tensor([t.step, t.evicted], dtype=torch.int64),
             f"{name}/sighting_ids": torch.tensor([i for i, _ in pend], dtype=torch.int64),
             f"{name}/sighting_counts": torch.tensor([c for _, c in pend], dtype=torch.int64),
+            f"{name}/sighting_steps": torch.tensor([last[i] for i, _ in pend], dtype=torch.int64),
             f"{name}/size_history": torch.tensor(t.size_history, dtype=torch.int64).reshape(-1, 2),
         })
     return out
@@ -185,14 +189,18 @@ def _reset(t) -> None:
     t.__dict__.update(fresh.__dict__)
 
 
-def _fill(t, ids, rows, seen, sightings: dict, step: int, evicted: int, history) -> None:
-    """Reset table ``t`` and give it exactly these live rows (ids [n] unique) and counters."""
+def _fill(t, ids, rows, seen, sightings: dict, step: int, evicted: int, history, sighting_steps: dict | None = None) -> None:
+    """Reset table ``t`` and give it exactly these live rows (ids [n] unique) and counters
+    (``sighting_steps``: {id: last sighting step} of the pending ids; None = the loaded step)."""
     _reset(t)
     t.step = step
     r = t.insert(ids, rows[:, :t.dim], rows[:, t.dim:])
     t.seen_step[r.numpy()] = seen.numpy()
     t.evicted = evicted
     t.sightings = sightings
+    if sighting_steps is not None and len(sightings):
+        keys = list(sightings)
+        t.pending.load(keys, [sightings[k] for k in keys], [sighting_steps.get(k, step) for k in keys])
     t.size_history = [tuple(x) for x in history]
 
 
@@ -224,7 +232,9 @@ def load_tables(ec: EmbeddingCollection, path: str | Path) -> None:
         step, evicted = data[f"{name}/step"].tolist()
         _fill(t, data[f"{name}/ids"], data[f"{name}/rows"], data[f"{name}/last_seen"],
               dict(zip(data[f"{name}/sighting_ids"].tolist(), data[f"{name}/sighting_counts"].tolist())),
-              step, evicted, data[f"{name}/size_history"].tolist())
+              step, evicted, data[f"{name}/size_history"].tolist(),
+              dict(zip(data[f"{name}/sighting_ids"].tolist(), data[f"{name}/sighting_steps"].tolist()))
+              if f"{name}/sighting_steps" in data else None)
 
 
 # -- sharded checkpoints ------------------------------------------------------------------------------
@@ -378,8 +388,9 @@ def load_sharded(ec: EmbeddingCollection, folder: str | Path, rank: int | None =
             sel = ids % world == rank
             sid, scount = data[f"{name}/sighting_ids"], data[f"{name}/sighting_counts"]
             ssel = sid % world == rank
+            ssteps = data.get(f"{name}/sighting_steps", torch.full_like(sid, step))
             parts[name].append((ids[sel], rows[sel], data[f"{name}/last_seen"][sel], sid[ssel], scount[ssel],
-                                int(data[f"{name}/step"][1]), data[f"{name}/size_history"]))
+                                int(data[f"{name}/step"][1]), data[f"{name}/size_history"], ssteps[ssel]))
     for name, t in ec.tables.items():
         ps = parts[name]
         ids = torch.cat([q[0] for q in ps])
@@ -396,4 +407,5 @@ def load_sharded(ec: EmbeddingCollection, folder: str | Path, rank: int | None =
         else:
             evicted = sum(f["tables"][name]["evicted"] for f in m["files"]) if rank == 0 else 0
             history = [(steps[name], len(ids))]
-        _fill(t, ids, rows, seen, sightings, steps[name], evicted, history)
+        _fill(t, ids, rows, seen, sightings, steps[name], evicted, history,
+              dict(zip(torch.cat([q[3] for q in ps]).tolist(), torch.cat([q[7] for q in ps]).tolist())))

@@ -190,10 +190,11 @@ class EmbeddingCollection:
             f"collection with coalesce=False)")
         return check_ids(ids, f, bits=bits, why=why)
 
-    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool) -> torch.Tensor:
-        """Embeddings [U, dim] of unique namespaced ids [U]; a leaf recorded for apply_gradients when training."""
+    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """Embeddings [U, dim] of unique namespaced ids [U]; a leaf recorded for apply_gradients when training.
+        ``counts`` int64 [U]: occurrences of each id in the batch (admission counts every one); None = once each."""
         table = self.tables[tname]
-        rows = table.rows_for(uids, train)
+        rows = table.rows_for(uids, train, counts)
         leaf = table.read(rows, for_update=train)
         if train:
             leaf.requires_grad_(True)
@@ -279,8 +280,12 @@ class EmbeddingCollection:
         for tname in self.tables:
             feats = self.features_of(tname)
             allv, plan = self._table_values(tname, batch, size, full)
-            uids, inverse = torch.unique(allv, return_inverse=True)
-            leaf = self._lookup_unique(tname, uids, train)
+            counts = None
+            if train and type(self.tables[tname].admission) is not AdmitAll:   # admission counts every occurrence
+                uids, inverse, counts = torch.unique(allv, return_inverse=True, return_counts=True)
+            else:
+                uids, inverse = torch.unique(allv, return_inverse=True)
+            leaf = self._lookup_unique(tname, uids, train, counts)
             self.lookups += 1
             self.lookups_uncoalesced += len(feats)
             out.update(zip(feats, _Pool.apply(leaf, inverse, plan, size)))

@@ -81,14 +81,19 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         super().__init__(features, coalesce=coalesce, seed=seed, block_rows=block_rows)
         self.x = Exchanger(group, exchange)
 
-    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool) -> torch.Tensor:
+    def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool, counts: torch.Tensor | None = None) -> torch.Tensor:
         table, world = self.tables[tname], self.x.world
         owner = uids % world
         pos = [torch.nonzero(owner == r).flatten() for r in range(world)]
-        recv = self.x([uids[p] for p in pos])                         # ids others need from me
+        if counts is None:
+            recv = self.x([uids[p] for p in pos])                     # ids others need from me
+        else:                                                         # with their occurrences (admission)
+            pairs = self.x([torch.stack([uids[p], counts[p]], dim=1) for p in pos])
+            recv, recv_counts = [q[:, 0] for q in pairs], torch.cat([q[:, 1] for q in pairs])
         sizes = [len(t) for t in recv]
         own, inv = torch.unique(torch.cat(recv), return_inverse=True)
-        rows = table.rows_for(own, train)
+        own_counts = None if counts is None else torch.zeros(len(own), dtype=torch.int64).index_add_(0, inv, recv_counts)
+        rows = table.rows_for(own, train, own_counts)
         vals = table.read(rows)[inv]
         got = self.x(list(torch.split(vals, sizes)))                  # rows of my ids, from their owners
         leaf = torch.empty(len(uids), table.dim)

@@ -39,7 +39,14 @@ class AdmitAll:
 
 @dataclass(frozen=True)
 class AdmitAfter:
-    """An ID gets a row on its k-th sighting in training (k >= 1); before that it reads zeros."""
+    """An ID gets a row on its k-th sighting in training (k >= 1); before that it reads zeros.
+
+    Every occurrence counts: an ID in 3 samples of one batch (or 3 times in one multi-hot bag) has
+    3 sightings after that batch (``EmbeddingCollection`` passes the batch's occurrence counts to
+    ``DynamicTable.rows_for``). The counters of IDs not yet admitted are kept in
+    ``DynamicTable.pending`` and expire under the table's ``EvictUnseen(n)`` like rows do: an ID not
+    sighted for more than n steps starts again from zero. Without an eviction policy they are kept
+    until admission."""
 
     k: int = 2
     """The sighting in training on which an unseen ID gets a row (>= 1; 1 = admit at once)."""
@@ -48,7 +55,8 @@ class AdmitAfter:
         if self.k < 1:
             raise ValueError(f"AdmitAfter.k must be >= 1, got {self.k}")
 
-    def admit(self, count: int) -> bool:
+    def admit(self, count):
+        """Whether ``count`` sightings (an int, or an int64 array [n]: then a bool array [n]) admit."""
         return count >= self.k
 
 
@@ -184,6 +192,119 @@ class _LastSeenView(_TableView):
         self._t.seen_step[self._row(row)] = step
 
 
+class PendingCounts(Mapping):
+    """Sighting counters of IDs that have no row yet (admission's bookkeeping), as a read-only
+    ``{id: count}`` mapping, held in arrays: an ``IdMap`` from ID to a slot, and per slot the count
+    and the last training step the ID was sighted in.
+
+    Counters expire: ``expire(before)`` drops every counter last sighted before step ``before``
+    (``DynamicTable.end_step`` calls it under ``EvictUnseen(n)`` with the same cut-off as for rows,
+    so a long tail of one-off IDs holds at most the IDs of the last n + 1 steps). Memory: the id map
+    (32-64 bytes per key) plus 17 bytes per slot.
+    """
+
+    def __init__(self):
+        self.map = IdMap()
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.count = np.zeros(0, dtype=np.int64)
+        self.seen = np.zeros(0, dtype=np.int64)
+        self.used = np.zeros(0, dtype=bool)
+        self.free: list[int] = []
+        self.n_slots = 0
+
+    def __len__(self) -> int:
+        return len(self.map)
+
+    def __getitem__(self, key) -> int:
+        try:
+            s = int(self.map.find(np.array([index(key)], dtype=np.int64))[0])
+        except (TypeError, OverflowError):
+            s = -1
+        if s < 0:
+            raise KeyError(key)
+        return int(self.count[self.map.vals[s]])
+
+    def _live(self) -> np.ndarray:
+        return np.flatnonzero(self.used[:self.n_slots])
+
+    def __iter__(self):
+        return iter(self.ids[self._live()].tolist())
+
+    def items(self) -> list[tuple[int, int]]:
+        live = self._live()
+        return list(zip(self.ids[live].tolist(), self.count[live].tolist()))
+
+    def values(self) -> list[int]:
+        return self.count[self._live()].tolist()
+
+    def last_sighted(self) -> dict[int, int]:
+        """{id: last training step it was sighted in} of the pending IDs."""
+        live = self._live()
+        return dict(zip(self.ids[live].tolist(), self.seen[live].tolist()))
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+    def _slots(self, n: int) -> np.ndarray:
+        k = min(n, len(self.free))
+        reused = np.array(self.free[len(self.free) - k:], dtype=np.int64)
+        del self.free[len(self.free) - k:]
+        fresh = np.arange(self.n_slots, self.n_slots + n - k, dtype=np.int64)
+        self.n_slots += n - k
+        if len(self.ids) < self.n_slots:
+            grow = max(self.n_slots, 2 * len(self.ids), 64) - len(self.ids)
+            self.ids = np.concatenate([self.ids, np.zeros(grow, dtype=np.int64)])
+            self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
+            self.seen = np.concatenate([self.seen, np.zeros(grow, dtype=np.int64)])
+            self.used = np.concatenate([self.used, np.zeros(grow, dtype=bool)])
+        return np.concatenate([reused, fresh])
+
+    def add(self, ids: np.ndarray, counts: np.ndarray, step: int) -> np.ndarray:
+        """Add ``counts`` int64 [n] sightings to distinct ``ids`` int64 [n] at training step ``step``;
+        returns their totals int64 [n] (new IDs start from 0)."""
+        slots = self.map.get(ids)
+        new = np.flatnonzero(slots < 0)
+        if len(new):
+            s = self._slots(len(new))
+            self.map.insert(ids[new], s, check=False)
+            self.ids[s], self.count[s], self.used[s] = ids[new], 0, True
+            slots[new] = s
+        self.count[slots] += counts
+        self.seen[slots] = step
+        return self.count[slots].copy()
+
+    def discard(self, ids: np.ndarray) -> None:
+        """Drop the counters of ``ids`` int64 [n] (distinct; those without a counter are ignored)."""
+        if not len(self.map) or not len(ids):
+            return
+        slots = self.map.get(ids)
+        ok = slots >= 0
+        if ok.any():
+            self._drop(slots[ok])
+
+    def _drop(self, slots: np.ndarray) -> None:
+        self.map.delete(self.ids[slots])
+        self.used[slots] = False
+        self.free.extend(slots.tolist())
+
+    def expire(self, before: int) -> int:
+        """Drop the counters last sighted before training step ``before``; returns how many."""
+        live = self._live()
+        stale = live[self.seen[live] < before]
+        if len(stale):
+            self._drop(stale)
+        return len(stale)
+
+    def load(self, ids, counts, steps) -> None:
+        """Replace every counter by ``ids`` [p] (distinct) with ``counts`` [p] last sighted at ``steps`` [p]."""
+        self.__init__()
+        ids, counts, steps = _int64s(ids), _int64s(counts), _int64s(steps)
+        if len(ids):
+            s = self._slots(len(ids))
+            self.map.insert(ids, s)
+            self.ids[s], self.count[s], self.seen[s], self.used[s] = ids, counts, steps, True
+
+
 class DynamicTable:
     """An embedding table keyed by arbitrary non-negative int64 IDs (the whole range [0, 2**63)).
 
@@ -198,7 +319,9 @@ class DynamicTable:
     never used), ``seen_step`` the last training step a live row was looked up in, ``insert_seq`` the
     order in which live rows got their IDs (eviction frees stale rows in that order). ``row_of`` /
     ``id_of`` / ``last_seen`` are dict views of these; ``sightings`` (not-yet-admitted ID -> count) is a
-    dict and ``free`` (freed rows, reused last freed first) a list.
+    mapping view of ``pending`` (the ``PendingCounts`` of IDs not yet admitted: count and last
+    sighting step; expired by ``end_step`` under ``EvictUnseen``) and ``free`` (freed rows, reused last
+    freed first) a list.
     """
 
     def __init__(self, dim: int, optimizer, admission=AdmitAll(), eviction: EvictUnseen | None = None,
@@ -214,7 +337,8 @@ class DynamicTable:
         self.seen_step = np.zeros(0, dtype=np.int64)
         self.insert_seq = np.zeros(0, dtype=np.int64)
         self.n_inserted = 0                           # ids ever given a row (the next insert_seq)
-        self.sightings: dict[int, int] = {}           # not-yet-admitted id -> count
+        self.pending = PendingCounts()                # not-yet-admitted id -> (count, last sighting step)
+        self.pending_expired = 0                      # pending counters dropped by eviction so far
         self.free: list[int] = []
         self.n_rows = 0                               # rows ever allocated (high-water mark)
         self.step = 0
@@ -227,6 +351,18 @@ class DynamicTable:
 
     def __len__(self) -> int:
         return len(self.id_map)
+
+    @property
+    def sightings(self) -> PendingCounts:
+        """{id: sightings} of the IDs not yet admitted (a read-only view of ``pending``)."""
+        return self.pending
+
+    @sightings.setter
+    def sightings(self, counts: Mapping) -> None:
+        """Replace the pending counters by ``{id: count}``, all last sighted at the current step."""
+        ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        self.pending.load(ids, np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
+                          np.full(len(ids), self.step, dtype=np.int64))
 
     @property
     def capacity(self) -> int:
@@ -379,9 +515,8 @@ class DynamicTable:
         self.seen_step[rows] = self.step
         self.insert_seq[rows] = np.arange(self.n_inserted, self.n_inserted + n, dtype=np.int64)
         self.n_inserted += n
-        if self.sightings:
-            for i in keys.tolist():
-                self.sightings.pop(i, None)
+        if len(self.pending):
+            self.pending.discard(keys)
         if n:
             w = init_rows(torch.from_numpy(keys), self.dim, self.seed, self.init_scale) if weights is None else weights
             s = self.optimizer.init_state(n, self.dim) if state is None else state
@@ -389,9 +524,11 @@ class DynamicTable:
         return rows
 
     # -- lookup ----------------------------------------------------------------------------------
-    def rows_for(self, uids: torch.Tensor, train: bool) -> torch.Tensor:
+    def rows_for(self, uids: torch.Tensor, train: bool, counts=None) -> torch.Tensor:
         """Rows [n] of unique ids [n] (-1: no row). In training, counts sightings, admits per the
-        policy and marks the rows seen at the current step. Raises SparseInputError for a negative id."""
+        policy and marks the rows seen at the current step. ``counts`` int64 [n]: how many times each
+        ID occurs in the batch (every occurrence is a sighting); None = once each. Raises
+        SparseInputError for a negative id."""
         u = _int64s(uids)
         if len(u) and u.min() < 0:
             raise SparseInputError(f"table {self.name!r}: id {int(u[u < 0][0])} outside [0, 2**63)")
@@ -402,14 +539,13 @@ class DynamicTable:
                 if type(self.admission) is AdmitAll:      # every unseen id is admitted: no sighting counts
                     new = missing
                 else:
-                    admitted = []
-                    for k, i in zip(missing.tolist(), u[missing].tolist()):
-                        c = self.sightings.get(i, 0) + 1
-                        if self.admission.admit(c):
-                            admitted.append(k)
-                        else:
-                            self.sightings[i] = c
-                    new = np.array(admitted, dtype=np.int64)
+                    c = np.ones(len(missing), dtype=np.int64) if counts is None else _int64s(counts)[missing]
+                    total = self.pending.add(u[missing], c, self.step)
+                    if type(self.admission) in (AdmitAfter, ReadOnly):
+                        ok = np.broadcast_to(np.asarray(self.admission.admit(total), dtype=bool), total.shape)
+                    else:                                 # a policy of the user's own: one count at a time
+                        ok = np.array([bool(self.admission.admit(int(x))) for x in total.tolist()], dtype=bool)
+                    new = missing[ok]
                 if len(new):
                     rows[new] = self._insert(u[new])
                 self.seen_step[rows[rows >= 0]] = self.step
@@ -487,6 +623,7 @@ class DynamicTable:
                 self.free.extend(stale.tolist())
             n = len(stale)
             self.evicted += n
+            self.pending_expired += self.pending.expire(self.step - self.eviction.n_steps)
         self.size_history.append((self.step, len(self)))
         return n
 

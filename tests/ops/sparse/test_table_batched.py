@@ -80,6 +80,7 @@ class _DictTable:
     def __init__(self, admission, n_steps):
         self.admission, self.n_steps = admission, n_steps
         self.row_of, self.id_of, self.last_seen, self.sightings, self.free = {}, {}, {}, {}, []
+        self.sighted = {}                     # pending id -> last step it was sighted in
         self.n_rows = self.step = 0
 
     def rows_for(self, ids, train):
@@ -92,9 +93,10 @@ class _DictTable:
                         rows[k] = self.free.pop() if self.free else self.n_rows
                         self.n_rows += rows[k] == self.n_rows
                         self.row_of[i], self.id_of[rows[k]] = rows[k], i
-                        self.sightings.pop(i, None)
+                        self.sightings.pop(i, None), self.sighted.pop(i, None)
                     else:
                         self.sightings[i] = c
+                        self.sighted[i] = self.step
             for r in rows:
                 if r >= 0:
                     self.last_seen[r] = self.step
@@ -107,6 +109,8 @@ class _DictTable:
             del self.row_of[self.id_of.pop(r)]
             del self.last_seen[r]
             self.free.append(r)
+        for i in [i for i, t in self.sighted.items() if self.step - t > self.n_steps]:   # pending counters expire too
+            del self.sightings[i], self.sighted[i]
         return len(stale)
 
 
