@@ -1,0 +1,197 @@
+"""benchmarks.claims' runner (issue 38, item 1): registration pins a committed design, a changed design
+and a logged seed are refused, the log is append-only, the verdict is recomputed from every logged run,
+each seed runs in a fresh process with a timeout. Every test works in its own temporary git repository."""
+
+import json
+import subprocess
+import textwrap
+
+import pytest
+
+from benchmarks.claims.design import DesignError, load_design
+from benchmarks.claims.runner import ClaimError, Layout, read_log, register, run
+
+TOY = '''
+import time
+def run_seed(seed, arm_order, workdir, base_s=3.0, speedup=2.0, sleep_s=0.0, fail_seed=None):
+    """Deterministic toy arms: the baseline takes base_s + (seed % 7) / 10 s, the treatment that / speedup."""
+    if seed == fail_seed:
+        raise RuntimeError("planted failure")
+    time.sleep(sleep_s)
+    (workdir / "order.txt").write_text(",".join(arm_order))
+    b = base_s + (seed % 7) / 10
+    return {"fast": {"wall_s": b / speedup, "peak_mb": 10}, "slow": {"wall_s": b, "peak_mb": 12}}
+'''
+
+DESIGN = """\
+id: toy-speed
+paper: "A toy paper, section 1"
+statement: "fast is at least 1.5x faster than slow"
+label: simulated
+arms: [fast, slow]
+metric: {name: wall_s, unit: s, direction: lower}
+kind: speed_ratio
+unit: "one seed: both arms run from the same seed"
+seeds: [1000, 1001, 1002, 1003]
+test: "ratio of means, delta-method 95% interval (t, n-1 df)"
+decision_rule: {margin: 1.5, rule: "shown if ci95 lower > 1.5; not shown if ci95 upper < 1.5; inconclusive otherwise"}
+order: "arms alternate per seed"
+warmup: "none: both arms cold"
+command: "toyclaim:run_seed"
+params: {speedup: 2.0}
+budget_minutes: 1
+"""
+
+
+def git(root, *args):
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    (root / "benchmarks" / "claims" / "designs").mkdir(parents=True)
+    (root / "toyclaim.py").write_text(TOY)
+    (root / "benchmarks" / "claims" / "designs" / "toy-speed.yaml").write_text(DESIGN)
+    git(root, "init", "-q")
+    git(root, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git(root, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "toy design")
+    monkeypatch.syspath_prepend(str(root))
+    return Layout(root)
+
+
+def commit(root, msg="edit"):
+    git(root, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", msg)
+
+
+def head(root):
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+
+
+def test_register_records_sha_and_commit(repo):
+    entry = register("toy-speed", repo)
+    assert entry["registered_commit"] == head(repo.root)
+    assert entry["design_sha256"] == load_design(repo.designs / "toy-speed.yaml").sha256
+    assert json.loads(repo.registry.read_text())["toy-speed"] == entry
+    with pytest.raises(ClaimError, match="already registered"):
+        register("toy-speed", repo)
+
+
+def test_register_refuses_an_uncommitted_design(repo):
+    p = repo.designs / "toy-speed.yaml"
+    p.write_text(DESIGN.replace("margin: 1.5", "margin: 1.2"))
+    with pytest.raises(ClaimError, match="uncommitted"):
+        register("toy-speed", repo)
+    (repo.designs / "toy-new.yaml").write_text(DESIGN.replace("id: toy-speed", "id: toy-new"))
+    with pytest.raises(ClaimError, match="not committed"):
+        register("toy-new", repo)
+
+
+def test_run_refuses_a_design_changed_after_registration(repo):
+    register("toy-speed", repo)
+    (repo.designs / "toy-speed.yaml").write_text(DESIGN.replace("margin: 1.5", "margin: 1.2"))
+    commit(repo.root)  # committed or not: the sha differs from the registered one
+    with pytest.raises(ClaimError, match="changed after registration"):
+        run("toy-speed", layout=repo, in_process=True)
+    assert not repo.log("toy-speed").exists()
+    register("toy-speed", repo, supersede=True)  # a new registration keeps the old one on record
+    assert len(json.loads(repo.registry.read_text())["toy-speed"]["superseded"]) == 1
+
+
+def test_run_refuses_unregistered_claims_and_seeds(repo):
+    with pytest.raises(ClaimError, match="not registered"):
+        run("toy-speed", layout=repo, in_process=True)
+    register("toy-speed", repo)
+    with pytest.raises(ClaimError, match=r"\[7\] are not registered"):
+        run("toy-speed", [7], layout=repo, in_process=True)
+
+
+def test_runs_append_alternate_order_and_give_the_verdict(repo):
+    register("toy-speed", repo)
+    recs = run("toy-speed", [1000, 1001], layout=repo, in_process=True)
+    assert [r["arm_order"] for r in recs] == [["fast", "slow"], ["slow", "fast"]]
+    summary = json.loads(repo.summary.read_text())["claims"]["toy-speed"]
+    assert summary["verdict"] == "incomplete" and summary["seeds"] == {"run": 2, "planned": 4, "failed": 0,
+                                                                       "list": [1000, 1001]}
+    first = repo.log("toy-speed").read_text()
+    with pytest.raises(ClaimError, match=r"\[1001\] are already in the log"):
+        run("toy-speed", [1001], layout=repo, in_process=True)
+    run("toy-speed", layout=repo, in_process=True)  # the rest: 1002, 1003
+    after = repo.log("toy-speed").read_text()
+    assert after.startswith(first)  # append-only
+    log = read_log(repo.log("toy-speed"))
+    assert [r["seed"] for r in log] == [1000, 1001, 1002, 1003]
+    assert [r["arm_order"][0] for r in log] == ["fast", "slow", "fast", "slow"]
+    for r in log:
+        assert r["status"] == "ok" and r["design_sha256"] == load_design(repo.designs / "toy-speed.yaml").sha256
+        assert r["commit"] == head(repo.root) and r["machine"]["cores"] >= 1
+        assert r["started_at"] <= r["finished_at"]
+    s = json.loads(repo.summary.read_text())["claims"]["toy-speed"]
+    # every seed: slow / fast = 2 exactly, so the ratio of means is 2 with a zero-width interval
+    assert s["estimate"] == pytest.approx(2.0) and s["ci95"] == pytest.approx([2.0, 2.0])
+    assert s["verdict"] == "shown" and s["status"] == "complete"
+    assert s["arm_means"]["slow"]["peak_mb"] == 12
+    assert s["registered_commit"] == head(repo.root)
+
+
+def test_verdict_not_shown_when_the_speedup_is_below_the_margin(repo):
+    (repo.designs / "toy-speed.yaml").write_text(DESIGN.replace("{speedup: 2.0}", "{speedup: 1.2}"))
+    commit(repo.root)
+    register("toy-speed", repo)
+    run("toy-speed", layout=repo, in_process=True)
+    s = json.loads(repo.summary.read_text())["claims"]["toy-speed"]
+    assert s["estimate"] == pytest.approx(1.2) and s["verdict"] == "not shown"
+
+
+def test_a_failed_seed_is_logged_and_can_be_retried_without_erasing_it(repo):
+    (repo.designs / "toy-speed.yaml").write_text(DESIGN.replace("{speedup: 2.0}", "{speedup: 2.0, fail_seed: 1001}"))
+    commit(repo.root)
+    register("toy-speed", repo)
+    with pytest.raises(ClaimError, match=r"seeds \[1001\] failed"):
+        run("toy-speed", layout=repo, in_process=True)
+    log = read_log(repo.log("toy-speed"))
+    assert [(r["seed"], r["status"]) for r in log] == [(1000, "ok"), (1001, "failed"), (1002, "ok"), (1003, "ok")]
+    assert "planted failure" in log[1]["error"]
+    s = json.loads(repo.summary.read_text())["claims"]["toy-speed"]
+    assert s["seeds"]["run"] == 3 and s["seeds"]["failed"] == 1 and s["verdict"] == "incomplete"
+
+
+def test_each_seed_runs_in_a_child_process_killed_after_its_budget(repo):
+    (repo.designs / "toy-speed.yaml").write_text(DESIGN.replace("budget_minutes: 1", "budget_minutes: 0.02")
+                                                 .replace("{speedup: 2.0}", "{speedup: 2.0, sleep_s: 0.0}"))
+    commit(repo.root)
+    register("toy-speed", repo)
+    recs = run("toy-speed", [1000], layout=repo)  # a real child process
+    assert recs[0]["status"] == "ok" and recs[0]["metrics"]["slow"]["wall_s"] == pytest.approx(3.6)
+    (repo.designs / "toy-speed.yaml").write_text(DESIGN.replace("budget_minutes: 1", "budget_minutes: 0.02")
+                                                 .replace("{speedup: 2.0}", "{speedup: 2.0, sleep_s: 30}"))
+    commit(repo.root)
+    register("toy-speed", repo, supersede=True)
+    with pytest.raises(ClaimError, match="failed"):
+        run("toy-speed", [1001], layout=repo)
+    last = read_log(repo.log("toy-speed"))[-1]
+    assert last["status"] == "failed" and "budget_minutes" in last["error"] and last["wall_s"] < 10
+
+
+@pytest.mark.parametrize("edit,field", [
+    (("seeds: [1000, 1001, 1002, 1003]", "seeds: [0, 1, 2]"), "seeds"),
+    (("label: simulated", "label: measured"), "label"),
+    (("kind: speed_ratio", "kind: superiority"), "kind"),
+    (("direction: lower", "direction: down"), "metric.direction"),
+    (("command: \"toyclaim:run_seed\"", "command: \"toyclaim.run_seed\""), "command"),
+    (("id: toy-speed", "id: other"), "id"),
+    (("budget_minutes: 1\n", ""), "budget_minutes"),
+])
+def test_a_bad_design_names_its_file_and_field(repo, edit, field):
+    p = repo.designs / "toy-speed.yaml"
+    p.write_text(DESIGN.replace(*edit))
+    with pytest.raises(DesignError, match=rf"toy-speed.yaml: field '{field}'"):
+        load_design(p)
+
+
+def test_the_shipped_designs_are_valid():
+    from benchmarks.claims.design import DESIGNS
+
+    for p in sorted(DESIGNS.glob("*.yaml")):
+        d = load_design(p)
+        assert min(d.seeds) >= 1000 and d.budget_minutes > 0, p
