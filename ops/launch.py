@@ -71,6 +71,154 @@ def rank0_pipes() -> Iterator[Any]:
         yield _LocalPipes(r)
 
 
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal this process gets when its parent thread exits (linux/prctl.h)."""
+
+
+def _prctl():
+    """libc's ``prctl`` through ctypes (None off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def die_with_parent(sig: int = 9, parent_pid: "int | None" = None) -> bool:
+    """Ask Linux to send this process ``sig`` (default SIGKILL) when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``), so a rank never outlives the launcher that started it.
+
+    Linux delivers the signal when the parent *thread* that forked this process exits, not when the
+    parent process does: the launchers (accelerate, torchrun) and ``ComputeResource.run`` start
+    their children from a thread that waits for them, so the two coincide here. The setting survives
+    ``execve`` (not of a set-user-ID binary) and is not inherited by this process's own children.
+
+    Args:
+        sig: the signal number.
+        parent_pid: the parent this process expects (default: the parent it has now). When the
+            parent is already gone (it died before the request took effect: this process was
+            re-parented), this process sends itself ``sig`` at once.
+    Returns:
+        True when the request is in place; False off Linux (nothing done).
+    Raises:
+        OSError: ``prctl`` refused (errno and message).
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    expected = os.getppid() if parent_pid is None else parent_pid
+    if prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG, {sig}) failed: {os.strerror(err)}")
+    if os.getppid() != expected or expected == 1:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def pdeathsig_preexec(sig: int = 9) -> "Callable[[], None] | None":
+    """A ``preexec_fn`` for ``subprocess.Popen`` that makes the child die with ``sig`` when the
+    calling thread exits (``die_with_parent``, done between fork and exec). Everything is resolved
+    before the fork; the child only calls ``prctl`` and ``getppid`` (no import, no allocation worth
+    a lock), which is what keeps a ``preexec_fn`` safe in a process that has other threads (the
+    Dagster step has its Pipes reader). None off Linux."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent, getppid, _exit = os.getpid(), os.getppid, os._exit
+
+    def _preexec() -> None:
+        if prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 or getppid() != parent:
+            _exit(125)
+
+    return _preexec
+
+
+def _proc_table() -> "dict[int, tuple[int, int, int]]":
+    """pid -> (parent pid, process group, start time in clock ticks since boot), from /proc."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2:].split()          # after "pid (comm) "
+        if fields[0] in ("Z", "X"):                          # a zombie holds no resources and runs nothing
+            continue
+        out[int(d)] = (int(fields[1]), int(fields[2]), int(fields[19]))
+    return out
+
+
+def process_tree(root: int, groups: "tuple[int, ...]" = ()) -> "dict[int, int]":
+    """The live processes under ``root`` (``root`` included) and every member of the process groups
+    ``groups``: pid -> start time (clock ticks since boot; with the pid it names one process even
+    after the pid is reused). Processes whose parent died and were re-parented are found only
+    through their group: watch a tree while its root is alive (``watch_launch``)."""
+    table = _proc_table()
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    found, todo = {}, [root] + [p for p, (_, g, _) in table.items() if g in groups]
+    while todo:
+        p = todo.pop()
+        if p in table and p not in found:
+            found[p] = table[p][2]
+            todo.extend(kids.get(p, ()))
+    return found
+
+
+def alive(procs: "dict[int, int]") -> "dict[int, int]":
+    """The processes of ``procs`` (pid -> start time, as ``process_tree`` gives) still running."""
+    table = _proc_table()
+    return {p: t for p, t in procs.items() if p in table and table[p][2] == t}
+
+
+def kill_processes(procs: "dict[int, int]", sig: int = 9) -> None:
+    """Send ``sig`` to every process of ``procs`` still running (pid and start time both match)."""
+    for p in alive(procs):
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def watch_launch(step_pid: int, launch_pid: int, poll_s: float = 0.5) -> int:
+    """The launch watchdog (``python -m ops.launch watch STEP_PID LAUNCH_PID``), started by
+    ``ComputeResource.run`` in a session of its own beside every launch: every ``poll_s`` seconds it
+    records the processes of the launch (the tree under ``launch_pid`` and its process group, which
+    holds the ranks and a local Ray cluster's gcs_server, raylet and agents, and keeps them after
+    their parent died), and when the step process ``step_pid`` is gone (this process was
+    re-parented) it SIGKILLs them all and exits. ``die_with_parent`` kills the launcher and ranks
+    when their parent dies; this is what kills the rest: a local Ray cluster's dashboard and
+    runtime-env agents survived their raylet for more than 30 s (measured, Ray 2.60). Ends with 0
+    when the step is gone, or is killed by the step when the launch is over.
+    """
+    import time
+
+    seen: dict[int, int] = {}
+    while True:
+        gone = os.getppid() != step_pid
+        seen.update(process_tree(launch_pid, (launch_pid,)))
+        seen.pop(os.getpid(), None)
+        if gone:
+            for _ in range(3):                              # a process forked while we kill is caught next round
+                kill_processes(seen)
+                try:
+                    os.killpg(launch_pid, 9)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                time.sleep(0.2)
+                seen.update(process_tree(launch_pid, (launch_pid,)))
+                seen.pop(os.getpid(), None)
+            return 0
+        seen = alive(seen)
+        time.sleep(poll_s)
+
+
 def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, Any], "dict | None"],
                 argv: "list[str] | None" = None, *, description: "str | None" = None,
                 extra_args: "Callable[[argparse.ArgumentParser], None] | None" = None,
@@ -96,6 +244,7 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
     """
     import argparse
 
+    die_with_parent()                                      # a rank never outlives its launcher
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", required=True, help="the run spec (JSON) written by the asset")
     ap.add_argument("--out", required=True, help="the run folder: saved state, progress and result.json")
@@ -316,3 +465,9 @@ def init_ray(address, num_cpus: int, threads: int, resources: "dict | None" = No
     else:
         ray.init(num_cpus=num_cpus, resources=resources or {}, include_dashboard=False, runtime_env=env,
                  log_to_driver=False, configure_logging=False)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "watch":
+        sys.exit(watch_launch(int(sys.argv[2]), int(sys.argv[3])))
+    sys.exit("usage: python -m ops.launch watch STEP_PID LAUNCH_PID")

@@ -102,6 +102,9 @@ class ComputeResource(dg.ConfigurableResource):
         """Launch ``script`` (or an explicit ``command``) in a Pipes session and wait for it.
 
         Only rank 0 of the workers may open the Pipes channel (see ``ops.launch.rank0_pipes``).
+        Nothing of the launch outlives this call or this process (``start_guarded``): when the
+        launch ends, what is left in its process group is killed; when the step process dies, the
+        launcher, its ranks and a local Ray cluster they started die within about a second.
 
         Raises:
             dg.Failure: the launch exited non-zero or ran past ``timeout_s`` (its whole process
@@ -113,7 +116,7 @@ class ComputeResource(dg.ConfigurableResource):
                                    message_reader=dg.PipesTempFileMessageReader(), extras=extras) as session:
             full_env = {**os.environ, **self.launch_env(), **(env or {}), **session.get_bootstrap_env_vars()}
             context.log.info(f"launch: {' '.join(cmd)}")
-            proc = subprocess.Popen(cmd, env=full_env, start_new_session=True)
+            proc, watch = start_guarded(cmd, full_env)
             try:
                 rc = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
@@ -122,6 +125,9 @@ class ComputeResource(dg.ConfigurableResource):
             except BaseException:
                 _kill_group(proc)
                 raise
+            finally:
+                _kill_group(proc)                   # what the launch left in its group (a local Ray cluster's agents)
+                _stop_watch(watch)
             if rc != 0:
                 raise dg.Failure(f"launch exited with code {rc}: {' '.join(cmd)}", metadata={"exit_code": rc})
         return dg.PipesClientCompletedInvocation(session)
@@ -195,6 +201,42 @@ class ComputeResource(dg.ConfigurableResource):
                 raise dg.Failure(f"Ray job {job_id} ended {status.value}: {entrypoint}\n{tail}",
                                  metadata={"ray_job_id": job_id, "ray_job_status": status.value})
         return dg.PipesClientCompletedInvocation(session)
+
+
+def start_guarded(cmd: Sequence[str], env: Mapping[str, str]) -> "tuple[subprocess.Popen, Optional[subprocess.Popen]]":
+    """Start a launch so that nothing of it outlives the calling (step) process: the launch runs in
+    a process group of its own (so a timeout kills it whole) and gets ``PR_SET_PDEATHSIG`` SIGKILL
+    (``ops.launch.pdeathsig_preexec``); its ranks ask for the same at start (``worker_main``); and
+    a watchdog (``python -m ops.launch watch``, ``ops.launch.watch_launch``) SIGKILLs the launch's
+    whole tree and group within about a second when this process dies (a SIGKILLed or OOM-killed
+    step), which is what reaches a local Ray cluster's agents. The caller must stop the watchdog
+    (``_stop_watch``) when the launch is over.
+
+    Returns:
+        (the launch's process, the watchdog's process or None off Linux).
+    """
+    import sys
+
+    from ops.launch import pdeathsig_preexec
+
+    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, preexec_fn=pdeathsig_preexec())
+    watch = None
+    if sys.platform.startswith("linux"):
+        root = str(Path(__file__).resolve().parents[1])
+        watch = subprocess.Popen([sys.executable, "-m", "ops.launch", "watch", str(os.getpid()), str(proc.pid)],
+                                 cwd=root, env={**os.environ, "PYTHONPATH": root}, start_new_session=True,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return proc, watch
+
+
+def _stop_watch(watch: "Optional[subprocess.Popen]") -> None:
+    if watch is None:
+        return
+    try:
+        watch.kill()
+        watch.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
