@@ -1,0 +1,91 @@
+"""Figures once (issue 38, item 5): the claims tables of README.md and docs/*.md equal what
+benchmarks/results/claims.json renders; the renderer's blocks, statuses and errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.claims.render import RenderError, pages, render_pages, render_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_page_table_equals_claims_json():
+    """`python -m benchmarks.claims render --check` on README.md and every docs/*.md."""
+    claims = json.loads((ROOT / "benchmarks" / "results" / "claims.json").read_text())["claims"]
+    assert (ROOT / "README.md") in pages(ROOT)
+    differ = render_pages(ROOT, claims, check=True)
+    assert differ == [], f"tables differ from claims.json in {differ}: run python -m benchmarks.claims render"
+
+
+def claim(cid, **kw):
+    c = {"id": cid, "status": "complete", "label": "real", "kind": "speed_ratio",
+         "metric": {"name": "wall_s", "unit": "s", "direction": "lower", "decimals": 2},
+         "seeds": {"run": 5, "planned": 5, "failed": 0}, "estimate": 3.214, "ci95": [2.901, 3.55],
+         "verdict": "shown", "machine": [{"cpu_model": "AMD EPYC 7B13", "cores": 2}]}
+    c.update(kw)
+    return c
+
+
+CLAIMS = {
+    "dedup-speed": claim("dedup-speed"),
+    "rp-acc": claim("rp-acc", kind="non_inferiority", estimate=-0.5, ci95=[-1.25, 0.25], verdict="shown",
+                    metric={"name": "pass_rate", "unit": "pts", "direction": "higher", "decimals": 1}),
+    "gba-auc": claim("gba-auc", status="registered, not yet run", estimate=None, ci95=None, verdict="incomplete",
+                     seeds={"run": 0, "planned": 10, "failed": 0}, machine=[]),
+    "new": claim("new", status="not registered", estimate=None, ci95=None, verdict=None, machine=[],
+                 seeds={"run": 0, "planned": 5, "failed": 0}),
+}
+
+PAGE = """# A page
+
+Text before.
+
+<!-- claims:table ids=dedup-speed,rp-acc,gba-auc,new -->
+| stale | table |
+<!-- /claims:table -->
+
+Text after.
+"""
+
+
+def test_render_fills_a_block_with_one_row_per_id_in_order():
+    out = render_text(PAGE, CLAIMS, "page.md")
+    lines = out.split("\n")
+    start = lines.index("<!-- claims:table ids=dedup-speed,rp-acc,gba-auc,new -->")
+    rows = lines[start + 3:start + 7]
+    assert rows[0] == ("| `dedup-speed` | wall_s (s, lower better) | 3.21x [2.90, 3.55] | shown | 5 / 5 | real | "
+                       "AMD EPYC 7B13, 2 cores |")
+    assert "| -0.5 [-1.2, +0.2] pts | shown |" in rows[1]  # round half to even, signed differences
+    assert "| registered, not yet run | registered, not yet run | 0 / 10 |" in rows[2]
+    assert "| designed, not registered | not registered | 0 / 5 |" in rows[3]
+    assert "| stale | table |" not in out and out.endswith("Text after.\n")
+    assert render_text(out, CLAIMS, "page.md") == out  # idempotent
+
+
+def test_check_reports_a_page_whose_table_differs(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(render_text(PAGE, CLAIMS))
+    assert render_pages(tmp_path, CLAIMS, check=True, paths=[page]) == []
+    edited = page.read_text().replace("3.21x", "13.2x")  # a hand-edited figure
+    page.write_text(edited)
+    assert render_pages(tmp_path, CLAIMS, check=True, paths=[page]) == [page]
+    assert page.read_text() == edited  # --check changes nothing
+    assert render_pages(tmp_path, CLAIMS, paths=[page]) == [page]
+    assert "3.21x" in page.read_text()
+
+
+def test_a_block_without_ids_lists_every_claim():
+    out = render_text("<!-- claims:table -->\n<!-- /claims:table -->", CLAIMS)
+    assert [ln.split("|")[1].strip() for ln in out.split("\n")[3:-1]] == [f"`{c}`" for c in CLAIMS]
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("a\n<!-- claims:table ids=dedup-speed -->\nrow\n", r"page.md:2: .* has no closing"),
+    ("a\n<!-- /claims:table -->\n", r"page.md:2: .* without an opening"),
+    ("<!-- claims:table ids=nope -->\n<!-- /claims:table -->", r"page.md:1: unknown claim ids \['nope'\]"),
+])
+def test_bad_markers_name_the_file_and_line(text, msg):
+    with pytest.raises(RenderError, match=msg):
+        render_text(text, CLAIMS, "page.md")
