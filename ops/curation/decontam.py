@@ -110,6 +110,10 @@ class DecontamConfig:
     """An n-gram in this many training rows or more is frequent: no evidence (n-gram, sibling layer; >= 1)."""
     containment: float = 0.8
     """N-gram layer: flag when the row's n-grams cover this share of the smaller n-gram set (in (0, 1])."""
+    contained_min_tokens: int = 16
+    """N-gram layer: a row holding a whole benchmark item of at least this many tokens verbatim (matching form) is
+    flagged, notation or not (tokens; >= 0, 0 turns the verbatim test off; items under ``ngram`` tokens never
+    count)."""
     minhash_threshold: float = 0.75
     """MinHash layer (word 5-grams): exact Jaccard at or above which a candidate is flagged (in (0, 1))."""
     num_perm: int = 128
@@ -151,6 +155,8 @@ class DecontamConfig:
             raise ValueError(f"decontam.ngram must be >= 2, got {self.ngram}")
         if not 0 <= self.min_words <= self.ngram:
             raise ValueError(f"decontam.min_words must be in [0, ngram={self.ngram}], got {self.min_words}")
+        if self.contained_min_tokens < 0:
+            raise ValueError(f"decontam.contained_min_tokens must be >= 0, got {self.contained_min_tokens}")
         for name in ("short_words", "max_benchmark_df", "max_train_df"):
             if getattr(self, name) < (0 if name == "short_words" else 1):
                 raise ValueError(f"decontam.{name} must be >= {0 if name == 'short_words' else 1}, got {getattr(self, name)}")
@@ -541,6 +547,7 @@ class Decontaminator:
         self.stats: dict = {}
         self._sib = None  # the sibling layer's benchmark gram tables, built on first use
         self._bgrams = None  # the n-gram layer's benchmark gram table, built on first use
+        self._anchors = None  # the verbatim test's anchor n-grams, built on first use
         self._half = None  # the half-ngram layer's item gram table, built on first use
         self._sem_bench = None  # the semantic items' uni- and bigram counts, built on first use
         self.sem_items = [i for i, b in enumerate(benchmark) if b.get("benchmark") in set(cfg.semantic_benchmarks)]
@@ -682,7 +689,7 @@ class Decontaminator:
         """Layer 2 as Polars joins over hashed n-grams (:func:`gram_table`): candidates through informative n-grams
         rare on both sides (fewer than ``max_benchmark_df`` items and ``max_train_df`` rows, counted over every
         row of the round), then containment of all n-grams over the smaller set; the best item per row (the
-        smaller item index on a tie).
+        smaller item index on a tie). Rows still clean then get the verbatim test (:meth:`_verbatim_items`).
 
         ``tdf``: the round's :meth:`ngram_df` over the whole corpus (every shard's, summed); None: ``norm`` is the
         whole corpus. ``rows``: ``norm``'s :meth:`ngram_rows`, when already computed."""
@@ -690,7 +697,7 @@ class Decontaminator:
 
         cfg = self.cfg
         rows, rcount = rows if rows is not None else self.ngram_rows(norm)
-        bench, bcount, binf, rare_b = self._bench_grams()
+        binf, rare_b = self._bench_grams()[2:]
         if tdf is None:
             tdf = self.ngram_df(rows)
         rare = tdf.filter(pl.col("n") < cfg.max_train_df).select("gram").join(rare_b, on="gram", how="semi")
@@ -698,8 +705,17 @@ class Decontaminator:
         clean = pl.DataFrame({"doc": np.array([i for i, f in enumerate(out) if f is None], dtype=np.uint32)})
         cand = (rinf.join(clean, on="doc", how="semi").join(rare, on="gram", how="semi")
                 .join(binf, on="gram").select("doc", "item").unique())
-        if not cand.height:
-            return
+        if cand.height:
+            self._ngram_containment(cand, rows, rcount, flag)
+        self._verbatim_items(norm, out, flag, rows)
+
+    def _ngram_containment(self, cand, rows, rcount, flag):
+        """Layer 2's containment over its candidate (row, item) pairs: flagged at ``containment`` of the smaller
+        n-gram set, the best item per row (the smaller item index on a tie)."""
+        import polars as pl
+
+        cfg = self.cfg
+        bench, bcount = self._bench_grams()[:2]
         shared = (cand.join(rows.select("doc", "gram"), on="doc")
                   .join(bench.select("gram", item="doc"), on=["item", "gram"], how="semi")
                   .group_by("doc", "item").agg(shared=pl.len()))
@@ -711,6 +727,52 @@ class Decontaminator:
                 .sort("cont", "item", descending=[True, False]).unique("doc", keep="first"))
         for d, bi, cont in best.select("doc", "item", "cont").iter_rows():
             flag(int(d), int(bi), "ngram", cont)
+
+    def _verbatim_anchors(self):
+        """The verbatim test's benchmark side: for every item of at least ``contained_min_tokens`` tokens (and at
+        least ``ngram``), its *anchor*, the n-gram of the item found in the fewest benchmark items (notation or not;
+        the smaller hash on a tie), as a Polars frame ``gram`` (u64), ``item`` (u32), and each item's token string
+        with a space on either side."""
+        if self._anchors is None:
+            import polars as pl
+
+            cfg = self.cfg
+            bench = self._bench_grams()[0]
+            long_items = np.array([len(t) >= max(cfg.contained_min_tokens, cfg.ngram) for t in self.btoks])
+            anchors = (bench.with_columns(bdf=pl.len().over("gram"))
+                       .filter(pl.col("doc").is_in(np.nonzero(long_items)[0].astype(np.uint32).tolist()))
+                       .sort("doc", "bdf", "gram").unique("doc", keep="first", maintain_order=True)
+                       .select("gram", item="doc"))
+            self._anchors = (anchors, [" " + " ".join(t) + " " for t in self.btoks])
+        return self._anchors
+
+    def _verbatim_items(self, norm, out, flag, rows):
+        """Part of layer 2: a row still clean that holds a benchmark item's whole token sequence verbatim (matching
+        form; items of at least ``contained_min_tokens`` tokens) is flagged with containment 1.0, whatever share of
+        the item's n-grams is notation (case ``decontam-embedded-in-document``: a product of cosines or a piecewise
+        floor/ceiling definition has no informative 8-gram, so the candidate search above never sees it). A quoted
+        textbook identity is not flagged: only a whole benchmark item counts (case ``decontam-textbook-identity``).
+        Candidates share the item's rarest n-gram (:meth:`_verbatim_anchors`); each is verified on the token strings.
+        """
+        import polars as pl
+
+        if self.cfg.contained_min_tokens <= 0:
+            return
+        anchors, strings = self._verbatim_anchors()
+        clean = pl.DataFrame({"doc": np.array([i for i, f in enumerate(out) if f is None], dtype=np.uint32)})
+        if not clean.height or not anchors.height:
+            return
+        cand = (rows.select("doc", "gram").join(clean, on="doc", how="semi").join(anchors, on="gram")
+                .select("doc", "item").unique().sort("doc", "item"))
+        toks: dict[int, str] = {}
+        for d, bi in cand.iter_rows():
+            if out[d] is not None:
+                continue  # an earlier (smaller) item already matched this row
+            row = toks.get(d)
+            if row is None:
+                row = toks[d] = " " + " ".join(_TOKEN.findall(norm[d])) + " "
+            if strings[bi] in row:
+                flag(int(d), int(bi), "ngram", 1.0)
 
     def _minhash_layer(self, norm, out, flag):
         cfg = self.cfg
