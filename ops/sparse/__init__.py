@@ -12,7 +12,7 @@ import importlib
 # the Dagster code location loads.
 _EXPORTS = {
     "EmbeddingCollection": "collection", "FeatureSpec": "collection",
-    "SparseAdagrad": "optim", "SparseAdam": "optim",
+    "SparseAdagrad": "optim", "SparseAdam": "optim", "SparseAdamW": "optim",
     "AdmitAfter": "table", "AdmitAll": "table", "DynamicTable": "table", "EvictUnseen": "table",
     "ReadOnly": "table", "SparseInputError": "table",
 }
@@ -24,4 +24,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["AdmitAfter", "AdmitAll", "DynamicTable", "EmbeddingCollection", "EvictUnseen", "FeatureSpec", "ReadOnly",
-           "SparseAdagrad", "SparseAdam", "SparseInputError"]
+           "SparseAdagrad", "SparseAdam", "SparseAdamW", "SparseInputError"]

@@ -10,9 +10,18 @@ SparseInputError at lookup, naming the feature and the ID. A feature that needs 
 own table with ``FeatureSpec(..., coalesce=False)`` (or ``EmbeddingCollection(coalesce=False)``). ``lookups`` counts physical lookups;
 ``lookups_uncoalesced`` counts what one-table-per-feature would have done.
 
-Batch format, per feature: ``(ids int64 [B, L], lengths int64 [B])`` — padded IDs, the first
-``lengths[b]`` of row b are real (L = 1 for single-valued fields). Output per feature: the mean of
-its rows' embeddings, ``[B, dim]`` (an empty bag pools to zeros).
+Batch format, per feature: ``(ids int64 [B, L], lengths int64 [B])`` or ``(ids, lengths, weights
+float [B, L])`` — padded IDs, the first ``lengths[b]`` of row b are real (L = 1 for single-valued
+fields); ``weights`` are per-ID weights (padding positions ignored). Output per feature ``[B, dim]``:
+its bag pooled by the feature's ``pooling`` (with weights w_i and rows e_i of a bag):
+
+- ``"sum"`` (the default, as RecIS's and TensorFlow's ``embedding_lookup_sparse``): sum_i w_i e_i;
+- ``"mean"``: sum_i w_i e_i / sum_i w_i (unweighted: / L_b);
+- ``"sqrtn"``: sum_i w_i e_i / sqrt(sum_i w_i^2) (unweighted: / sqrt(L_b)).
+
+An empty bag pools to zeros; a bag whose denominator is 0 (weights summing to 0) pools to its
+weighted sum. For single-valued unweighted features the three are the same. RecIS's ``tile``
+combiner (concatenation of a fixed number of IDs) is not offered.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from .optim import SparseAdagrad
 from .table import AdmitAll, DynamicTable, EvictUnseen, SparseInputError, check_ids
 
 MAX_SLOTS = 1 << (63 - ID_BITS)
+POOLINGS = ("sum", "mean", "sqrtn")
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,12 @@ class FeatureSpec:
     """Rows start Uniform(-init_scale, init_scale), a function of (seed, ID) only."""
     coalesce: bool = True
     """False: never share a table (keeps the full int64 ID range; a coalesced feature's IDs must be < 2**52)."""
+    pooling: str = "sum"
+    """How a bag of IDs pools to one vector: "sum" (RecIS's default) | "mean" | "sqrtn" (module docstring)."""
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"feature {self.name!r}: pooling must be one of {POOLINGS}, got {self.pooling!r}")
 
     def table_key(self) -> tuple:
         return (self.dim, self.optimizer, self.admission, self.eviction, self.init_scale)
@@ -69,15 +85,18 @@ def _validate(batch: dict, names: list[str]) -> tuple[int, list[bool]]:
     size = pairs[0][0].shape[0] if pairs and getattr(pairs[0][0], "ndim", 0) >= 1 else None
     widths = set()
     ok = size is not None and size > 0
-    for ids, lengths in pairs:
+    for p in pairs:
         if not ok:
             break
+        ids, lengths = p[0], p[1]
         ok = (ids.ndim == 2 and isinstance(lengths, torch.Tensor) and lengths.ndim == 1
               and ids.shape[0] == lengths.shape[0] == size)
         widths.add(ids.shape[1] if ok else None)
     if ok and len(widths) == 1:
         width = widths.pop()
         lens = pairs[0][1] if len(pairs) == 1 else torch.cat([p[1] for p in pairs])
+        if any(len(p) != 2 for p in pairs):
+            return _validate_slow(pairs, names)
         lo, hi = torch.aminmax(lens)
         lo, hi = int(lo), int(hi)
         if 0 <= lo and hi <= width:
@@ -88,7 +107,10 @@ def _validate(batch: dict, names: list[str]) -> tuple[int, list[bool]]:
 def _validate_slow(pairs: list, names: list[str]) -> tuple[int, list[bool]]:
     """``_validate`` feature by feature (raises on the first bad feature)."""
     size, full = None, []
-    for n, (ids, lengths) in zip(names, pairs):
+    for n, p in zip(names, pairs):
+        if not isinstance(p, (tuple, list)) or len(p) not in (2, 3):
+            raise SparseInputError(f"feature {n!r}: expected (ids, lengths) or (ids, lengths, weights)")
+        ids, lengths = p[0], p[1]
         if ids.ndim != 2 or lengths.ndim != 1 or ids.shape[0] != lengths.shape[0]:
             raise SparseInputError(f"feature {n!r}: expected ids [B, L] and lengths [B], got {tuple(ids.shape)} and {tuple(lengths.shape)}")
         if ids.shape[0] == 0:
@@ -99,30 +121,37 @@ def _validate_slow(pairs: list, names: list[str]) -> tuple[int, list[bool]]:
         lo, hi = int(lengths.min()), int(lengths.max())
         if lo < 0 or hi > ids.shape[1]:
             raise SparseInputError(f"feature {n!r}: lengths must be in [0, {ids.shape[1]}]")
+        if len(p) == 3:
+            w = p[2]
+            if not isinstance(w, torch.Tensor) or not w.dtype.is_floating_point or tuple(w.shape) != tuple(ids.shape):
+                raise SparseInputError(f"feature {n!r}: weights must be a float tensor shaped like its ids "
+                                       f"{tuple(ids.shape)}, got {getattr(w, 'dtype', type(w))} {tuple(getattr(w, 'shape', ()))}")
         full.append(lo == hi == ids.shape[1])
     return size, full
 
 
 class _Pool(torch.autograd.Function):
-    """Per feature of one table, the mean over each bag of the rows of ``leaf`` [U, dim] that
-    ``inverse`` [nnz] names; one output [B, dim] per entry of ``plan``. ``plan`` entries are
-    ``(start, end, seg, div)``: the feature's ids are ``inverse[start:end]`` (row-major), ``seg``
-    [end - start] their sample indices and ``div`` [B, 1] the bag sizes (clamped to >= 1) — both
-    None for single-valued features (every bag holds one id): the output is then a gather. Backward
-    adds each id's gradient to its row in position order (feature by feature, row-major), the order
-    and arithmetic of the autograd graph of indexing, ``index_add`` and division it replaces."""
+    """Per feature of one table, each bag pooled from the rows of ``leaf`` [U, dim] that ``inverse``
+    [nnz] names; one output [B, dim] per entry of ``plan``. ``plan`` entries are ``(start, end, seg,
+    div, w)``: the feature's ids are ``inverse[start:end]`` (row-major), ``seg`` [end - start] their
+    sample indices, ``w`` [end - start, 1] their weights (None: 1) and ``div`` [B, 1] the bags'
+    denominators (None: sum pooling) — seg, div and w all None for unweighted single-valued features
+    (every bag holds one id): the output is then a gather. Output = index_add(seg, w * e) / div.
+    Backward adds each id's gradient to its row in position order (feature by feature, row-major),
+    the order and arithmetic of the autograd graph of indexing, ``index_add`` and division it replaces."""
 
     @staticmethod
     def forward(ctx, leaf, inverse, plan, size):
         ctx.plan, ctx.shape = plan, leaf.shape
         ctx.save_for_backward(inverse)
         outs = []
-        for start, end, seg, div in plan:
+        for start, end, seg, div, w in plan:
             e = leaf.index_select(0, inverse[start:end])
             if seg is None:
                 outs.append(e)
             else:
-                outs.append(torch.zeros(size, leaf.shape[1], dtype=leaf.dtype).index_add_(0, seg, e) / div)
+                o = torch.zeros(size, leaf.shape[1], dtype=leaf.dtype).index_add_(0, seg, e if w is None else e * w)
+                outs.append(o if div is None else o / div)
         return tuple(outs)
 
     @staticmethod
@@ -132,11 +161,43 @@ class _Pool(torch.autograd.Function):
             return None, None, None, None
         (inverse,) = ctx.saved_tensors
         g_leaf = torch.zeros(ctx.shape, dtype=grads[0].dtype)
-        for (start, end, seg, div), g in zip(ctx.plan, grads):
+        for (start, end, seg, div, w), g in zip(ctx.plan, grads):
             if seg is not None:
-                g = (g / div).index_select(0, seg)
+                g = (g if div is None else g / div).index_select(0, seg)
+                if w is not None:
+                    g = g * w
             g_leaf.index_add_(0, inverse[start:end], g.contiguous())   # a strided source adds slower
         return g_leaf, None, None, None
+
+
+def _denominator(bag_sizes, pooling: str):
+    """A bag's divisor for unweighted pooling: its size (mean) or the size's square root (sqrtn);
+    ``bag_sizes`` a float or a float tensor [B, 1] (sizes clamped to >= 1)."""
+    if pooling == "mean":
+        return bag_sizes
+    return bag_sizes ** 0.5 if isinstance(bag_sizes, float) else bag_sizes.sqrt()
+
+
+def _by_table(entries) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """{table: [(rows [n_i], grads [n_i, dim]), ...]} of (table, rows, grads) entries, in order."""
+    out: dict[str, list] = {}
+    for tname, rows, grads in entries:
+        out.setdefault(tname, []).append((rows, grads))
+    return out
+
+
+def merge_row_grads(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (rows [U], grads [U, dim]) from several lookups' (rows [n_i] unique within a part, -1 = no row;
+    grads [n_i, dim]): the gradients of a row summed over the parts, rows without a row dropped. A single
+    part is returned as it is (bit-identical to the unmerged path)."""
+    if len(parts) == 1:
+        return parts[0]
+    rows = torch.cat([r for r, _ in parts])
+    grads = torch.cat([g for _, g in parts])
+    keep = rows >= 0
+    rows, grads = rows[keep], grads[keep]
+    uniq, inv = torch.unique(rows, return_inverse=True)
+    return uniq, torch.zeros(len(uniq), grads.shape[1], dtype=grads.dtype).index_add_(0, inv, grads)
 
 
 class EmbeddingCollection:
@@ -212,32 +273,50 @@ class EmbeddingCollection:
 
     def _table_values(self, tname: str, batch: dict, size: int, full: dict) -> tuple[torch.Tensor, list]:
         """A table's namespaced ids in a batch and its pooling plan: (ids int64 [nnz] feature by
-        feature, row-major; per feature ``(start, end, seg, div)`` as ``_Pool`` takes it). ``full``:
+        feature, row-major; per feature ``(start, end, seg, div, w)`` as ``_Pool`` takes it). ``full``:
         feature -> every bag full (lengths == L). IDs are range-checked once on the concatenation
         of the table's int64 ids; a bad one reruns the per-feature check, which names the feature."""
         feats = self.features_of(tname)
         flat, raw, plan, start = [], [], [], 0
         fast = all(isinstance(batch[f][0], torch.Tensor) and batch[f][0].dtype == torch.int64 for f in feats)
         for f in feats:
-            ids, lengths = batch[f]
+            ids, lengths = batch[f][0], batch[f][1]
+            weights = batch[f][2] if len(batch[f]) == 3 else None
+            pooling = self.features[f].pooling
             if not fast:
                 ids = self._check(ids, f)
             width = ids.shape[1]
+            w = None
             if full[f]:
                 v = ids.reshape(-1)
-                if width == 1:
+                if width == 1 and weights is None:
                     seg = div = None
                 else:
                     seg = self._cached(("seg", size, width), lambda: torch.arange(size).repeat_interleave(width))
-                    div = self._cached(("div", size, width), lambda: torch.full((size, 1), float(max(width, 1))))
+                    if weights is None:
+                        div = None if pooling == "sum" else self._cached(
+                            ("div", size, width, pooling), lambda: torch.full((size, 1), _denominator(float(max(width, 1)), pooling)))
+                    else:
+                        w = weights.reshape(-1, 1).to(torch.get_default_dtype())
             else:
                 mask = self._cached(("arange", width), lambda: torch.arange(width))[None, :] < lengths[:, None]
                 v = ids[mask]                                  # [nnz_f], row-major
                 seg = torch.repeat_interleave(self._cached(("arange", size), lambda: torch.arange(size)), lengths)
-                div = lengths.clamp(min=1).to(torch.get_default_dtype())[:, None]
+                if weights is None:
+                    div = None if pooling == "sum" else _denominator(
+                        lengths.clamp(min=1).to(torch.get_default_dtype())[:, None], pooling)
+                else:
+                    w = weights[mask].reshape(-1, 1).to(torch.get_default_dtype())
+            if w is not None:
+                if pooling == "sum":
+                    div = None
+                else:                                          # sum of w (mean) or of w^2 (sqrtn) per bag; 0 -> 1
+                    den = torch.zeros(size, 1, dtype=w.dtype).index_add_(0, seg, w if pooling == "mean" else w * w)
+                    den = torch.where(den == 0, torch.ones_like(den), den)
+                    div = den if pooling == "mean" else den.sqrt()
             flat.append(v)
             raw.append(ids.reshape(-1))                        # padding included: every id is checked
-            plan.append((start, start + len(v), seg, div))
+            plan.append((start, start + len(v), seg, div, w))
             start += len(v)
         allv = flat[0] if len(flat) == 1 else torch.cat(flat)
         if fast:
@@ -249,7 +328,7 @@ class EmbeddingCollection:
                     for f in feats:                            # raises naming the first bad feature and id
                         self._check(batch[f][0], f)
         if len(feats) > 1:
-            counts = tuple(e - s for s, e, _, _ in plan)
+            counts = tuple(e - s for s, e, _, _, _ in plan)
             slots = tuple(self.slot[f][1] for f in feats)
             allv = allv | self._cached(("slots", counts, slots), lambda: torch.cat(
                 [torch.full((c,), s << ID_BITS, dtype=torch.int64) for c, s in zip(counts, slots)]))
@@ -292,11 +371,15 @@ class EmbeddingCollection:
         return out
 
     def apply_gradients(self) -> None:
-        """Sparse optimizer step on every row looked up since the last call (call after backward)."""
+        """Sparse optimizer step on every row looked up since the last call (call after backward).
+
+        One update per row and call, however many lookups touched it: a table looked up several times
+        (the collection called more than once before this) has the gradients of all its lookups summed
+        per row first, then one optimizer step on the sum (as RecIS does; two Adagrad steps on the
+        parts would move a row differently from one step on the whole)."""
         pending, self._pending = self._pending, []
-        for tname, rows, leaf in pending:
-            if leaf.grad is not None:
-                self.tables[tname].apply_gradients(rows, leaf.grad)
+        for tname, parts in _by_table((t, r, leaf.grad) for t, r, leaf in pending if leaf.grad is not None).items():
+            self.tables[tname].apply_gradients(*merge_row_grads(parts))
 
     def end_step(self) -> int:
         """Advance every table's step (eviction, size history). Returns rows evicted."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .collection import EmbeddingCollection
+from .collection import EmbeddingCollection, _by_table, merge_row_grads
 from .train import CTRModel
 
 
@@ -105,14 +105,17 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
         return leaf
 
     def apply_gradients(self) -> None:
-        """Send each looked-up row's gradient to its owner; owners sum per row and update (a collective)."""
+        """Send each looked-up row's gradient to its owner; owners sum per row (over every rank and every
+        lookup of the step) and update once (a collective)."""
         pending, self._pending = self._pending, []
+        parts = []
         for tname, (rows, inv, sizes, pos), leaf in pending:
             table = self.tables[tname]
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             recv = self.x([grad[p] for p in pos])
-            g = torch.zeros(len(rows), table.dim).index_add(0, inv, torch.cat(recv))
-            table.apply_gradients(rows, g)
+            parts.append((tname, rows, torch.zeros(len(rows), table.dim).index_add(0, inv, torch.cat(recv))))
+        for tname, got in _by_table(parts).items():
+            self.tables[tname].apply_gradients(*merge_row_grads(got))
 
 
 class ShardedCTRModel(CTRModel):

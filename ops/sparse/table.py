@@ -602,10 +602,11 @@ class DynamicTable:
         else:
             full = torch.from_numpy(self._gather_np(r, plan=plan))
         step_ = getattr(self.optimizer, "update_", None)
+        kw = {"table_step": self.step + 1} if getattr(self.optimizer, "bias_correction", None) == "per_table" else {}
         if step_ is not None:
-            step_(full, grads, self.dim)
+            step_(full, grads, self.dim, **kw)
         else:
-            w, s = self.optimizer.update(full[:, :self.dim], full[:, self.dim:], grads)
+            w, s = self.optimizer.update(full[:, :self.dim], full[:, self.dim:], grads, **kw)
             full = torch.cat([w, s], dim=1)
         self._scatter_np(r, full, plan=plan)
 

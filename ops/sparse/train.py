@@ -24,16 +24,28 @@ def tensors(df: pl.DataFrame, fields: list[str]) -> dict[str, tuple[torch.Tensor
 
 
 def take(feats: dict, idx: torch.Tensor) -> dict:
-    return {k: (ids[idx], lens[idx]) for k, (ids, lens) in feats.items()}
+    """The samples ``idx`` [n] of encoded features {name: (ids [N, L], lengths [N][, weights [N, L]])}."""
+    return {k: tuple(t[idx] for t in v) for k, v in feats.items()}
+
+
+DEEPFM_FEATURE_DEFAULTS = {"pooling": "mean"}
+"""FeatureSpec fields DeepFM's tables take unless ``feature_kw`` says otherwise: mean pooling of the
+multi-hot genres (the engine's own default is RecIS's sum; DeepFM keeps the mean it was measured with)."""
 
 
 class CTRModel:
-    """DeepFM whose field embeddings live in an EmbeddingCollection (the sparse engine)."""
+    """DeepFM whose field embeddings live in an EmbeddingCollection (the sparse engine).
 
-    def __init__(self, fields: list[str], cfg: TrainConfig, collection_cls=EmbeddingCollection, **collection_kw):
+    ``feature_kw``: FeatureSpec fields for every field's table, over the defaults
+    ``DEEPFM_FEATURE_DEFAULTS`` (SparseAdagrad at ``cfg.sparse_lr``, mean pooling, Uniform(+-0.01)
+    init): e.g. ``{"pooling": "sum", "init": "zeros", "optimizer": SparseAdamW(...)}`` (RecIS's)."""
+
+    def __init__(self, fields: list[str], cfg: TrainConfig, collection_cls=EmbeddingCollection,
+                 feature_kw: dict | None = None, **collection_kw):
         torch.manual_seed(cfg.seed)
         self.fields, self.cfg = fields, cfg
-        specs = [FeatureSpec(f, dim=cfg.dim + 1, optimizer=SparseAdagrad(lr=cfg.sparse_lr)) for f in fields]
+        kw = {**DEEPFM_FEATURE_DEFAULTS, "optimizer": SparseAdagrad(lr=cfg.sparse_lr), **(feature_kw or {})}
+        specs = [FeatureSpec(f, dim=cfg.dim + 1, **kw) for f in fields]
         self.ec = collection_cls(specs, coalesce=cfg.coalesce, seed=cfg.seed, **collection_kw)
         self.net = DeepFM(len(fields), cfg.dim, cfg.hidden, cfg.dropout)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.dense_lr)
@@ -107,7 +119,7 @@ def split_frames(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return train, test
 
 
-def train_ctr(events: pl.DataFrame, cfg: TrainConfig = TrainConfig(), log=None) -> dict:
+def train_ctr(events: pl.DataFrame, cfg: TrainConfig = TrainConfig(), log=None, feature_kw: dict | None = None) -> dict:
     """Train DeepFM on the ``split == "train"`` rows of a CTR events table, evaluate on ``test``.
 
     Returns metrics: test auc/logloss/gauc, train_seconds, samples_per_s, table size history,
@@ -116,17 +128,17 @@ def train_ctr(events: pl.DataFrame, cfg: TrainConfig = TrainConfig(), log=None) 
     prev = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _train_ctr(events, cfg, log)
+        return _train_ctr(events, cfg, log, feature_kw)
     finally:
         torch.set_num_threads(prev)
 
 
-def _train_ctr(events: pl.DataFrame, cfg: TrainConfig, log) -> dict:
+def _train_ctr(events: pl.DataFrame, cfg: TrainConfig, log, feature_kw: dict | None = None) -> dict:
     train, test = split_frames(events)
     fields = feature_columns(events) + list(cfg.crosses)
     ftr, fte = tensors(train, fields), tensors(test, fields)
     ytr = torch.tensor(train["click"].to_numpy(), dtype=torch.float32)
-    model = CTRModel(fields, cfg)
+    model = CTRModel(fields, cfg, feature_kw=feature_kw)
     g = torch.Generator().manual_seed(cfg.seed)
     t0, losses, n_seen = time.perf_counter(), [], 0
     for epoch in range(cfg.epochs):

@@ -127,8 +127,8 @@ def test_coalescing_shares_tables_counts_lookups_and_keeps_features_apart():
     assert not torch.equal(out["user"][0], out["item"][0])
     assert torch.equal(out["genre"][2], torch.zeros(4))  # empty bag
     g = ec.tables["table0"]
-    mean = (g.weights([3 | (2 << 52)]) + g.weights([4 | (2 << 52)])) / 2
-    torch.testing.assert_close(out["genre"][0], mean[0])
+    total = g.weights([3 | (2 << 52)]) + g.weights([4 | (2 << 52)])      # sum pooling: RecIS's default
+    torch.testing.assert_close(out["genre"][0], total[0])
     plain = EmbeddingCollection(_specs(), coalesce=False)
     plain_out = plain(_batch())
     assert plain.lookups == 4 and len(plain.tables) == 4
@@ -218,22 +218,36 @@ def test_cpu_path_imports_without_torchrec():
     assert out.stdout.strip() == "[] (1, 2)"
 
 
+def _bag_coefficients(batch, name, pooling):
+    """Per position [B, L]: the factor of that id's row in its bag's pooled vector (0 for padding),
+    written out from the definitions (sum: w; mean: w / sum w; sqrtn: w / sqrt(sum w^2))."""
+    ids, lengths = batch[name][0], batch[name][1]
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.float32)
+    w = (batch[name][2] if len(batch[name]) == 3 else torch.ones(ids.shape)) * mask
+    if pooling == "sum":
+        return w
+    den = w.sum(1, keepdim=True) if pooling == "mean" else (w * w).sum(1, keepdim=True).sqrt()
+    return w / torch.where(den == 0, torch.ones_like(den), den)
+
+
 def _pooled_reference(ec, batch, name):
-    """Mean over each bag of the feature's rows, computed with plain torch from the table's weights."""
+    """Each bag of the feature's rows pooled per its FeatureSpec, computed with plain torch from the table's weights."""
     tname, slot = ec.slot[name]
-    ids, lengths = batch[name]
+    ids = batch[name][0]
     t = ec.tables[tname]
     keys = ids if ec.key_bits(tname) == 63 else ids | (slot << 52)
     rows = t.weights(keys.reshape(-1)).reshape(*ids.shape, t.dim)
-    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(rows.dtype)
-    return (rows * mask[..., None]).sum(1) / lengths.clamp(min=1).to(rows.dtype)[:, None]
+    return (rows * _bag_coefficients(batch, name, ec.features[name].pooling)[..., None]).sum(1)
 
 
+@pytest.mark.parametrize("pooling,weighted", [("mean", False), ("sum", False), ("sqrtn", False), ("sum", True),
+                                              ("mean", True), ("sqrtn", True)])
 @pytest.mark.parametrize("kind", ["single", "uniform", "mixed", "mixed widths"])
-def test_pooling_fast_paths_match_plain_torch(kind):
+def test_pooling_fast_paths_match_plain_torch(kind, pooling, weighted):
     g = torch.Generator().manual_seed(3)
     B = 32
-    ec = EmbeddingCollection([FeatureSpec("a", dim=4), FeatureSpec("b", dim=4), FeatureSpec("c", dim=4, coalesce=False)])
+    ec = EmbeddingCollection([FeatureSpec("a", dim=4, pooling=pooling), FeatureSpec("b", dim=4, pooling=pooling),
+                              FeatureSpec("c", dim=4, coalesce=False, pooling=pooling)])
     if kind == "single":
         batch = {n: (torch.randint(0, 40, (B, 1), generator=g), torch.ones(B, dtype=torch.int64)) for n in "abc"}
     elif kind == "uniform":
@@ -244,24 +258,27 @@ def test_pooling_fast_paths_match_plain_torch(kind):
         batch = {"a": (torch.randint(0, 40, (B, 1), generator=g), torch.ones(B, dtype=torch.int64)),
                  "b": (torch.randint(0, 40, (B, 4), generator=g), torch.full((B,), 4)),
                  "c": (torch.randint(0, 40, (B, 2), generator=g), torch.randint(0, 3, (B,), generator=g))}
+    if weighted:                                         # per-id weights in [0.5, 2); padding weights are ignored
+        batch = {n: (ids, lens, 0.5 + 1.5 * torch.rand(ids.shape, generator=g)) for n, (ids, lens) in batch.items()}
     out = ec(batch)                                      # admits every id
     for n in "abc":
         torch.testing.assert_close(out[n], _pooled_reference(ec, batch, n), rtol=1e-6, atol=1e-7)
-    # gradients: d(sum(out * w)) / d(row) = sum over the row's positions of w[b] / length[b]
+    # gradients: d(sum(out * w)) / d(row) = sum over the row's positions of w[b] * (its bag coefficient)
     w = {n: torch.randn(B, 4, generator=g) for n in "abc"}
     sum((out[n] * w[n]).sum() for n in "abc").backward()
     for tname, rows, leaf in ec._pending:
         t = ec.tables[tname]
         want = torch.zeros_like(leaf)
         for n in ec.features_of(tname):
-            ids, lengths = batch[n]
+            ids, lengths = batch[n][0], batch[n][1]
+            coef = _bag_coefficients(batch, n, pooling)
             keys = ids if ec.key_bits(tname) == 63 else ids | (ec.slot[n][1] << 52)
             r = t.id_map.get(keys.reshape(-1).numpy())
             pos = {int(x): i for i, x in enumerate(rows.tolist())}
             for p, row in enumerate(r.tolist()):
                 b, j = divmod(p, ids.shape[1])
                 if j < lengths[b]:
-                    want[pos[row]] += w[n][b] / max(int(lengths[b]), 1)
+                    want[pos[row]] += w[n][b] * coef[b, j]
         torch.testing.assert_close(leaf.grad, want, rtol=1e-5, atol=1e-7)
     ec.apply_gradients()
 
