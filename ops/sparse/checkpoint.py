@@ -185,7 +185,8 @@ def _check_layout(name: str, t, ec: EmbeddingCollection, saved: dict | None, whe
 
 
 def _reset(t) -> None:
-    fresh = type(t)(t.dim, t.optimizer, t.admission, t.eviction, t.block_rows, t.init_scale, t.seed, t.name)
+    fresh = type(t)(t.dim, t.optimizer, t.admission, t.eviction, t.block_rows, t.init_scale, t.seed, t.name,
+                    init=getattr(t, "init", "uniform"))
     t.__dict__.update(fresh.__dict__)
 
 

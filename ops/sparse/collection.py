@@ -32,7 +32,7 @@ import torch
 
 from .data import ID_BITS
 from .optim import SparseAdagrad
-from .table import AdmitAll, DynamicTable, EvictUnseen, SparseInputError, check_ids
+from .table import INITS, AdmitAll, DynamicTable, EvictUnseen, SparseInputError, check_ids
 
 MAX_SLOTS = 1 << (63 - ID_BITS)
 POOLINGS = ("sum", "mean", "sqrtn")
@@ -53,18 +53,27 @@ class FeatureSpec:
     eviction: EvictUnseen | None = None
     """None = never evict; EvictUnseen(n_steps): free the rows of IDs unseen for more than n_steps steps."""
     init_scale: float = 0.01
-    """Rows start Uniform(-init_scale, init_scale), a function of (seed, ID) only."""
+    """Half-width (uniform) or standard deviation (normal, truncated_normal) of the initial rows."""
+    init: str = "uniform"
+    """Row initialiser: "uniform" (default) | "zeros" (RecIS's default) | "normal" | "truncated_normal"
+    (at +-2 std); a function of (seed, ID) only (``ops.sparse.table.init_rows``)."""
     coalesce: bool = True
     """False: never share a table (keeps the full int64 ID range; a coalesced feature's IDs must be < 2**52)."""
     pooling: str = "sum"
     """How a bag of IDs pools to one vector: "sum" (RecIS's default) | "mean" | "sqrtn" (module docstring)."""
+    shared_name: str | None = None
+    """Features with the same shared_name look up the same rows (one table, one key space: ID 7 of
+    either is the same row, trained by both), as RecIS's ``shared_name``. Their table attributes
+    (dim, optimizer, admission, eviction, init, coalesce) must be equal; pooling may differ."""
 
     def __post_init__(self):
         if self.pooling not in POOLINGS:
             raise ValueError(f"feature {self.name!r}: pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        if self.init not in INITS:
+            raise ValueError(f"feature {self.name!r}: init must be one of {INITS}, got {self.init!r}")
 
     def table_key(self) -> tuple:
-        return (self.dim, self.optimizer, self.admission, self.eviction, self.init_scale)
+        return (self.dim, self.optimizer, self.admission, self.eviction, self.init_scale, self.init)
 
 
 def validate_batch(batch: dict, names: list[str]) -> int:
@@ -205,7 +214,8 @@ class EmbeddingCollection:
 
     Use: ``out = ec(batch, train=True)``; ``loss.backward()``; ``ec.apply_gradients()`` (sparse
     optimizer on the touched rows only); ``ec.end_step()`` (eviction, size history).
-    Raises ValueError for duplicate feature names or more than 2**11 features in one table.
+    Raises ValueError for duplicate feature names, more than 2**11 features in one table, or
+    features of one ``shared_name`` whose table attributes differ.
     """
 
     def __init__(self, features: list[FeatureSpec], coalesce: bool = True, seed: int = 0, block_rows: int = 4096):
@@ -217,17 +227,29 @@ class EmbeddingCollection:
         self.tables: dict[str, DynamicTable] = {}
         self.slot: dict[str, tuple[str, int]] = {}   # feature -> (table name, slot)
         keys: dict[tuple, str] = {}
+        shared: dict[str, FeatureSpec] = {}
         for f in features:
-            k = f.table_key() if coalesce and f.coalesce else ("own table", f.name)
+            if f.shared_name is not None:
+                first = shared.setdefault(f.shared_name, f)
+                if (first.table_key(), first.coalesce) != (f.table_key(), f.coalesce):
+                    raise ValueError(f"features {first.name!r} and {f.name!r} share rows (shared_name {f.shared_name!r}) "
+                                     f"but their tables differ: {(first.table_key(), first.coalesce)} vs "
+                                     f"{(f.table_key(), f.coalesce)}")
+        groups: dict[tuple[str, str], int] = {}          # (table, shared_name or feature) -> slot
+        for f in features:
+            group = f.shared_name if f.shared_name is not None else f"feature:{f.name}"
+            k = f.table_key() if coalesce and f.coalesce else ("own table", group)
             if k not in keys:
                 keys[k] = f"table{len(keys)}"
                 self.tables[keys[k]] = DynamicTable(f.dim, f.optimizer, f.admission, f.eviction, block_rows=block_rows,
-                                                    init_scale=f.init_scale, seed=seed, name=keys[k])
+                                                    init_scale=f.init_scale, seed=seed, name=keys[k], init=f.init)
             tname = keys[k]
-            n = sum(1 for t, _ in self.slot.values() if t == tname)
-            if n >= MAX_SLOTS:
-                raise ValueError(f"table {tname}: more than {MAX_SLOTS} coalesced features")
-            self.slot[f.name] = (tname, n)
+            if (tname, group) not in groups:
+                n = sum(1 for t, _ in groups if t == tname)
+                if n >= MAX_SLOTS:
+                    raise ValueError(f"table {tname}: more than {MAX_SLOTS} coalesced features")
+                groups[(tname, group)] = n
+            self.slot[f.name] = (tname, groups[(tname, group)])
         self.lookups = 0
         self.lookups_uncoalesced = 0
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
@@ -238,9 +260,10 @@ class EmbeddingCollection:
         return [f for f, (t, _) in self.slot.items() if t == tname]
 
     def key_bits(self, tname: str) -> int:
-        """ID bits a table's keys leave to each feature: 63 (all of int64) for a one-feature table,
-        ``ID_BITS`` (52) for a coalesced one (its top bits hold the feature slot)."""
-        return 63 if len(self.features_of(tname)) == 1 else ID_BITS
+        """ID bits a table's keys leave to each feature: 63 (all of int64) for a table of one feature
+        (or of features sharing one key space, ``shared_name``), ``ID_BITS`` (52) for a coalesced one
+        (its top bits hold the feature slot)."""
+        return 63 if len({s for t, s in self.slot.values() if t == tname}) == 1 else ID_BITS
 
     def _check(self, ids, f: str) -> torch.Tensor:
         tname = self.slot[f][0]
@@ -327,7 +350,7 @@ class EmbeddingCollection:
                 if int(lo) < 0 or (bits < 63 and int(hi) >= 1 << bits):
                     for f in feats:                            # raises naming the first bad feature and id
                         self._check(batch[f][0], f)
-        if len(feats) > 1:
+        if self.key_bits(tname) < 63:                        # coalesced: the slot in the top bits
             counts = tuple(e - s for s, e, _, _, _ in plan)
             slots = tuple(self.slot[f][1] for f in feats)
             allv = allv | self._cached(("slots", counts, slots), lambda: torch.cat(

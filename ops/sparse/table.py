@@ -108,13 +108,32 @@ def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "") -> torch.Te
     return ids
 
 
-def init_rows(ids: torch.Tensor, dim: int, seed: int, scale: float) -> torch.Tensor:
-    """Uniform(-scale, scale) rows [n, dim] that depend only on (seed, id, column)."""
+INITS = ("uniform", "zeros", "normal", "truncated_normal")
+"""Row initialisers: Uniform(-scale, scale) | zeros (RecIS's default) | Normal(0, scale^2) |
+Normal(0, scale^2) truncated at +-2 scale (TensorFlow's truncated_normal)."""
+
+
+def init_rows(ids: torch.Tensor, dim: int, seed: int, scale: float, kind: str = "uniform") -> torch.Tensor:
+    """Rows float32 [n, dim] of ids [n] drawn per ``kind`` (``INITS``; ``scale`` the half-width of
+    the uniform or the standard deviation of the normals), each value a function of (seed, id,
+    column) only. The normals are the inverse normal CDF of the same hashed uniform (one draw per
+    value; truncated: the uniform mapped into [Phi(-2), Phi(2)] first). Raises ValueError for an
+    unknown ``kind``."""
+    if kind not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {kind!r}")
+    if kind == "zeros":
+        return torch.zeros(len(ids), dim)
     with np.errstate(over="ignore"):
         base = ids.numpy().astype(np.uint64) * np.uint64(0x100000001B3) + np.uint64(seed) * np.uint64(0x2545F4914F6CDD1D)
         x = splitmix64(base[:, None] * np.uint64(1024) + np.arange(dim, dtype=np.uint64)[None, :])
-    u = (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-    return torch.from_numpy(((2 * u - 1) * scale).astype(np.float32))
+    if kind == "uniform":
+        u = (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+        return torch.from_numpy(((2 * u - 1) * scale).astype(np.float32))
+    u = torch.from_numpy(((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53))    # in (0, 1)
+    if kind == "truncated_normal":
+        lo = float(torch.special.ndtr(torch.tensor(-2.0, dtype=torch.float64)))
+        u = lo + u * (1 - 2 * lo)
+    return (torch.special.ndtri(u) * scale).to(torch.float32)
 
 
 def _records(a: np.ndarray) -> np.ndarray:
@@ -312,7 +331,9 @@ class DynamicTable:
         dim: embedding width. optimizer: a sparse optimizer (SparseAdagrad, SparseAdam); its state
         lives in the same row. admission: AdmitAll | AdmitAfter(k) | ReadOnly. eviction: None |
         EvictUnseen(n). block_rows: rows per storage block (the table grows a block at a time).
-        init_scale: rows start Uniform(-init_scale, init_scale). seed: initialisation seed.
+        init_scale: the half-width (uniform) or standard deviation (normals) of the initial rows.
+        seed: initialisation seed. init: "uniform" (default) | "zeros" | "normal" | "truncated_normal"
+        (``init_rows``).
 
     Bookkeeping: ``id_map`` the ID -> row map (``ops.sparse.idmap.IdMap``); numpy int64 arrays indexed
     by row (at least ``n_rows`` long, grown geometrically): ``id_by_row`` the ID a row holds (-1: free or
@@ -325,7 +346,11 @@ class DynamicTable:
     """
 
     def __init__(self, dim: int, optimizer, admission=AdmitAll(), eviction: EvictUnseen | None = None,
-                 block_rows: int = 4096, init_scale: float = 0.01, seed: int = 0, name: str = "table"):
+                 block_rows: int = 4096, init_scale: float = 0.01, seed: int = 0, name: str = "table",
+                 init: str = "uniform"):
+        if init not in INITS:
+            raise ValueError(f"table {name!r}: init must be one of {INITS}, got {init!r}")
+        self.init = init
         if dim < 1 or block_rows < 1:
             raise ValueError(f"table {name!r}: dim and block_rows must be >= 1, got {dim}, {block_rows}")
         self.dim, self.optimizer, self.admission, self.eviction = dim, optimizer, admission, eviction
@@ -518,7 +543,7 @@ class DynamicTable:
         if len(self.pending):
             self.pending.discard(keys)
         if n:
-            w = init_rows(torch.from_numpy(keys), self.dim, self.seed, self.init_scale) if weights is None else weights
+            w = init_rows(torch.from_numpy(keys), self.dim, self.seed, self.init_scale, self.init) if weights is None else weights
             s = self.optimizer.init_state(n, self.dim) if state is None else state
             self._scatter_np(rows, torch.cat([w, s], dim=1))
         return rows

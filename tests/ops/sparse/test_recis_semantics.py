@@ -127,3 +127,50 @@ def test_bias_correction_count_per_table_moves_a_late_row_by_3_16_lr():
     assert abs(want - 3.16e-3) < 1e-5
     with pytest.raises(ValueError, match="SparseAdamW.bias_correction must be one of"):
         SparseAdamW(bias_correction="global")
+
+
+def test_shared_tables_look_up_one_row_per_id_for_both_features():
+    """Issue 44 item 4: two features with one shared_name read and train the same rows."""
+    specs = [FeatureSpec("click_item", dim=2, shared_name="item", optimizer=SparseAdagrad(lr=0.1)),
+             FeatureSpec("buy_item", dim=2, shared_name="item", optimizer=SparseAdagrad(lr=0.1), pooling="mean"),
+             FeatureSpec("user", dim=2, optimizer=SparseAdagrad(lr=0.1))]
+    for coalesce in (True, False):
+        ec = EmbeddingCollection(specs, coalesce=coalesce)
+        assert ec.slot["click_item"] == ec.slot["buy_item"] != ec.slot["user"]
+        out = ec({"click_item": _single([7, 8]), "buy_item": _single([7, 9]), "user": _single([7, 7])})
+        torch.testing.assert_close(out["click_item"][0], out["buy_item"][0])     # id 7: one row
+        user_before = out["user"][0].detach().clone()
+        tname = ec.slot["click_item"][0]
+        before = out["click_item"][0].detach().clone()
+        (out["click_item"][0].sum() + out["buy_item"][0].sum()).backward()
+        ec.apply_gradients()
+        t = ec.tables[tname]
+        key = 7 if ec.key_bits(tname) == 63 else 7 | (ec.slot["click_item"][1] << 52)
+        # one Adagrad step on the summed gradient 2: w - 0.1 * 2 / sqrt(4)
+        torch.testing.assert_close(t.weights([key])[0], before - 0.1)
+        ut, us = ec.slot["user"]
+        ukey = 7 if ec.key_bits(ut) == 63 else 7 | (us << 52)
+        assert torch.equal(ec.tables[ut].weights([ukey])[0], user_before)     # user 7 is another row: untouched
+    with pytest.raises(ValueError, match="share rows .shared_name 'item'. but their tables differ"):
+        EmbeddingCollection([FeatureSpec("a", dim=2, shared_name="item"), FeatureSpec("b", dim=3, shared_name="item")])
+
+
+@pytest.mark.parametrize("init", ["zeros", "uniform", "normal", "truncated_normal"])
+def test_initialisers_follow_their_distribution_and_depend_only_on_seed_and_id(init):
+    from ops.sparse.table import init_rows
+
+    ids = torch.arange(20_000) * 7919 + 3
+    w = init_rows(ids, 8, seed=1, scale=0.05, kind=init).double()
+    assert torch.equal(init_rows(ids.flip(0), 8, 1, 0.05, init), init_rows(ids, 8, 1, 0.05, init).flip(0))
+    if init == "zeros":
+        assert not w.any()
+        return
+    std = {"uniform": 0.05 / 3 ** 0.5, "normal": 0.05, "truncated_normal": 0.05 * 0.8796}[init]   # 0.8796: N(0,1) cut at +-2
+    assert abs(float(w.mean())) < 3e-4 and abs(float(w.std()) / std - 1) < 0.01
+    bound = {"uniform": 0.05, "truncated_normal": 0.1, "normal": float("inf")}[init]
+    assert float(w.abs().max()) <= bound
+    if init == "normal":
+        assert float(w.abs().max()) > 0.18                  # the normal's tail reaches past 3.6 std in 160k draws
+    ec = EmbeddingCollection([FeatureSpec("a", dim=8, init=init, init_scale=0.05)], seed=1)
+    ec({"a": _single([3, 10])})
+    torch.testing.assert_close(ec.tables["table0"].weights([3, 10]), init_rows(torch.tensor([3, 10]), 8, 1, 0.05, init))
