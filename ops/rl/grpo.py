@@ -15,6 +15,26 @@ Edge cases (tests/cases/training.json):
   denominator), masked with ``torch.where`` (never multiplied: NaN * 0 is NaN); per-response token
   means divide by max(1, T). A batch with them gives exactly the loss of its valid responses.
 
+* ``grpo-stale-ratio-overflow`` / ``grpo-k3-kl-overflow``: the log-ratios are bounded before ``exp``.
+  A token whose trainer-vs-behaviour log-ratio ``log pi - log pi_old`` has magnitude above
+  ``log_ratio_bound`` (20 nats by default, veRL's clamp of ``negative_approx_kl``; a NaN or infinite
+  log-ratio counts as beyond) is masked out of the policy-gradient term: its log-ratio is replaced
+  by 0 *before* ``exp`` (so neither the forward nor the backward pass ever sees exp(89) = inf or
+  0 * inf = NaN) and its term is 0. Likewise the k3 KL term of a token whose ``log pi_ref - log pi``
+  is beyond the bound is masked, and the k3 value is clamped to ``kl_max`` (veRL's ``low_var_kl``
+  clamp, 10). The tokens with a masked term are counted (``masked_tokens`` in the stats, and in the
+  trainer's step metrics); they stay in the loss's denominators (a masked token weighs like a token
+  with zero loss), so the rest of the step trains exactly as it would beside a harmless token.
+
+Aggregation (veRL's names, ``agg``): ``seq-mean-token-mean`` (mean over rows of each row's token
+mean: GRPO, TRL's ``grpo`` loss), ``seq-mean-token-sum`` (mean over rows of each row's token sum:
+Dr. GRPO's constant normaliser up to a factor) and ``token-mean`` (mean over all tokens: DAPO). A
+*row* is one response; a multi-turn trajectory (RollArc) is one row whose LLM turns are trained as
+separate samples: each sample carries the row's token count (``row_tokens``, the denominator of the
+row's token mean) and its share of the row (``row_share``, summing to 1 over the row's samples), so
+a trajectory weighs the same whatever its number of turns, environment tokens (context only) never
+trained (case ``rollarc-turn-weighting``).
+
 The loss is returned as (numerator, denominator) so that the stream trainer can add numerators of
 partial batches and divide once (``ops.rl.rollpacker.stream``). pi and pi_old are the engine's
 *sampling* distribution (temperature, top-k, top-p renormalisation): ``token_logprobs`` scores with
@@ -48,18 +68,38 @@ class GRPOConfig:
     eps: float = 1e-6
     """Added to the group's std in the division."""
     agg: str = "seq-mean-token-mean"
-    """``seq-mean-token-mean`` (mean over responses of each response's token mean; GRPO) or ``token-mean``
-    (mean over all tokens of the batch; DAPO)."""
+    """``seq-mean-token-mean`` (mean over rows of each row's token mean; GRPO), ``seq-mean-token-sum``
+    (mean over rows of each row's token sum) or ``token-mean`` (mean over all tokens of the batch; DAPO).
+    A row is a response, or a whole multi-turn trajectory (``row_tokens`` / ``row_share``)."""
+    log_ratio_bound: float = 20.0
+    """Bound in nats on |log pi - log pi_old| and |log pi_ref - log pi|, in (0, 80] (exp(80) is finite in
+    float32): a token beyond it has that term masked (log-ratio set to 0 before exp, term 0) and counted in
+    ``masked_tokens``. 20 is veRL's clamp of ``negative_approx_kl``."""
+    kl_max: float = 10.0
+    """Upper clamp of the per-token k3 KL value (veRL's ``low_var_kl`` clamps to 10), > 0."""
+    clip_ratio_c: Optional[float] = None
+    """Dual-clip constant c > 1 (Ye et al., arXiv 1912.09729; veRL's ``clip_ratio_c``, 3.0 there): for a
+    negative advantage the per-token loss is capped at -c * A. None = off (plain PPO clip)."""
+
+    AGGS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean")
 
     def __post_init__(self):
         if self.scale not in ("std", "none"):
             raise ValueError(f"grpo.scale must be 'std' or 'none', got {self.scale!r}")
-        if self.agg not in ("seq-mean-token-mean", "token-mean"):
-            raise ValueError(f"grpo.agg must be 'seq-mean-token-mean' or 'token-mean', got {self.agg!r}")
+        if self.agg not in self.AGGS:
+            raise ValueError(f"grpo.agg must be one of {list(self.AGGS)}, got {self.agg!r}")
         if not 0 < self.clip_eps < 1:
             raise ValueError(f"grpo.clip_eps must be in (0, 1), got {self.clip_eps}")
-        if self.kl_coef < 0:
+        if self.clip_eps_high is not None and not 0 < self.clip_eps_high:
+            raise ValueError(f"grpo.clip_eps_high must be > 0 or None, got {self.clip_eps_high}")
+        if not self.kl_coef >= 0:
             raise ValueError(f"grpo.kl_coef must be >= 0, got {self.kl_coef}")
+        if not 0 < self.log_ratio_bound <= 80:
+            raise ValueError(f"grpo.log_ratio_bound must be in (0, 80] nats, got {self.log_ratio_bound}")
+        if not self.kl_max > 0:
+            raise ValueError(f"grpo.kl_max must be > 0, got {self.kl_max}")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ValueError(f"grpo.clip_ratio_c must be > 1 or None, got {self.clip_ratio_c}")
 
 
 def _finite(x) -> bool:
@@ -160,19 +200,31 @@ def token_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Seq
     return out, mask
 
 
-def grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = GRPOConfig(), ref_logp=None):
+def grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = GRPOConfig(), ref_logp=None,
+                    row_tokens=None, row_share=None):
     """The GRPO loss of a (partial) batch as (numerator, denominator, stats).
+
+    Per token (``m`` = mask & valid): ``pg = max(-rho A, -clip(rho, 1 - eps, 1 + eps_high) A)`` with
+    ``rho = exp(log pi - log pi_old)`` (capped at -c A for A < 0 with ``clip_ratio_c``), plus
+    ``kl_coef * min(k3, kl_max)`` with ``k3 = exp(q) - q - 1``, ``q = log pi_ref - log pi``. Each
+    log-ratio beyond ``cfg.log_ratio_bound`` nats (or not finite) is set to 0 before exp and its term
+    masked (module docstring); the count is ``stats["masked_tokens"]``.
 
     Args:
         logp: [B, T] log-probs with grad; old_logp: [B, T] of the policy that sampled (detached);
         mask: [B, T] bool, True on response tokens; advantages: [B] (NaN allowed where invalid);
         valid: [B] bool; ref_logp: [B, T] reference log-probs (needed when kl_coef > 0).
+        row_tokens: [B] token count of the row each sample belongs to (the denominator of its token
+            mean under ``seq-mean-token-mean``), >= the sample's own tokens; None = each sample is its
+            own row (its own token count). row_share: [B] the sample's share of its row in the
+            row-count denominator (the shares of a row's samples sum to 1); None = 1 each.
     Returns:
-        numerator (scalar tensor with grad), denominator (float: valid responses for
-        ``seq-mean-token-mean``, valid tokens for ``token-mean``), stats (clip fraction, KL).
-        The loss is numerator / max(1, denominator).
+        numerator (scalar tensor with grad), denominator (float: sum of ``row_share`` over valid
+        samples for the ``seq-mean-*`` modes, valid tokens for ``token-mean``), stats (clip_fraction,
+        kl, tokens, valid_responses, masked_tokens). The loss is numerator / max(1, denominator).
     Raises:
-        ValueError: kl_coef > 0 without ref_logp, or shape mismatch.
+        ValueError: kl_coef > 0 without ref_logp, shape mismatch, or a row_tokens entry below the
+            sample's own valid tokens (naming the sample).
     """
     import torch
 
@@ -181,38 +233,63 @@ def grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = G
                          f"{tuple(mask.shape)} must have one shape [B, T]")
     if cfg.kl_coef > 0 and ref_logp is None:
         raise ValueError("grpo.kl_coef > 0 needs ref_logp (log-probs of the reference policy)")
+    B = logp.shape[0]
     valid = torch.as_tensor(valid, dtype=torch.bool, device=logp.device)
     adv = torch.as_tensor(advantages, dtype=logp.dtype, device=logp.device)
     adv = torch.where(valid & torch.isfinite(adv), adv, torch.zeros_like(adv))
     m = mask & valid[:, None]
     zeros = torch.zeros_like(logp)
-    delta = torch.where(m, logp - old_logp, zeros)
-    ratio = torch.exp(delta)
+    bound = cfg.log_ratio_bound
+    # the log-ratio is bounded before exp: beyond the bound (NaN included: the comparison is False)
+    # it is replaced by 0, so exp never overflows and no 0 * inf reaches the backward pass
+    delta = logp - old_logp
+    pg_ok = m & (delta.abs() <= bound)
+    ratio = torch.exp(torch.where(pg_ok, delta, zeros))
     hi = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
     a = adv[:, None]
-    per_tok = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + hi) * a)
+    pg = torch.maximum(-ratio * a, -torch.clamp(ratio, 1 - cfg.clip_eps, 1 + hi) * a)
+    if cfg.clip_ratio_c is not None:                              # dual clip: bounded loss for A < 0
+        pg = torch.where(a < 0, torch.minimum(pg, -cfg.clip_ratio_c * a), pg)
+    per_tok = torch.where(pg_ok, pg, zeros)
+    bad = m & ~pg_ok
     kl = zeros
     if cfg.kl_coef > 0:
-        q = torch.where(m, ref_logp - logp, zeros)
-        kl = torch.exp(q) - q - 1
+        q = ref_logp - logp
+        kl_ok = m & (q.abs() <= bound)
+        qc = torch.where(kl_ok, q, zeros)
+        kl = torch.where(kl_ok, torch.clamp(torch.exp(qc) - qc - 1, max=cfg.kl_max), zeros)
         per_tok = per_tok + cfg.kl_coef * kl
+        bad = bad | (m & ~kl_ok)
     per_tok = torch.where(m, per_tok, zeros)
     n_tok = m.sum(dim=1)
-    if cfg.agg == "seq-mean-token-mean":
-        per_seq = per_tok.sum(dim=1) / n_tok.clamp(min=1)
-        num = torch.where(valid, per_seq, torch.zeros_like(per_seq)).sum()
-        den = float(valid.sum())
-    else:
+    rt = n_tok.to(logp.dtype) if row_tokens is None else torch.as_tensor(row_tokens, dtype=logp.dtype, device=logp.device)
+    share = torch.ones(B, dtype=logp.dtype, device=logp.device) if row_share is None else \
+        torch.as_tensor(row_share, dtype=logp.dtype, device=logp.device)
+    if rt.shape != (B,) or share.shape != (B,):
+        raise ValueError(f"grpo: row_tokens {tuple(rt.shape)} and row_share {tuple(share.shape)} must have shape [{B}]")
+    short = (valid & (rt < n_tok)).nonzero().flatten().tolist()
+    if short:
+        b = short[0]
+        raise ValueError(f"grpo: sample {b} has {int(n_tok[b])} response tokens but row_tokens {float(rt[b])}: "
+                         f"a row counts at least the tokens of each of its samples")
+    per_seq = per_tok.sum(dim=1)
+    if cfg.agg == "token-mean":
         num = per_tok.sum()
         den = float(n_tok.sum())
-    clipped = ((ratio < 1 - cfg.clip_eps) | (ratio > 1 + hi)) & m
+    else:
+        if cfg.agg == "seq-mean-token-mean":
+            per_seq = per_seq / rt.clamp(min=1)
+        num = torch.where(valid, per_seq, torch.zeros_like(per_seq)).sum()
+        den = float(torch.where(valid, share, torch.zeros_like(share)).sum())
+    clipped = ((ratio < 1 - cfg.clip_eps) | (ratio > 1 + hi)) & pg_ok
     ntok = max(1, int(m.sum()))
-    stats = {"clip_fraction": float(clipped.sum()) / ntok, "kl": float(torch.where(m, kl, zeros).sum().detach()) / ntok,
-             "tokens": int(m.sum()), "valid_responses": int(valid.sum())}
+    stats = {"clip_fraction": float(clipped.sum()) / ntok, "kl": float(kl.sum().detach()) / ntok,
+             "tokens": int(m.sum()), "valid_responses": int(valid.sum()), "masked_tokens": int(bad.sum())}
     return num, den, stats
 
 
-def grpo_loss(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = GRPOConfig(), ref_logp=None):
-    """Loss = numerator / max(1, denominator) of ``grpo_loss_terms``. Returns (loss, stats)."""
-    num, den, stats = grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg, ref_logp)
+def grpo_loss(logp, old_logp, mask, advantages, valid, cfg: GRPOConfig = GRPOConfig(), ref_logp=None,
+              row_tokens=None, row_share=None):
+    """Loss = numerator / max(1, denominator) of ``grpo_loss_terms`` (same arguments). Returns (loss, stats)."""
+    num, den, stats = grpo_loss_terms(logp, old_logp, mask, advantages, valid, cfg, ref_logp, row_tokens, row_share)
     return num / max(1.0, den), stats

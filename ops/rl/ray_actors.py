@@ -160,9 +160,15 @@ class _TrainerImpl(_TorchRole):
         spec = self.spec
         model, tok = _build_policy(spec, "trainer")
         opt = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", 1e-6), weight_decay=0.0)
-        self.trainer = StreamTrainer(model, opt, GRPOConfig(**spec.get("grpo", {})), micro_batch=spec.get("micro_batch", 2),
+        cfg = GRPOConfig(**spec.get("grpo", {}))
+        ref = None
+        if cfg.kl_coef > 0:                      # the KL's reference: a frozen copy of the initial policy
+            import copy
+
+            ref = copy.deepcopy(model).eval().requires_grad_(False)
+        self.trainer = StreamTrainer(model, opt, cfg, micro_batch=spec.get("micro_batch", 2),
                                      max_grad_norm=spec.get("max_grad_norm", 1.0), pad_id=tok.pad_token_id,
-                                     sampling=SamplingConfig.from_spec(spec))     # the engine's, same spec
+                                     sampling=SamplingConfig.from_spec(spec), ref_model=ref)  # the engine's, same spec
         return 0
 
     _build = reinit

@@ -91,3 +91,137 @@ def test_bad_loss_settings_name_the_field():
         GRPOConfig(agg="sum")
     with pytest.raises(ValueError, match="grpo.clip_eps"):
         GRPOConfig(clip_eps=1.5)
+
+
+# ----------------------------------------------------------------- bounded log-ratios (issue 42, item 3)
+
+def test_case_grpo_stale_ratio_overflow_in_the_loss():
+    """Case grpo-stale-ratio-overflow (tests/cases/training.json): a response token with trainer
+    log-prob -2 and behaviour log-prob -91 (advantage -1) beside a healthy sample (advantage +1).
+    Unbounded, exp(89) is inf in float32: the loss is inf and the gradient NaN. Bounded, the token is
+    masked and counted, and the healthy tokens get exactly their own gradient."""
+    assert torch.isinf(torch.exp(torch.tensor(89.0)))                 # what the unbounded ratio would be
+    logp = torch.tensor([[-2.0, 0.0], [-1.0, -1.5]], requires_grad=True)
+    old = torch.tensor([[-91.0, 0.0], [-1.0, -1.5]])
+    mask = torch.tensor([[True, False], [True, True]])
+    loss, stats = grpo_loss(logp, old, mask, [-1.0, 1.0], [True, True])
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert stats["masked_tokens"] == 1 and stats["tokens"] == 3
+    # seq-mean-token-mean over 2 rows: d/dlogp of -(ratio * A) / (2 rows * 2 tokens) = -1/4 on the healthy
+    # tokens; the masked token weighs like a zero-loss token (its row still counts in the denominator)
+    assert logp.grad.tolist() == [[0.0, 0.0], [-0.25, -0.25]]
+    assert loss.item() == pytest.approx(-0.5, abs=1e-7)              # (0 + (-1 - 1) / 2) / 2
+
+
+def test_case_grpo_stale_ratio_overflow_through_the_trainer_step(model):
+    """Case grpo-stale-ratio-overflow through ``StreamTrainer``: the step is not lost (version bumps,
+    weights move), the masked-token count is in its metrics, and the healthy sample trains exactly as
+    it would with the stale token harmless (half its own gradient: 2 rows instead of 1)."""
+    import copy
+
+    from ops.rl.rollpacker.stream import StreamTrainer, TrainSample
+
+    healthy = TrainSample([5, 6, 7], [11, 12, 13], advantage=1.0, valid=True)
+    stale = TrainSample([5, 6, 7], [14], advantage=-1.0, valid=True, old_logprobs=[-91.0])
+
+    def trainer():
+        m = copy.deepcopy(model)
+        return StreamTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), micro_batch=8, max_grad_norm=None)
+
+    ref = trainer()
+    ref.add([healthy])
+    g_ref = ref.gradients()
+    tr = trainer()
+    assert tr.logprobs([stale])[0][0] > -20                           # the trainer's log-prob: 70+ nats above
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    tr.add([healthy, stale])
+    g = tr.gradients()
+    for n in g_ref:
+        assert torch.isfinite(g[n]).all()
+        assert (g[n] - 0.5 * g_ref[n]).abs().max() <= 1e-4 * g_ref[n].abs().max() + 1e-9, n
+    assert any(g_ref[n].abs().sum() > 0 for n in g_ref)
+    m = tr.step()
+    assert m["masked_tokens"] == 1 and m["tokens"] == 4 and m["version"] == 1
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+    assert any(not torch.equal(before[n], p) for n, p in tr.model.named_parameters())
+
+
+def test_case_grpo_k3_kl_overflow():
+    """Case grpo-k3-kl-overflow: kl_coef 0.04, reference log-prob -2, policy log-probs -95 and -32
+    (93 and 30 nats of drift) beside a token at -2.5. Unbounded, exp(93) is inf and at 30 nats the k3
+    term alone is 0.04 * 1.07e13 / 3 = 1.4e11 of loss; bounded, both drifted tokens are masked and
+    counted, and the healthy token's KL term and gradient are the k3 values."""
+    assert torch.isinf(torch.exp(torch.tensor(93.0)))
+    logp = torch.tensor([[-95.0, -32.0, -2.5]], requires_grad=True)
+    ref = torch.full((1, 3), -2.0)
+    mask = torch.ones((1, 3), dtype=torch.bool)
+    cfg = GRPOConfig(kl_coef=0.04)
+    loss, stats = grpo_loss(logp, logp.detach(), mask, [0.0], [True], cfg, ref_logp=ref)
+    loss.backward()
+    q = 0.5                                                            # ref - logp of the healthy token
+    assert stats["masked_tokens"] == 2
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(0.04 * (math.exp(q) - q - 1) / 3, rel=1e-5)
+    assert logp.grad[0, :2].tolist() == [0.0, 0.0]
+    assert logp.grad[0, 2].item() == pytest.approx(0.04 * (1 - math.exp(q)) / 3, rel=1e-5)
+    assert stats["kl"] == pytest.approx((math.exp(q) - q - 1) / 3, rel=1e-5)
+
+
+def test_k3_value_is_clamped_at_kl_max_within_the_bound():
+    """Within the 20-nat bound the k3 value is clamped at kl_max (veRL's low_var_kl clamp, 10): 8 nats
+    of drift gives k3 = e^8 - 9 = 2972 unclamped; clamped it is 10 with no gradient."""
+    logp = torch.tensor([[-10.0]], requires_grad=True)
+    loss, stats = grpo_loss(logp, logp.detach(), torch.ones((1, 1), dtype=torch.bool), [0.0], [True],
+                            GRPOConfig(kl_coef=0.1), ref_logp=torch.tensor([[-2.0]]))
+    loss.backward()
+    assert stats["masked_tokens"] == 0 and stats["kl"] == pytest.approx(10.0)
+    assert loss.item() == pytest.approx(1.0) and logp.grad.item() == 0.0
+
+
+def test_nan_behaviour_logprob_is_masked_and_counted():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss, stats = grpo_loss(logp, torch.tensor([[float("nan"), -2.0]]), torch.ones((1, 2), dtype=torch.bool),
+                            [1.0], [True])
+    loss.backward()
+    assert stats["masked_tokens"] == 1 and torch.isfinite(logp.grad).all()
+    assert logp.grad.tolist() == [[0.0, -0.5]]
+
+
+def test_dual_clip_caps_the_loss_of_a_negative_advantage():
+    """veRL's dual clip (clip_ratio_c 3): at ratio e^2 = 7.4 and A = -1 the clipped surrogate gives
+    7.4; dual-clipped it is 3 (and 7.4 without it)."""
+    logp = torch.tensor([[0.0]], requires_grad=True)
+    old = torch.tensor([[-2.0]])
+    one = torch.ones((1, 1), dtype=torch.bool)
+    plain, _ = grpo_loss(logp, old, one, [-1.0], [True])
+    dual, _ = grpo_loss(logp, old, one, [-1.0], [True], GRPOConfig(clip_ratio_c=3.0))
+    assert plain.item() == pytest.approx(math.exp(2.0), rel=1e-6) and dual.item() == pytest.approx(3.0)
+    pos, _ = grpo_loss(logp, old, one, [1.0], [True], GRPOConfig(clip_ratio_c=3.0))
+    assert pos.item() == pytest.approx(-1.2)                           # A > 0: the PPO clip at 1 + eps
+
+
+def test_seq_mean_token_sum_and_row_weights():
+    """seq-mean-token-sum: mean over rows of each row's token sum; rows spread over several samples
+    (row_tokens / row_share) equal the row as one sample."""
+    lp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    one = torch.ones((1, 3), dtype=torch.bool)
+    split = torch.tensor([[-1.0, 0.0], [-2.0, -3.0]], requires_grad=True)
+    smask = torch.tensor([[True, False], [True, True]])
+    for agg in GRPOConfig.AGGS:
+        cfg = GRPOConfig(agg=agg)
+        whole, _ = grpo_loss(lp, lp.detach() - 0.1, one, [1.0], [True], cfg)
+        parts, _ = grpo_loss(split, split.detach() - 0.1, smask, [1.0, 1.0], [True, True], cfg,
+                             row_tokens=[3, 3], row_share=[1 / 3, 2 / 3])
+        assert parts.item() == pytest.approx(whole.item(), rel=1e-6), agg
+    s, _ = grpo_loss(lp, lp.detach(), one, [1.0], [True], GRPOConfig(agg="seq-mean-token-sum"))
+    assert s.item() == pytest.approx(-3.0)
+    with pytest.raises(ValueError, match="sample 1 has 2 response tokens"):
+        grpo_loss(split, split.detach(), smask, [1.0, 1.0], [True, True], row_tokens=[3, 1])
+
+
+def test_bad_bound_settings_name_the_field():
+    for kw, field in (({"log_ratio_bound": 0}, "log_ratio_bound"), ({"log_ratio_bound": 100}, "log_ratio_bound"),
+                      ({"kl_max": 0}, "kl_max"), ({"clip_ratio_c": 1.0}, "clip_ratio_c"),
+                      ({"kl_coef": float("nan")}, "kl_coef")):
+        with pytest.raises(ValueError, match=f"grpo.{field}"):
+            GRPOConfig(**kw)

@@ -52,6 +52,8 @@ from typing import Callable, Optional
 from ops.launch import DriverState
 from ops.rl.runs import read_problems, resume_state
 
+from ops.rl.grpo import GRPOConfig
+
 from .core import ArcConfig
 from .ray_roles import REWARD_AUTOSCALING, RoleSpec
 
@@ -190,6 +192,10 @@ class RunSpec:
         if self.eval_size and self.task != "scratchpad":
             raise ValueError("rollarc.eval_size needs task 'scratchpad' (the held-out set is scratchpad problems)")
         self.role_spec.check_sampling("rollarc")
+        try:
+            self.role_spec.grpo_config()
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"rollarc.roles.{e}") from None
         if self.task == "scratchpad" and self.role_spec.env_latency != "none":
             raise ValueError(f"rollarc.env_latency must be 'none' for task 'scratchpad' (its latency is the "
                              f"checker's real work), got {self.role_spec.env_latency!r}")
@@ -236,7 +242,8 @@ class RunConfig:
     groups_per_step G, group_size R, redundancy, async_ratio, max_turns, the turn and episode
     limits in s, max_failed_fraction), the roles (``ray_roles.RoleSpec``: token budgets, routing,
     engines per pool, injected env latency, reward replicas, lr, the sampling distribution:
-    temperature, top_k, top_p), the held-out evaluation's temperature, seed, local Ray CPUs and the
+    temperature, top_k, top_p), the trainer's GRPO loss (``grpo_*``: aggregation, scaling, clip, KL;
+    ``RoleSpec.grpo``), the held-out evaluation's temperature, seed, local Ray CPUs and the
     checkpoint cadence (``RunSpec``). Defaults come from those classes."""
 
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
@@ -289,6 +296,15 @@ class RunConfig:
     """Keep only the k most likely tokens when sampling (0 = off)."""
     top_p: float = RoleSpec.top_p
     """Nucleus sampling mass (1.0 = off)."""
+    grpo_agg: str = GRPOConfig.agg
+    """GRPO loss aggregation (``ops.rl.grpo``; veRL's names): seq-mean-token-mean (each trajectory one row, the
+    token mean over all its turns; GRPO), seq-mean-token-sum, or token-mean (DAPO)."""
+    grpo_scale: str = GRPOConfig.scale
+    """GRPO advantage scaling: std (divide by the group's reward std; GRPO) or none (centre only; Dr. GRPO)."""
+    grpo_clip_eps: float = GRPOConfig.clip_eps
+    """PPO clip range eps of the GRPO loss, in (0, 1)."""
+    grpo_kl_coef: float = GRPOConfig.kl_coef
+    """beta of the k3 KL penalty to the initial policy (>= 0; 0 = off; > 0 keeps a frozen copy in the trainer)."""
     eval_temperature: float = RunSpec.eval_temperature
     """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
     seed: int = RunSpec.seed
@@ -313,6 +329,9 @@ class RunConfig:
         roles = {k: getattr(self, k) for k in self.ROLES}
         roles["engines"] = {"gpu_compute": self.engines_compute, "gpu_bandwidth": self.engines_bandwidth}
         roles["reward_autoscaling"] = {"max_replicas": self.reward_max_replicas}
+        grpo = {"agg": self.grpo_agg, "scale": self.grpo_scale, "clip_eps": self.grpo_clip_eps,
+                "kl_coef": self.grpo_kl_coef}
+        roles["grpo"] = {k: v for k, v in grpo.items() if v != getattr(GRPOConfig, k)}   # the non-default ones
         return RunSpec(problems_path=str(problems_path), tokenizer_dir=tokenizer_dir, model_dir=model_dir,
                        methods=list(self.methods), envs=list(self.envs), arc={k: getattr(self, k) for k in self.ARC},
                        roles=roles, seed=self.seed, ray_address=ray_address, num_cpus=self.num_cpus,

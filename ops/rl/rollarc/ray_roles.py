@@ -47,6 +47,10 @@ REWARD_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requ
 """The reward pool's Serve autoscaling in a RollArc run: one to two replicas, scaling within seconds (a run's
 steps last seconds to minutes, so Serve's slower production defaults would never scale within one)."""
 
+TRAIN_METRICS = ("loss", "grad_norm", "clip_fraction", "kl", "tokens", "masked_tokens")
+"""The trainer's step metrics (``StreamTrainer.step``) a RollArc step row keeps; ``masked_tokens`` counts the
+tokens whose log-ratio was beyond ``grpo.log_ratio_bound`` (masked out of the loss, ``ops.rl.grpo``)."""
+
 
 @dataclass
 class RoleSpec(PolicySpec):
@@ -90,9 +94,32 @@ class RoleSpec(PolicySpec):
     Serve's own model checks it when the pool starts (``reward_pool.autoscaling_config``)."""
     trainer_threads: int = 2
     """Torch threads of the trainer actor on Ray (the heaviest role)."""
+    grpo: dict = field(default_factory=dict)
+    """The trainer's GRPO loss (``ops.rl.grpo.GRPOConfig`` fields over its defaults): ``scale`` (std | none),
+    ``agg`` (seq-mean-token-mean | seq-mean-token-sum | token-mean; a trajectory is one row whatever its
+    turns), ``clip_eps`` / ``clip_eps_high`` / ``clip_ratio_c`` (clip), ``kl_coef`` / ``kl_max`` (KL to the
+    initial policy), ``log_ratio_bound``, ``std_floor``, ``eps``. ``grpo_config`` builds and checks it."""
 
     def __post_init__(self):
         self.reward_autoscaling = {**REWARD_AUTOSCALING, **self.reward_autoscaling}
+
+    def grpo_config(self):
+        """The trainer's ``GRPOConfig``. Raises ValueError naming the field (``grpo.<field>``), also for
+        a key GRPOConfig does not have."""
+        from dataclasses import fields as dc_fields
+
+        from ops.rl.grpo import GRPOConfig
+
+        known = {f.name for f in dc_fields(GRPOConfig)}
+        unknown = sorted(set(self.grpo) - known)
+        if unknown:
+            raise ValueError(f"grpo.{unknown[0]} is not a GRPO setting (known: {sorted(known)})")
+        return GRPOConfig(**self.grpo)
+
+    def policy(self) -> dict:
+        """``PolicySpec.policy`` plus the trainer's ``grpo`` section (``_TrainerImpl`` builds its
+        ``GRPOConfig`` from it)."""
+        return {**super().policy(), "grpo": dict(self.grpo)}
 
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -409,14 +436,14 @@ class RayRoles:
     async def train(self, groups: list, step: int) -> dict:
         from .core import grpo_samples
 
-        samples, st = grpo_samples(groups)
+        samples, st = grpo_samples(groups, self.spec.grpo_config())
         self.train_clock.enter()
         try:
             await self.trainer.add.remote(samples)
             m = await self.trainer.step.remote()
         finally:
             self.train_clock.exit()
-        return {**{k: m[k] for k in ("loss", "grad_norm", "clip_fraction", "tokens") if k in m}, **st}
+        return {**{k: m[k] for k in TRAIN_METRICS if k in m}, **st}
 
     async def publish(self, version: int) -> None:
         from .core import RollArcError
@@ -604,7 +631,7 @@ class LocalRoles:
     async def train(self, groups: list, step: int) -> dict:
         from .core import grpo_samples
 
-        samples, st = grpo_samples(groups)
+        samples, st = grpo_samples(groups, self.spec.grpo_config())
 
         def run():
             self.trainer.add(samples)
@@ -615,7 +642,7 @@ class LocalRoles:
             m = await asyncio.to_thread(run)
         finally:
             self.train_clock.exit()
-        return {**{k: m[k] for k in ("loss", "grad_norm", "clip_fraction", "tokens") if k in m}, **st}
+        return {**{k: m[k] for k in TRAIN_METRICS if k in m}, **st}
 
     async def publish(self, version: int) -> None:
         from ops.rl.weights import export_state, sync_weights

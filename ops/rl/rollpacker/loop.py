@@ -178,7 +178,8 @@ class RLStep:
             "verified": counts["verified"], "wrong": counts["wrong"], "unparseable": counts["unparseable"],
             "reward_failed": counts["failed"] + counts["bad_gold"], "reward_failed_fraction": failed_frac,
             "zero_signal_groups": sum(zero_groups) / max(1, len(zero_groups)),
-            **{k: tm[k] for k in ("loss", "grad_norm", "tokens", "valid_responses", "clip_fraction", "kl", "train_compute_s")},
+            **{k: tm[k] for k in ("loss", "grad_norm", "tokens", "valid_responses", "clip_fraction", "kl", "masked_tokens",
+                                "train_compute_s")},
             "policy_version_after": tm["version"],
         })
         return rnd, m

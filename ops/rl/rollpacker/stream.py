@@ -13,6 +13,11 @@ Log-probabilities are those of the engine's sampling distribution (temperature, 
 ``SamplingConfig.from_spec`` of the actor spec the engine was built from), so a sampled token scores
 the same on both sides (case ``logprob-temperature-consistent``).
 
+A token whose log-ratio to the behaviour policy (or to the reference, with a KL term) is beyond
+``GRPOConfig.log_ratio_bound`` is masked out of the loss and counted (``grpo_loss_terms``): one stale
+or mismatched log-prob no longer turns the step's gradient into NaN, and ``step``'s metrics report
+the count as ``masked_tokens`` (case ``grpo-stale-ratio-overflow``).
+
 ``add`` may run on a background thread (``StreamWorker``) while the engine generates.
 """
 
@@ -46,6 +51,13 @@ class TrainSample:
     record). None = on-policy (the current weights are the old policy: ratio 1, as in RollPacker's deferred
     step); set for asynchronous training (RollArc), where the sampling policy may be ``async_ratio`` versions
     behind and the PPO ratio pi / pi_old corrects for it."""
+    row_tokens: Optional[int] = None
+    """Token count of the loss row this sample belongs to (the denominator of the row's token mean); None =
+    the sample is its own row. RollArc sets it to the trajectory's response tokens over all its LLM turns, so
+    a multi-turn trajectory is one row whatever its number of turns (``ops.rl.grpo``)."""
+    row_share: float = 1.0
+    """The sample's share of its row in the row count (the shares of one row's samples sum to 1; RollArc: the
+    turn's tokens / the trajectory's)."""
 
 
 class StreamTrainer:
@@ -87,7 +99,7 @@ class StreamTrainer:
         self.den = 0.0
         self.num_value = 0.0
         self.samples = 0
-        self.stats = {"clip_fraction": 0.0, "kl": 0.0, "tokens": 0, "valid_responses": 0}
+        self.stats = {"clip_fraction": 0.0, "kl": 0.0, "tokens": 0, "valid_responses": 0, "masked_tokens": 0}
         self.compute_s = 0.0
         self.opt.zero_grad(set_to_none=True)
 
@@ -113,14 +125,17 @@ class StreamTrainer:
                             raise ValueError(f"TrainSample.old_logprobs has {len(s.old_logprobs)} entries for "
                                              f"{len(s.response_ids)} response tokens")
                         old[b, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=old.dtype, device=old.device)
+            rows = any(s.row_tokens is not None for s in mb)
+            row_tokens = [len(s.response_ids) if s.row_tokens is None else s.row_tokens for s in mb] if rows else None
+            row_share = [s.row_share for s in mb] if rows else None
             num, den, st = grpo_loss_terms(logp, old, mask, [s.advantage for s in mb], [s.valid for s in mb],
-                                           self.cfg, ref)
+                                           self.cfg, ref, row_tokens, row_share)
             if num.requires_grad:
                 num.backward()
             self.den += den
             self.num_value += float(num.detach())
             self.samples += len(mb)
-            for k in ("tokens", "valid_responses"):
+            for k in ("tokens", "valid_responses", "masked_tokens"):
                 self.stats[k] += st[k]
             self.stats["clip_fraction"] += st["clip_fraction"] * st["tokens"]
             self.stats["kl"] += st["kl"] * st["tokens"]
@@ -153,7 +168,8 @@ class StreamTrainer:
 
     def step(self) -> dict:
         """Renormalise, clip, apply the optimizer once, bump the version. Returns step metrics:
-        loss, grad_norm, samples, tokens, clip_fraction, kl, train_compute_s, version.
+        loss, grad_norm, samples, tokens, valid_responses, clip_fraction, kl, masked_tokens (tokens
+        with a log-ratio beyond ``cfg.log_ratio_bound``, masked out of the loss), train_compute_s, version.
 
         Raises:
             FloatingPointError: a gradient is not finite (nothing is applied).
@@ -173,7 +189,7 @@ class StreamTrainer:
         tok = max(1, self.stats["tokens"])
         out = {"loss": self.num_value * scale, "grad_norm": norm, "samples": self.samples, "tokens": self.stats["tokens"],
                "valid_responses": self.stats["valid_responses"], "clip_fraction": self.stats["clip_fraction"] / tok,
-               "kl": self.stats["kl"] / tok, "train_compute_s": self.compute_s, "version": self.version}
+               "kl": self.stats["kl"] / tok, "masked_tokens": self.stats["masked_tokens"], "train_compute_s": self.compute_s, "version": self.version}
         self.model.eval()
         self._reset()
         return out
