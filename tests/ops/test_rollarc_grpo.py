@@ -230,3 +230,31 @@ def test_trainer_spec_grpo_section_reaches_the_trainer(tmp_path):
     a_std = grpo_samples([group], GRPOConfig())[0][0].advantage
     a_none = grpo_samples([group], GRPOConfig(scale="none"))[0][0].advantage
     assert a_none == pytest.approx(0.5) and a_std == pytest.approx(0.5 / (math.sqrt(1 / 3) + 1e-6), rel=1e-12)
+
+
+def test_masked_tokens_reach_the_rollarc_step_row():
+    """Case grpo-stale-ratio-overflow in a RollArc step: the roles' ``train`` (LocalRoles' body, on a
+    StreamTrainer over a tiny Llama) trains a group in which one turn carries a behaviour log-prob 80
+    nats below the trainer's; the step is applied and its row (``core._step_row``) reports
+    ``masked_tokens`` 1 with a finite loss and gradient norm."""
+    import asyncio
+    import types
+
+    from ops.rl.policy import tiny_policy
+    from ops.rl.rollarc.core import _step_row
+    from ops.rl.rollarc.ray_roles import BusyClock, LocalRoles, RoleSpec
+    from ops.rl.rollpacker.stream import StreamTrainer
+
+    model = tiny_policy(vocab_size=97, seed=0)
+    group, _ = _group(seed=4)
+    tr = StreamTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), micro_batch=4)
+    samples, _ = grpo_samples([group])
+    for t, lps in zip((s for tj in group.trajectories for s in tj.segments), tr.logprobs(samples)):
+        t.logprobs = list(lps)                                          # on-policy ...
+    group.trajectories[1].segments[2].logprobs[0] -= 80.0               # ... but one stale token
+    roles = types.SimpleNamespace(spec=RoleSpec(tokenizer_dir=""), trainer=tr, train_clock=BusyClock())
+    metrics = asyncio.run(LocalRoles.train(roles, [group], 0))
+    row = _step_row(0, [group], metrics, 0.0, 0.0)
+    assert row["masked_tokens"] == 1 and tr.version == 1
+    assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) and row["grad_norm"] > 0
+    assert row["segments"] == sum(TURNS) and row["tokens"] == sum(t.response_tokens for t in group.trajectories)
