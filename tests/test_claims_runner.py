@@ -195,3 +195,38 @@ def test_the_shipped_designs_are_valid():
     for p in sorted(DESIGNS.glob("*.yaml")):
         d = load_design(p)
         assert min(d.seeds) >= 1000 and d.budget_minutes > 0, p
+
+
+THREE = '''
+def run_seed(seed, arm_order, workdir, slow_b=2.0, slow_c=1.1):
+    """Arm a takes 1 s (+ a seed wobble); b takes slow_b times as long, c slow_c times."""
+    a = 1.0 + (seed % 3) / 10
+    return {"a": {"wall_s": a}, "b": {"wall_s": a * slow_b + (seed % 2) / 100}, "c": {"wall_s": a * slow_c}}
+'''
+
+
+def test_a_claim_against_several_arms_is_shown_only_when_shown_against_each(repo):
+    (repo.root / "toythree.py").write_text(THREE)
+    design = (DESIGN.replace("id: toy-speed", "id: toy-three").replace("arms: [fast, slow]", "arms: [a, b, c]")
+              .replace('"toyclaim:run_seed"', '"toythree:run_seed"').replace("params: {speedup: 2.0}", "params: {}")
+              .replace('rule: "shown', 'against: [b, c], rule: "shown'))
+    (repo.designs / "toy-three.yaml").write_text(design)
+    git(repo.root, "add", ".")
+    commit(repo.root, "three arms")
+    register("toy-three", repo)
+    recs = run("toy-three", layout=repo, in_process=True)
+    assert [r["arm_order"] for r in recs][:3] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    s = json.loads(repo.summary.read_text())["claims"]["toy-three"]
+    m = s["metrics"]["wall_s"]
+    assert m["verdicts_against"] == {"b": "shown", "c": "not shown"}  # 2x against b; 1.1x < 1.5 against c
+    assert m["versus"]["c"]["estimate"] == pytest.approx(1.1)
+    assert s["verdict"] == "not shown"
+
+
+def test_claims_json_is_what_the_registry_and_logs_give():
+    """benchmarks/results/claims.json is never edited by hand: it equals a fresh summary."""
+    from benchmarks.claims.runner import summarize
+
+    committed = json.loads(Layout().summary.read_text())
+    assert committed == json.loads(json.dumps(summarize(Layout()))), \
+        "claims.json is stale: python -m benchmarks.claims summarize"

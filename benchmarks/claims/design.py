@@ -42,6 +42,8 @@ class Metric:
     direction: str
     margin: float
     decimals: int = 2
+    decide: bool = True
+    """False: estimated and reported, not part of the verdict (e.g. the warm time beside the cold one)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Design:
     n_resamples: int = 10_000
     rng_seed: int = 0
     ratio_interval: str = "delta"
+    against: tuple[str, ...] = ()
+    """The arms the treatment must beat (``decision_rule.against``; default: the second arm)."""
     raw: dict = field(default_factory=dict)
 
     def arm_order(self, seed: int) -> list[str]:
@@ -113,9 +117,12 @@ def _metrics(path: Path, raw: Any, margin: float) -> tuple[Metric, ...]:
               f"'higher' or 'lower' (better), got {m['direction']!r}")
         mm = m.get("margin", margin)
         _need(isinstance(mm, (int, float)) and not isinstance(mm, bool), path, f"{key}.margin", "a number")
-        out.append(Metric(m["name"], m["unit"], m["direction"], float(mm), int(m.get("decimals", 2))))
+        _need(isinstance(m.get("decide", True), bool), path, f"{key}.decide", "true or false")
+        out.append(Metric(m["name"], m["unit"], m["direction"], float(mm), int(m.get("decimals", 2)),
+                          bool(m.get("decide", True))))
     names = [m.name for m in out]
     _need(len(set(names)) == len(names), path, "metric", f"metric names repeat: {names}")
+    _need(out[0].decide, path, "metric", "the first metric is the headline one: it must decide (decide: true)")
     return tuple(out)
 
 
@@ -162,6 +169,9 @@ def load_design(path: Path) -> Design:
     _need(isinstance(rule.get("rule"), str) and rule["rule"].strip() != "", path, "decision_rule.rule",
           "the rule in words")
     margin = float(rule["margin"])
+    against = rule.get("against", [arms[1]])
+    _need(isinstance(against, list) and len(against) >= 1 and all(a in arms[1:] for a in against), path,
+          "decision_rule.against", f"a list of arms other than the treatment {arms[0]!r}, got {against!r}")
     if kind in ("non_inferiority", "equivalence"):
         _need(margin > 0, path, "decision_rule.margin", f"{kind} needs a margin > 0, got {margin}")
     metrics = _metrics(path, raw["metric"], margin)
@@ -194,4 +204,5 @@ def load_design(path: Path) -> Design:
                   kind=kind, unit=raw["unit"].strip(), seeds=tuple(seeds), test=test.strip(), margin=margin,
                   rule=rule["rule"].strip(), order=raw["order"].strip(), warmup=raw["warmup"].strip(),
                   command=cmd, params=dict(params), budget_minutes=float(budget), n_resamples=n_resamples,
-                  rng_seed=rng_seed, ratio_interval="delta" if "delta" in test.lower() else "bootstrap", raw=raw)
+                  rng_seed=rng_seed, ratio_interval="delta" if "delta" in test.lower() else "bootstrap",
+                  against=tuple(against), raw=raw)

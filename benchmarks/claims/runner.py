@@ -368,7 +368,18 @@ def summarize_claim(design: Design, entry: Optional[dict], records: list[dict]) 
                              if k in ("estimate", "ci95", "n")}
                        for arm in design.arms[2:]}
         metrics[m.name] = c
-    verdicts = [c["verdict"] for c in metrics.values()]
+    verdicts = []
+    for m in design.metrics:
+        c = metrics[m.name]
+        c["decides"] = m.decide
+        c["verdicts_against"] = {design.arms[1]: c["verdict"]}
+        for arm in design.against:
+            if arm != design.arms[1]:
+                v = c["versus"][arm]
+                lo, hi = v["ci95"] if v["ci95"] else (None, None)
+                c["verdicts_against"][arm] = verdict(design.kind, lo, hi, m.margin, len(ok), planned)
+        if m.decide:
+            verdicts += [c["verdicts_against"][a] for a in design.against]
     if "incomplete" in verdicts:
         overall = "incomplete"
     elif all(v == "shown" for v in verdicts):

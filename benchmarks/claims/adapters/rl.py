@@ -1,0 +1,122 @@
+"""``run_seed`` of the RollPacker and RollArc claims, over ``benchmarks/rl_real.py`` (RollPacker, arXiv
+2509.21009 §6) and ``benchmarks/rl_real_arc.py`` (RollArc, arXiv 2512.22560 §4). Both need the
+warm-started scratchpad policy of the ``rl_policy`` asset (``policy``; default ``$CRUCIBLE_POLICY``,
+else the default lake's ``rl_policy/policy``).
+
+RollPacker (``rollpacker_seed``): the rl_real ``rollpacker`` section's per-seed loop for the arms of
+the seed's order: the epoch ``scratchpad.problems(seed, steps x P0)`` (``train`` split), held-out
+``heldout_problems(spec)`` (stream seed + 1000, ``heldout`` split), Ray actors (engine and trainer one
+CPU each) started once per seed before any arm and reset to the warm-start policy before every arm.
+Per arm: ``end_to_end_s`` (sum of the steps' wall times: rollout, rewards, training, weight sync;
+held-out evaluation excluded for every arm; Ray start-up excluded for every arm and reported as
+``ray_init_s``), ``accuracy_after`` (held-out pass rate at T = 1 after the last step, fraction),
+``accuracy_before``, ``bubble_ratio_mean``, ``every_prompt_trained_once`` (1/0).
+
+RollArc (``rollarc_seed``): ``ops.rl.rollarc.driver.run`` on ``rl_real_arc.spec_for(seed)`` with the
+methods in the seed's order, every method in one process with the same engine servers, trainer thread,
+environment threads and reward process (placement ``local``: the same resources). Per arm:
+``total_s`` = the method's ``setup_s`` (loading its policy and servers) + ``wall_s`` (its optimizer
+steps; evaluation excluded): setup is counted for every arm alike. The environment latency is real
+work, never a sleep: each checked turn runs a sandboxed Python subprocess doing ``check_work`` loop
+iterations per line (``env_check_work`` in the output says how much). ``reward_mean`` is reported
+beside the time so a run whose every reward is 0 (nothing learned) is visible.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _policy(policy: str) -> str:
+    if not policy:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import rl_real
+
+        policy = rl_real.POLICY
+    if not (Path(policy) / "config.json").exists():
+        raise FileNotFoundError(f"no warm-started policy at {policy} (config.json missing): materialize the "
+                                "rl_policy asset or set CRUCIBLE_POLICY")
+    return policy
+
+
+def rollpacker_seed(seed: int, arm_order: list[str], workdir: Path, policy: str = "", sizes: str = "full",
+                    actors: str = "ray") -> dict:
+    """RollPacker methods (``ops.rl.rollpacker.driver.METHODS``) for one seed, in ``arm_order``.
+    ``sizes``: a key of ``rl_real.SIZES``. Raises FileNotFoundError without a policy, ValueError for an
+    unknown method or sizes key."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rl_real
+
+    from ops.rl.policy import load_tokenizer
+    from ops.rl.rollpacker.driver import METHODS, heldout_problems, load_prompts, run_method
+
+    bad = [m for m in arm_order if m not in METHODS]
+    if bad or sizes not in rl_real.SIZES:
+        raise ValueError(f"rollpacker run_seed: unknown methods {bad} (known {list(METHODS)}) or sizes {sizes!r} "
+                         f"(known {list(rl_real.SIZES)})")
+    policy = _policy(policy)
+    tok = load_tokenizer(policy)
+    spec = rl_real._spec(seed, rl_real.SIZES[sizes], policy, list(arm_order))
+    prompts = load_prompts(spec, tok)
+    epoch = [p.uid for p in prompts]
+    t0 = time.monotonic()
+    if actors == "ray":
+        import ray
+
+        from ops.launch import init_ray
+
+        init_ray(None, 2, 1)
+    ray_s = time.monotonic() - t0
+    out = {}
+    try:
+        acts = rl_real._make_actors(spec, actors)
+        try:
+            heldout_problems(spec)                             # fails early when the split cannot be built
+            for m in arm_order:
+                evals: dict = {}
+                rows = run_method(m, spec, prompts, rl_real._Pipes(), acts, state=None, evals=evals)
+                f = rl_real._method_figures(rows, evals.get(m, []), epoch)
+                out[m] = {"end_to_end_s": f["end_to_end_s"], "accuracy_after": f["accuracy_after"],
+                          "accuracy_before": f["accuracy_before"], "bubble_ratio_mean": f["bubble_ratio_mean"],
+                          "max_response_len_mean": f["max_response_len_mean"], "long_rounds": f["long_rounds"],
+                          "every_prompt_trained_once": int(f["every_prompt_trained_once"]), "ray_init_s": ray_s,
+                          "steps": spec.steps, "eval_size": spec.eval_size}
+        finally:
+            acts.kill()
+    finally:
+        if actors == "ray":
+            ray.shutdown()
+    return out
+
+
+def rollarc_seed(seed: int, arm_order: list[str], workdir: Path, policy: str = "", quick: bool = False,
+                 steps: int | None = None) -> dict:
+    """RollArc methods (``rl_real_arc.METHODS``: monolithic, async0, rollarc_a1, rollarc_a2) for one
+    seed, in ``arm_order``, placement ``local``. Raises FileNotFoundError without a policy, ValueError
+    for an unknown method."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rl_real_arc as ra
+
+    from ops.rl.rollarc.driver import run
+
+    bad = [m for m in arm_order if m not in ra.METHODS]
+    if bad:
+        raise ValueError(f"rollarc run_seed: unknown methods {bad}; known {list(ra.METHODS)}")
+    policy = _policy(policy)
+    spec = ra.spec_for(seed, policy, quick, methods=tuple(arm_order), placement="local", steps=steps)
+    res = run(spec, ra._QuietPipes())
+    out = {}
+    for m in arm_order:
+        r = res["methods"][m]
+        rewards = [s["reward_mean"] for s in r["steps"] if s.get("reward_mean") is not None]
+        out[m] = {"total_s": r.get("setup_s", 0.0) + r["wall_s"], "wall_s": r["wall_s"], "setup_s": r.get("setup_s", 0.0),
+                  "reward_mean": statistics.fmean(rewards) if rewards else None,
+                  "accuracy_after": r["eval"][-1]["accuracy"] if r.get("eval") else None,
+                  "trajectories_per_s": r["trajectories_per_s"], "trained_trajectories": r["trained_trajectories"],
+                  "env_check_work": spec.check_work}
+    return out
