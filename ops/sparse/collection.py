@@ -3,11 +3,12 @@ features whose tables have identical attributes (dim, optimizer, admission, evic
 one physical table, their IDs namespaced by a feature slot in the top bits, so one lookup (one
 dedup, one gather, one optimizer update) serves all of them.
 
-Table keys: a table that serves one feature is keyed by the ID itself, the whole int64 range
-[0, 2**63) (64-bit hashes, zero-collision tables). A coalesced table of several features is keyed
-by ``slot << 52 | id``, so its IDs must be below 2**52 (``ID_BITS``); a larger ID raises
-SparseInputError at lookup, naming the feature and the ID. A feature that needs 64-bit IDs takes its
-own table with ``FeatureSpec(..., coalesce=False)`` (or ``EmbeddingCollection(coalesce=False)``). ``lookups`` counts physical lookups;
+Table keys: a table that serves one feature (or features sharing one key space, ``shared_name``) is
+keyed by the ID itself, any signed int64 from -2**63 + 2 to 2**63 - 1 (64-bit hashes such as
+RecIS's, often negative; zero-collision tables). A coalesced table of several features is keyed by
+``slot << 52 | id``, so its IDs must be in [0, 2**52) (``ID_BITS``); another ID raises
+SparseInputError at lookup, naming the feature and the ID. A feature that needs 64-bit or negative
+IDs takes its own table with ``FeatureSpec(..., coalesce=False)`` (or ``EmbeddingCollection(coalesce=False)``). ``lookups`` counts physical lookups;
 ``lookups_uncoalesced`` counts what one-table-per-feature would have done.
 
 Batch format, per feature: ``(ids int64 [B, L], lengths int64 [B])`` or ``(ids, lengths, weights
@@ -32,6 +33,7 @@ import torch
 
 from .data import ID_BITS
 from .optim import SparseAdagrad
+from .idmap import MIN_KEY
 from .table import INITS, AdmitAll, DynamicTable, EvictUnseen, SparseInputError, check_ids
 
 MAX_SLOTS = 1 << (63 - ID_BITS)
@@ -268,9 +270,11 @@ class EmbeddingCollection:
     def _check(self, ids, f: str) -> torch.Tensor:
         tname = self.slot[f][0]
         bits = self.key_bits(tname)
-        why = "" if bits == 63 else (
+        if bits == 63:
+            return check_ids(ids, f, signed=True)
+        why = (
             f" (table {tname!r} coalesces features {self.features_of(tname)}: the top {63 - ID_BITS} bits of its keys hold the "
-            f"feature slot; for 64-bit ids give {f!r} its own table with FeatureSpec(..., coalesce=False), or build the "
+            f"feature slot; for 64-bit or negative ids give {f!r} its own table with FeatureSpec(..., coalesce=False), or build the "
             f"collection with coalesce=False)")
         return check_ids(ids, f, bits=bits, why=why)
 
@@ -347,7 +351,7 @@ class EmbeddingCollection:
             held = allv if all(full[f] for f in feats) else raw[0] if len(raw) == 1 else torch.cat(raw)
             if len(held):
                 lo, hi = torch.aminmax(held)
-                if int(lo) < 0 or (bits < 63 and int(hi) >= 1 << bits):
+                if int(lo) < (MIN_KEY if bits == 63 else 0) or (bits < 63 and int(hi) >= 1 << bits):
                     for f in feats:                            # raises naming the first bad feature and id
                         self._check(batch[f][0], f)
         if self.key_bits(tname) < 63:                        # coalesced: the slot in the top bits

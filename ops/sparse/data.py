@@ -106,6 +106,29 @@ def stable_id(value: str) -> int:
     return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little") >> (64 - ID_BITS)
 
 
+def hash_ids(values, bits: int = 64) -> np.ndarray:
+    """Stable IDs int64 [n] of strings [n] (any iterable of str): the first 8 bytes of each value's
+    BLAKE2b digest read little-endian. ``bits=64`` (default): the whole digest as a signed int64, so
+    about half the IDs are negative, like RecIS's 64-bit string hashes (a feature taking them needs a
+    table of its own: ``FeatureSpec(..., coalesce=False)``; the two values the id map reserves,
+    -2**63 and -2**63 + 1, move up by 2). ``bits`` in [1, 63]: the top ``bits`` bits, a non-negative
+    ID below 2**bits (``bits=52`` equals ``stable_id``, the width a coalesced table takes). Collision
+    odds about 2**-bits per pair. Raises ValueError for ``bits`` outside [1, 64] and TypeError for a
+    value that is not a str (naming its position)."""
+    if not 1 <= bits <= 64:
+        raise ValueError(f"hash_ids: bits must be in [1, 64], got {bits}")
+    vals = list(values)
+    for i, v in enumerate(vals):
+        if not isinstance(v, str):
+            raise TypeError(f"hash_ids: value {i} is {type(v).__name__} {v!r}, not a str")
+    raw = np.frombuffer(b"".join(hashlib.blake2b(v.encode(), digest_size=8).digest() for v in vals), dtype="<u8")
+    if bits < 64:
+        return (raw >> np.uint64(64 - bits)).astype(np.int64)
+    out = raw.view(np.int64).copy()
+    out[out < -(1 << 63) + 2] += 2
+    return out
+
+
 def feature_columns(df: pl.DataFrame) -> list[str]:
     """Sparse feature fields of an events table: every column but timestamp, click, rating, split."""
     return [c for c in df.columns if c not in NON_FEATURES]

@@ -7,9 +7,10 @@ a batch still being probed, so the per-ID cost is a few vectorised array operati
 Python dict access (a batch of 12k distinct IDs resolves against 1.3M keys in about 0.3-0.6 ms on one
 CPU core, where the dict took about 6 ms).
 
-Layout: ``keys`` int64 [capacity] (a power of two) holds an ID, ``EMPTY`` (-1, never used) or
-``TOMBSTONE`` (-2, a deleted key); ``vals`` int64 [capacity] the row of the ID in the same slot. IDs
-are non-negative, so the two markers never collide with a key. A key's home slot is
+Layout: ``keys`` int64 [capacity] (a power of two) holds an ID, ``EMPTY`` (-2**63, never used) or
+``TOMBSTONE`` (-2**63 + 1, a deleted key); ``vals`` int64 [capacity] the row of the ID in the same
+slot. Keys are signed int64 IDs from ``MIN_KEY`` = -2**63 + 2 to 2**63 - 1: the two markers are the
+only values a key cannot take. A key's home slot is
 ``splitmix64(key) & (capacity - 1)``; collisions probe linearly (slot + 1, + 2, ...). A lookup round
 reads every unresolved key's next slot (the first round) or next ``WINDOW`` slots (later rounds) and
 resolves each key at the first slot holding it (hit) or EMPTY (miss); tombstones keep a probe going.
@@ -26,10 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-EMPTY = -1
+EMPTY = -(1 << 63)
 """Marker of a slot never used since the last rebuild: a probe sequence ends there."""
-TOMBSTONE = -2
+TOMBSTONE = EMPTY + 1
 """Marker of a slot whose key was deleted: probes go past it; inserts may reuse it."""
+MIN_KEY = EMPTY + 2
+"""Smallest key (every int64 above the two markers is one)."""
 MAX_LOAD = 0.5
 """Largest fraction of slots holding a key or a tombstone; an insert past it rebuilds the map."""
 REHASH_LOAD = 0.375
@@ -65,7 +68,7 @@ def _as_keys(keys) -> np.ndarray:
 
 
 class IdMap:
-    """Map from non-negative int64 IDs to int64 values (a dynamic table's rows), batch at a time.
+    """Map from int64 IDs (>= ``MIN_KEY``) to int64 values (a dynamic table's rows), batch at a time.
 
     Args:
         capacity: slots to start with (rounded up to a power of two >= MIN_CAPACITY); the map grows
@@ -101,13 +104,13 @@ class IdMap:
 
     # -- lookup ----------------------------------------------------------------------------------
     def find(self, keys) -> np.ndarray:
-        """Slots int64 [n] holding int64 ``keys`` [n] (-1 for a key not in the map, e.g. a negative one)."""
+        """Slots int64 [n] holding int64 ``keys`` [n] (-1 for a key not in the map, e.g. a marker value)."""
         keys = _as_keys(keys)
         slots = np.full(len(keys), -1, dtype=np.int64)
         if not len(keys) or not self.size:
             return slots
-        if keys.min() < 0:                                     # never stored; must not match EMPTY / TOMBSTONE
-            ok = np.flatnonzero(keys >= 0)
+        if keys.min() < MIN_KEY:                               # never stored; must not match EMPTY / TOMBSTONE
+            ok = np.flatnonzero(keys >= MIN_KEY)
             slots[ok] = self.find(keys[ok])
             return slots
         table, mask = self.keys, self.mask
@@ -145,18 +148,18 @@ class IdMap:
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys int64 [size], values int64 [size]) of every live key, in slot order."""
-        live = np.flatnonzero(self.keys >= 0)                  # then take: faster than a sparse boolean mask
+        live = np.flatnonzero(self.keys >= MIN_KEY)            # then take: faster than a sparse boolean mask
         return self.keys[live], self.vals[live]
 
     # -- update ----------------------------------------------------------------------------------
     def check_new(self, keys) -> None:
-        """Raise ValueError unless int64 ``keys`` [n] are non-negative, distinct and not in the map
-        (the message names the first offending key)."""
+        """Raise ValueError unless int64 ``keys`` [n] are at least ``MIN_KEY``, distinct and not in the
+        map (the message names the first offending key)."""
         keys = _as_keys(keys)
         if not len(keys):
             return
-        if keys.min() < 0:
-            raise ValueError(f"id {int(keys[keys < 0][0])} is negative (ids are in [0, 2**63))")
+        if keys.min() < MIN_KEY:
+            raise ValueError(f"id {int(keys[keys < MIN_KEY][0])} is reserved (ids are int64 in [-2**63 + 2, 2**63))")
         srt = np.sort(keys)
         dup = srt[1:][srt[1:] == srt[:-1]]
         if len(dup):
@@ -166,9 +169,9 @@ class IdMap:
             raise ValueError(f"id {int(keys[there][0])} already has a row")
 
     def insert(self, keys, vals, check: bool = True) -> None:
-        """Add int64 ``keys`` [n] with values ``vals`` [n]. The keys must be non-negative, distinct and
+        """Add int64 ``keys`` [n] with values ``vals`` [n]. The keys must be >= ``MIN_KEY``, distinct and
         not in the map; ``check=False`` skips verifying that (the caller knows it: e.g. the keys just
-        missed in ``find``). Raises ValueError for a negative, repeated or present key (``check``), or
+        missed in ``find``). Raises ValueError for a reserved, repeated or present key (``check``), or
         when keys and values differ in length; then nothing changes."""
         keys, vals = _as_keys(keys), _as_keys(vals)
         if len(keys) != len(vals):
@@ -193,13 +196,13 @@ class IdMap:
             if width == 1:
                 cand = probe
                 was = table[probe]
-                has = was < 0                                  # EMPTY or TOMBSTONE
+                has = was < MIN_KEY                            # EMPTY or TOMBSTONE
             else:
                 win = table[(probe[:, None] + _WINDOW_OFFSETS) & mask]
                 at = np.arange(len(idx))
-                j = (win < 0).argmax(axis=1)                   # the first free slot in the window
+                j = (win < MIN_KEY).argmax(axis=1)             # the first free slot in the window
                 was = win[at, j]
-                has = was < 0
+                has = was < MIN_KEY
                 cand = (probe + j) & mask
             free = np.flatnonzero(has)
             fi, fs = idx[free], cand[free]

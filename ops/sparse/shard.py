@@ -6,8 +6,13 @@ Forward, per table: dedup the local IDs -> route each to its owning rank -> the 
 received, looks up (admitting per policy) and returns the rows -> the rows are reassembled in local
 order. Backward (``apply_gradients``): each rank sends the gradient of every row it looked up back
 to the owner, which sums them per row and applies the sparse optimizer once. Dense parameters are
-data-parallel (all-reduce of gradients). With a global batch split across ranks and the loss summed
-and scaled by 1 / global batch, a sharded run equals the single-process run up to fp summation order.
+data-parallel (all-reduce of gradients).
+
+Gradient scale across ranks (``grad_reduce``): "mean" (default, as RecIS and DistributedDataParallel)
+divides the summed sparse and dense gradients by the world size, so ``train_step`` with its default
+per-rank mean loss equals the single-process run on the global batch (equal local batches); "sum"
+keeps the sum, for a loss already scaled by 1 / global batch (``loss_scale``). Either way a sharded
+run equals the single-process run up to fp summation order.
 
 Exchange: ``all_to_all_single`` when the backend has it; otherwise (``exchange="all_gather"``, or
 ``"auto"`` after all_to_all fails a probe) an all_gather of padded buffers. Collectives wait at most
@@ -21,6 +26,8 @@ import torch.distributed as dist
 
 from .collection import EmbeddingCollection, _by_table, merge_row_grads
 from .train import CTRModel
+
+GRAD_REDUCES = ("mean", "sum")
 
 
 def _probe_all_to_all(group) -> bool:
@@ -77,9 +84,12 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
     Every rank must call forward and ``apply_gradients`` in the same order (they are collectives)."""
 
     def __init__(self, features, coalesce: bool = True, seed: int = 0, block_rows: int = 4096, group=None,
-                 exchange: str = "auto"):
+                 exchange: str = "auto", grad_reduce: str = "mean"):
+        if grad_reduce not in GRAD_REDUCES:
+            raise ValueError(f"grad_reduce must be one of {GRAD_REDUCES}, got {grad_reduce!r}")
         super().__init__(features, coalesce=coalesce, seed=seed, block_rows=block_rows)
         self.x = Exchanger(group, exchange)
+        self.grad_reduce = grad_reduce
 
     def _lookup_unique(self, tname: str, uids: torch.Tensor, train: bool, counts: torch.Tensor | None = None) -> torch.Tensor:
         table, world = self.tables[tname], self.x.world
@@ -113,20 +123,27 @@ class ShardedEmbeddingCollection(EmbeddingCollection):
             table = self.tables[tname]
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             recv = self.x([grad[p] for p in pos])
-            parts.append((tname, rows, torch.zeros(len(rows), table.dim).index_add(0, inv, torch.cat(recv))))
+            g = torch.zeros(len(rows), table.dim).index_add(0, inv, torch.cat(recv))
+            parts.append((tname, rows, g / self.x.world if self.grad_reduce == "mean" else g))
         for tname, got in _by_table(parts).items():
             self.tables[tname].apply_gradients(*merge_row_grads(got))
 
 
 class ShardedCTRModel(CTRModel):
     """CTRModel over a ShardedEmbeddingCollection with data-parallel dense parameters: call
-    ``train_step(local_batch, local_labels, loss_scale=1 / global_batch)`` on every rank."""
+    ``train_step(local_batch, local_labels)`` on every rank (``grad_reduce="mean"``, the default: the
+    gradients are averaged over ranks), or with ``grad_reduce="sum"``
+    ``train_step(local_batch, local_labels, loss_scale=1 / global_batch)``."""
 
-    def __init__(self, fields, cfg, group=None, exchange: str = "auto"):
-        super().__init__(fields, cfg, collection_cls=ShardedEmbeddingCollection, group=group, exchange=exchange)
-        self.group = group
+    def __init__(self, fields, cfg, group=None, exchange: str = "auto", grad_reduce: str = "mean", feature_kw=None):
+        super().__init__(fields, cfg, collection_cls=ShardedEmbeddingCollection, feature_kw=feature_kw, group=group,
+                         exchange=exchange, grad_reduce=grad_reduce)
+        self.group, self.grad_reduce = group, grad_reduce
 
     def _reduce_dense_grads(self) -> None:
+        world = dist.get_world_size(self.group)
         for p in self.net.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=self.group)
+                if self.grad_reduce == "mean":
+                    p.grad /= world

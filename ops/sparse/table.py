@@ -22,7 +22,10 @@ import numpy as np
 import torch
 
 from .data import ID_BITS
-from .idmap import IdMap, splitmix64
+from .idmap import MIN_KEY, IdMap, splitmix64
+
+FREE = -(1 << 63)
+"""``id_by_row`` of a row that holds no ID (an int64 no ID can take: ``ops.sparse.idmap.EMPTY``)."""
 
 
 class SparseInputError(ValueError):
@@ -76,19 +79,22 @@ class EvictUnseen:
     """Evict an ID not looked up in training for more than this many optimizer steps (``end_step`` calls)."""
 
 
-def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "") -> torch.Tensor:
+def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "", signed: bool = False) -> torch.Tensor:
     """IDs as int64 (any shape), validated: integer dtype, non-negative, below 2**bits (bits <= 63;
-    63 is the whole non-negative int64 range). Unsigned or Python-int input at or above 2**63 is
-    rejected before the cast (it would wrap to a negative int64). Raises SparseInputError naming the
-    feature and the first bad id; ``why`` is appended to the message (the reason for the limit)."""
+    63 is the whole non-negative int64 range); ``signed``: any int64 from -2**63 + 2 (``MIN_KEY``;
+    the two lowest values are the id map's markers) to 2**63 - 1 (``bits`` ignored). Unsigned or
+    Python-int input at or above 2**63 is rejected before the cast (it would wrap to a negative
+    int64). Raises SparseInputError naming the feature and the first bad id; ``why`` is appended to
+    the message (the reason for the limit)."""
     if isinstance(ids, torch.Tensor) and ids.dtype in (torch.uint64, torch.uint32, torch.uint16):
         ids = ids.numpy()
     if not isinstance(ids, torch.Tensor):
         arr = np.asarray(ids)
         if arr.dtype.kind == "O":                       # Python ints beyond int64 and uint64
-            big = [x for x in arr.flat if isinstance(x, int) and not 0 <= x < 1 << 63]
+            lo = MIN_KEY if signed else 0
+            big = [x for x in arr.flat if isinstance(x, int) and not lo <= x < 1 << 63]
             if big:
-                raise SparseInputError(f"feature {feature!r}: id {big[0]} outside [0, 2**63) (ids are int64){why}")
+                raise SparseInputError(f"feature {feature!r}: id {big[0]} outside [{lo}, 2**63) (ids are int64){why}")
         if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 1 << 63:
             bad = int(arr[arr >= np.uint64(1 << 63)].flat[0])
             raise SparseInputError(f"feature {feature!r}: id {bad} outside [0, 2**63) (ids are int64){why}")
@@ -101,6 +107,11 @@ def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "") -> torch.Te
     if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
         raise SparseInputError(f"feature {feature!r}: ids must be integers, got dtype {ids.dtype}")
     ids = ids.to(torch.int64)
+    if signed:
+        if ids.numel() and ids.min() < MIN_KEY:
+            raise SparseInputError(f"feature {feature!r}: id {int(ids[ids < MIN_KEY][0])} is reserved "
+                                   f"(ids are int64 in [-2**63 + 2, 2**63)){why}")
+        return ids
     limit = (1 << bits) if bits < 63 else None
     if ids.numel() and (ids.min() < 0 or (limit is not None and ids.max() >= limit)):
         bad = ids[(ids < 0) | ((ids >= limit) if limit is not None else False)][0].item()
@@ -163,9 +174,9 @@ class _TableView(Mapping):
         try:
             k = index(key)
             if self._kind == "row_of":
-                r = int(t.id_map.get(np.array([k], dtype=np.int64))[0]) if 0 <= k < 1 << 63 else -1
+                r = int(t.id_map.get(np.array([k], dtype=np.int64))[0]) if MIN_KEY <= k < 1 << 63 else -1
             else:
-                r = k if 0 <= k < min(t.n_rows, len(t.id_by_row)) and t.id_by_row[k] >= 0 else -1
+                r = k if 0 <= k < min(t.n_rows, len(t.id_by_row)) and t.id_by_row[k] != FREE else -1
         except (TypeError, OverflowError):
             r = -1
         if r < 0:
@@ -325,7 +336,8 @@ class PendingCounts(Mapping):
 
 
 class DynamicTable:
-    """An embedding table keyed by arbitrary non-negative int64 IDs (the whole range [0, 2**63)).
+    """An embedding table keyed by arbitrary signed int64 IDs (every int64 from -2**63 + 2 to 2**63 - 1:
+    RecIS's string hashes are often negative; the two lowest values mark free slots of the id map).
 
     Args:
         dim: embedding width. optimizer: a sparse optimizer (SparseAdagrad, SparseAdam); its state
@@ -336,7 +348,7 @@ class DynamicTable:
         (``init_rows``).
 
     Bookkeeping: ``id_map`` the ID -> row map (``ops.sparse.idmap.IdMap``); numpy int64 arrays indexed
-    by row (at least ``n_rows`` long, grown geometrically): ``id_by_row`` the ID a row holds (-1: free or
+    by row (at least ``n_rows`` long, grown geometrically): ``id_by_row`` the ID a row holds (``FREE``: free or
     never used), ``seen_step`` the last training step a live row was looked up in, ``insert_seq`` the
     order in which live rows got their IDs (eviction frees stale rows in that order). ``row_of`` /
     ``id_of`` / ``last_seen`` are dict views of these; ``sightings`` (not-yet-admitted ID -> count) is a
@@ -358,7 +370,7 @@ class DynamicTable:
         self.width = dim + optimizer.state_width(dim)
         self.blocks: list[torch.Tensor] = []          # each [block_rows, width]
         self.id_map = IdMap()                         # id -> row
-        self.id_by_row = np.full(0, -1, dtype=np.int64)
+        self.id_by_row = np.full(0, FREE, dtype=np.int64)
         self.seen_step = np.zeros(0, dtype=np.int64)
         self.insert_seq = np.zeros(0, dtype=np.int64)
         self.n_inserted = 0                           # ids ever given a row (the next insert_seq)
@@ -410,7 +422,7 @@ class DynamicTable:
 
     def live_rows(self) -> np.ndarray:
         """Rows int64 [len(self)] holding an id, in the order they got it (a dict's iteration order)."""
-        rows = np.flatnonzero(self.id_by_row[:self.n_rows] >= 0)
+        rows = np.flatnonzero(self.id_by_row[:self.n_rows] != FREE)
         return rows[np.argsort(self.insert_seq[rows], kind="stable")]
 
     # -- storage ---------------------------------------------------------------------------------
@@ -433,7 +445,7 @@ class DynamicTable:
             self.blocks.append(torch.zeros(self.block_rows, self.width))
         if len(self.id_by_row) < self.n_rows:
             grow = max(self.n_rows, 2 * len(self.id_by_row), 64) - len(self.id_by_row)
-            self.id_by_row = np.concatenate([self.id_by_row, np.full(grow, -1, dtype=np.int64)])
+            self.id_by_row = np.concatenate([self.id_by_row, np.full(grow, FREE, dtype=np.int64)])
             self.seen_step = np.concatenate([self.seen_step, np.zeros(grow, dtype=np.int64)])
             self.insert_seq = np.concatenate([self.insert_seq, np.zeros(grow, dtype=np.int64)])
         return np.concatenate([reused, fresh])
@@ -555,8 +567,9 @@ class DynamicTable:
         ID occurs in the batch (every occurrence is a sighting); None = once each. Raises
         SparseInputError for a negative id."""
         u = _int64s(uids)
-        if len(u) and u.min() < 0:
-            raise SparseInputError(f"table {self.name!r}: id {int(u[u < 0][0])} outside [0, 2**63)")
+        if len(u) and u.min() < MIN_KEY:
+            raise SparseInputError(f"table {self.name!r}: id {int(u[u < MIN_KEY][0])} is reserved (ids are int64 in "
+                                   f"[-2**63 + 2, 2**63))")
         rows = self.id_map.get(u)
         if train:
             missing = np.flatnonzero(rows < 0)
@@ -606,7 +619,7 @@ class DynamicTable:
 
     def weights(self, ids) -> torch.Tensor:
         """Embeddings [n, dim] of table keys (namespaced ids; zeros for keys without a row); no side effects."""
-        ids = check_ids(ids, self.name, bits=63)
+        ids = check_ids(ids, self.name, signed=True)
         return self.read(torch.from_numpy(self.id_map.get(_int64s(ids))))
 
     # -- update ----------------------------------------------------------------------------------
@@ -641,11 +654,11 @@ class DynamicTable:
         n = 0
         if self.eviction is not None:
             held = self.id_by_row[:self.n_rows]
-            stale = np.flatnonzero((held >= 0) & (self.seen_step[:len(held)] < self.step - self.eviction.n_steps))
+            stale = np.flatnonzero((held != FREE) & (self.seen_step[:len(held)] < self.step - self.eviction.n_steps))
             if len(stale):
                 stale = stale[np.argsort(self.insert_seq[stale], kind="stable")]   # as a dict by insertion
                 self.id_map.delete(self.id_by_row[stale])
-                self.id_by_row[stale] = -1
+                self.id_by_row[stale] = FREE
                 self.free.extend(stale.tolist())
             n = len(stale)
             self.evicted += n
@@ -656,7 +669,7 @@ class DynamicTable:
     # -- checkpoint ------------------------------------------------------------------------------
     def live(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids [n] sorted, full rows [n, width], last_seen [n]) of the live rows only."""
-        rows = np.flatnonzero(self.id_by_row[:self.n_rows] >= 0)
+        rows = np.flatnonzero(self.id_by_row[:self.n_rows] != FREE)
         ids = self.id_by_row[rows]
         order = np.argsort(ids, kind="stable")
         rows, ids = rows[order], ids[order]

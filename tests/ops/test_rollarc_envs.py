@@ -1,9 +1,12 @@
 """RollArc environments: the sandboxed calculator, FrozenLake as text, tool-use math, the latency
-knob and the in-process episode loop with its four statuses."""
+knob and the in-process episode loop with its four statuses. The calculator's behaviour is checked
+in both sandbox modes (bwrap skips without bubblewrap, except in CI; the escape battery is in
+test_sandbox_escape.py)."""
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import threading
 import time
@@ -15,8 +18,29 @@ from ops.rl.rollarc.envs import (ENV_NAMES, EnvLatency, FrozenLakeText, LatentEn
                                  frozenlake_map, make_env, parse_final_answer,
                                  parse_frozenlake_action, run_episode, tool_math_reward_item,
                                  verify_frozenlake)
-from ops.rl.rollarc.sandbox import run_python
+from ops.rl.rollarc.sandbox import SANDBOX_MODES, SandboxUnavailable, require, run_python
 from ops.rl.rollarc.types import EPISODE_STATUSES, Task
+
+def _env_sandbox() -> str:
+    """The mode the environment tests run in: bwrap where installed (and always in CI, where a
+    missing bwrap must fail), else the explicitly weaker rlimits."""
+    try:
+        require("bwrap")
+        return "bwrap"
+    except SandboxUnavailable:
+        return "bwrap" if (os.environ.get("CI") or os.environ.get("CRUCIBLE_SANDBOX_REQUIRED")) else "rlimits"
+
+
+ENV_SANDBOX = _env_sandbox()
+
+
+@pytest.fixture(params=SANDBOX_MODES)
+def sb(request):
+    """Each sandbox mode; bwrap skips where bubblewrap is missing (fails in CI)."""
+    if request.param == "bwrap" and ENV_SANDBOX != "bwrap":
+        pytest.skip("bubblewrap (bwrap) is not installed here; CI installs it (.ci/run)")
+    return request.param
+
 
 MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 
@@ -60,69 +84,69 @@ def math_task(problem="What is 6 times 7?", answer="42"):
 
 # ------------------------------------------------------------------------------------------ sandbox
 
-def test_sandbox_evaluates_arithmetic_math_and_statements():
-    assert run_python("2**10").output == "1024"
-    assert run_python("math.sqrt(2)").output == repr(math.sqrt(2))
-    r = run_python("x = comb(5, 2)\nprint('c', x)\nx * 2")
+def test_sandbox_evaluates_arithmetic_math_and_statements(sb):
+    assert run_python("2**10", sandbox=sb).output == "1024"
+    assert run_python("math.sqrt(2)", sandbox=sb).output == repr(math.sqrt(2))
+    r = run_python("x = comb(5, 2)\nprint('c', x)\nx * 2", sandbox=sb)
     assert (r.ok, r.output, r.error) == (True, "c 10\n20", "")
 
 
-def test_sandbox_infinite_loop_is_stopped_by_cpu_limit_before_wall_limit():
-    r = run_python("while True: pass", cpu_s=0.3, wall_s=20.0)
+def test_sandbox_infinite_loop_is_stopped_by_cpu_limit_before_wall_limit(sb):
+    r = run_python("while True: pass", cpu_s=0.3, wall_s=20.0, sandbox=sb)
     assert not r.ok and r.error == "CPU time limit exceeded (0.3 s)"
     # stopped at the limit, not before: ITIMER_PROF and wait4's rusage account CPU time separately,
     # so the reported time may sit a scheduler tick below 0.3 s (measured once: 0.299023 s)
     assert 0.3 - 0.02 <= r.cpu_s < 1.5 and r.wall_s < 10.0
 
 
-def test_sandbox_sleep_is_stopped_by_wall_limit():
-    r = run_python("import time; time.sleep(100)", cpu_s=1.0, wall_s=0.5)
+def test_sandbox_sleep_is_stopped_by_wall_limit(sb):
+    r = run_python("import time; time.sleep(100)", cpu_s=1.0, wall_s=0.5, sandbox=sb)
     assert not r.ok and r.error == "wall-clock limit exceeded (0.5 s)"
     assert 0.5 <= r.wall_s < 3.0
 
 
-def test_sandbox_refuses_file_writes(tmp_path):
+def test_sandbox_refuses_file_writes(sb, tmp_path):
     target = tmp_path / "out.txt"
-    r = run_python(f"open({str(target)!r}, 'w').write('x')")
+    r = run_python(f"open({str(target)!r}, 'w').write('x')", sandbox=sb)
     assert not r.ok and r.error.startswith("PermissionError") and "writing" in r.error
-    r = run_python(f"import os; os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)")
+    r = run_python(f"import os; os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)", sandbox=sb)
     assert not r.ok and "writing" in r.error
     assert not target.exists()
 
 
-def test_sandbox_refuses_sockets_processes_and_foreign_reads():
+def test_sandbox_refuses_sockets_processes_and_foreign_reads(sb):
     for code in ("import socket; socket.socket()", "__import__('_socket')",
                  "import os; os.system('true')", "import os; os.fork()", "open('/etc/hostname').read()"):
-        r = run_python(code)
+        r = run_python(code, sandbox=sb)
         assert not r.ok and r.error.startswith("PermissionError: sandbox:"), (code, r)
 
 
-def test_sandbox_child_does_not_see_parent_environment(monkeypatch):
+def test_sandbox_child_does_not_see_parent_environment(sb, monkeypatch):
     monkeypatch.setenv("CRUCIBLE_SANDBOX_SECRET", "s3cret")
-    r = run_python("import os; sorted(os.environ)")
+    r = run_python("import os; sorted(os.environ)", sandbox=sb)
     # Python's locale coercion (PEP 538) may add LC_CTYPE to an empty environment; nothing else
     assert r.ok and r.output in ("[]", "['LC_CTYPE']")
 
 
-def test_sandbox_memory_and_output_caps_and_errors_are_returned():
-    r = run_python("x = bytearray(2 * 1024**3)", mem_mb=256)
+def test_sandbox_memory_and_output_caps_and_errors_are_returned(sb):
+    r = run_python("x = bytearray(2 * 1024**3)", mem_mb=256, sandbox=sb)
     assert (r.ok, r.error) == (False, "MemoryError")
-    r = run_python("print('a' * 10000)", max_output_chars=100)
+    r = run_python("print('a' * 10000)", max_output_chars=100, sandbox=sb)
     assert r.ok and r.output.startswith("a" * 100) and r.output.endswith("[output truncated]") and len(r.output) < 130
-    assert run_python("1/0").error == "ZeroDivisionError: division by zero"
+    assert run_python("1/0", sandbox=sb).error == "ZeroDivisionError: division by zero"
 
 
-def test_sandbox_bad_arguments_raise_value_error():
+def test_sandbox_bad_arguments_raise_value_error(sb):
     for kw in ({"cpu_s": 0}, {"wall_s": -1}, {"mem_mb": 8}):
         with pytest.raises(ValueError):
-            run_python("1", **kw)
+            run_python("1", **kw, sandbox=sb)
     with pytest.raises(ValueError, match="str"):
-        run_python(b"1")
+        run_python(b"1", sandbox=sb)
 
 
-def test_sandbox_is_thread_safe():
+def test_sandbox_is_thread_safe(sb):
     out = {}
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, run_python(f"{i} ** 3").output))
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, run_python(f"{i} ** 3", sandbox=sb).output))
                for i in range(6)]
     [t.start() for t in threads]
     [t.join() for t in threads]
@@ -195,7 +219,7 @@ def test_verify_frozenlake_is_a_pure_replay():
 
 def test_tool_math_calculator_then_answer_is_ok_and_reward_item_verifies():
     policy = scripted(["Let me compute. <calc>6*7</calc>", "The product is 42.\nAnswer: 42"])
-    status, turns, info, transcript = run_episode(make_env("tool_math"), math_task(), policy, 6, 10.0, 30.0)
+    status, turns, info, transcript = run_episode(make_env("tool_math", sandbox=ENV_SANDBOX), math_task(), policy, 6, 10.0, 30.0)
     assert (status, turns, info["final_answer"], info["calc_calls"]) == ("ok", 2, "42", 1)
     assert transcript[2] == {"role": "user", "content": "Result: 42"}
     item = tool_math_reward_item("tm-1/0", math_task().spec, info["final_answer"])
@@ -205,7 +229,7 @@ def test_tool_math_calculator_then_answer_is_ok_and_reward_item_verifies():
 
 
 def test_tool_math_errors_invalid_turns_and_call_cap():
-    env = ToolMath(max_calls_per_turn=2)
+    env = ToolMath(max_calls_per_turn=2, sandbox=ENV_SANDBOX)
     assert "Problem: What is 6 times 7?" in env.reset(math_task())
     r = env.step("<calc>1/0</calc> <calc>2**0.5</calc> <calc>3</calc>")
     assert r.observation.splitlines() == ["[1] Error: ZeroDivisionError: division by zero",
@@ -231,7 +255,7 @@ def test_final_answer_parsing():
 
 
 def test_env_errors_are_reported_with_their_message():
-    status, turns, info, transcript = run_episode(make_env("tool_math"), Task("x", "tool_math", {"answer": "1"}),
+    status, turns, info, transcript = run_episode(make_env("tool_math", sandbox=ENV_SANDBOX), Task("x", "tool_math", {"answer": "1"}),
                                                   scripted(["Answer: 1"]), 3, 5.0, 10.0)
     assert (status, turns, transcript) == ("env_error", 0, [])
     assert info["error"].startswith("env.reset raised ValueError") and "'problem'" in info["error"]
@@ -289,7 +313,7 @@ def test_latency_kinds_share_the_mean_and_differ_in_tail():
 
 def test_make_env_names_kwargs_and_latency_wrapper():
     assert ENV_NAMES == ("frozenlake", "tool_math") and set(EPISODE_STATUSES) >= {"ok", "timeout"}
-    assert make_env("tool_math", cpu_s=0.5).cpu_s == 0.5
+    assert make_env("tool_math", cpu_s=0.5, sandbox=ENV_SANDBOX).cpu_s == 0.5
     env = make_env("frozenlake", latency=EnvLatency("low", mean_s=0.05, seed=0))
     assert isinstance(env, LatentEnv) and env.name == "frozenlake"
     env.reset(lake(3))

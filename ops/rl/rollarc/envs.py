@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from ops.rl.rollarc.sandbox import run_python
+from ops.rl.rollarc.sandbox import DEFAULT_MODE, require, run_python
 from ops.rl.rollarc.types import StepResult, Task
 
 #: gymnasium FrozenLake action ids 0..3, in order.
@@ -274,23 +274,29 @@ class ToolMath(TextEnv):
 
     Args:
         cpu_s, wall_s, mem_mb: limits of each calculator call (``sandbox.run_python``).
+        sandbox: ``bwrap`` (kernel-enforced, the default) or ``rlimits`` (the weaker mode, only when
+            asked for): ``sandbox.SANDBOX_MODES``.
         max_calls_per_turn: ``<calc>`` blocks run per reply (later ones are skipped, and said so).
         max_result_chars: cap on each result shown to the policy.
 
     info (every step): ``final_answer`` (str or None), ``calc_calls``, ``calc_errors``,
     ``invalid_actions`` (replies with neither a call nor an answer), ``calc_cpu_s``.
+
+    Raises (constructor): ValueError for a bad limit or sandbox mode; ``sandbox.SandboxUnavailable``
+    for ``bwrap`` without bubblewrap installed (the environment refuses to run model-generated code).
     """
 
     name = "tool_math"
 
     def __init__(self, cpu_s: float = 1.0, wall_s: float = 2.0, mem_mb: int = 256,
-                 max_calls_per_turn: int = 3, max_result_chars: int = 500):
+                 max_calls_per_turn: int = 3, max_result_chars: int = 500, sandbox: str = DEFAULT_MODE):
         if not (cpu_s > 0 and wall_s > 0 and mem_mb >= 64):
             raise ValueError(f"tool_math needs cpu_s > 0, wall_s > 0, mem_mb >= 64; got {cpu_s}, {wall_s}, {mem_mb}")
         if max_calls_per_turn < 1 or max_result_chars < 1:
             raise ValueError(f"tool_math needs max_calls_per_turn >= 1 and max_result_chars >= 1, got "
                              f"{max_calls_per_turn}, {max_result_chars}")
-        self.cpu_s, self.wall_s, self.mem_mb = cpu_s, wall_s, mem_mb
+        require(sandbox)
+        self.cpu_s, self.wall_s, self.mem_mb, self.sandbox = cpu_s, wall_s, mem_mb, sandbox
         self.max_calls_per_turn, self.max_result_chars = max_calls_per_turn, max_result_chars
         self._live = False
         self._closed = False
@@ -332,7 +338,7 @@ class ToolMath(TextEnv):
         lines = []
         for i, expr in enumerate(exprs[: self.max_calls_per_turn]):
             r = run_python(expr.strip(), cpu_s=self.cpu_s, wall_s=self.wall_s, mem_mb=self.mem_mb,
-                           max_output_chars=self.max_result_chars)
+                           max_output_chars=self.max_result_chars, sandbox=self.sandbox)
             self._calls += 1
             self._cpu += r.cpu_s
             if r.ok:
@@ -394,10 +400,13 @@ class CheckedSubtraction(TextEnv):
     (``scratchpad.tool_turns``) has ``q // 8 + 1`` turns for quotient q = N // a (long-tailed).
 
     task.spec: ``a`` (2..9), ``n`` (>= 0), ``answer`` (str, N mod a), ``answer_type`` ("numeric"),
-    optional ``check_work`` (int >= 0, default ``check_work`` of the constructor).
+    optional ``check_work`` (int >= 0, default ``check_work`` of the constructor). ``sandbox``: the
+    checker's sandbox mode (``sandbox.SANDBOX_MODES``; ``bwrap`` by default, like ``ToolMath``).
 
     **What decides env latency** (all real work, never a sleep): per checked turn, one interpreter
-    start of the sandbox (``python -I -S``, ~20-60 ms on a loaded 2-core machine) plus the checker's
+    start of the sandbox (bwrap + ``python -I -S`` + the supervisor's fork: median 0.27-0.32 s a call,
+    ~0.07 s of it bwrap's namespaces, on the shared 2-core machine at load ~16, 2026-12-06;
+    ``benchmarks/sandbox_overhead.py``; the start alone was ~50 ms in 2026-12-02's process-only sandbox) plus the checker's
     CPU: ``lines x check_work`` loop iterations (CPython; measured 2026-12-02 on the shared 2-core
     machine: start ~50 ms, ``check_work`` 100,000 -> ~20 ms of CPU a line, ~0.2 s for an 8-line turn). A trajectory's env time is therefore linear in
     its number of turns, i.e. in q // 8, and long-tailed like q. ``info["check_cpu_s"]`` /
@@ -409,10 +418,12 @@ class CheckedSubtraction(TextEnv):
 
     name = "checked_subtraction"
 
-    def __init__(self, check_work: int = 0, cpu_s: float = 5.0, wall_s: float = 10.0, mem_mb: int = 256):
+    def __init__(self, check_work: int = 0, cpu_s: float = 5.0, wall_s: float = 10.0, mem_mb: int = 256,
+                 sandbox: str = DEFAULT_MODE):
         if not isinstance(check_work, int) or check_work < 0:
             raise ValueError(f"checked_subtraction.check_work must be an int >= 0, got {check_work!r}")
-        self.check_work, self.cpu_s, self.wall_s, self.mem_mb = check_work, cpu_s, wall_s, mem_mb
+        require(sandbox)
+        self.check_work, self.cpu_s, self.wall_s, self.mem_mb, self.sandbox = check_work, cpu_s, wall_s, mem_mb, sandbox
         self._live = False
         self._closed = False
 
@@ -457,7 +468,7 @@ class CheckedSubtraction(TextEnv):
             return self._fail("check failed: unparseable line")
         lines = [int(x) for x in raw]
         r = run_python(_CHECKER.format(prev=self.value, a=self.a, lines=lines, work=self.work),
-                       cpu_s=self.cpu_s, wall_s=self.wall_s, mem_mb=self.mem_mb)
+                       cpu_s=self.cpu_s, wall_s=self.wall_s, mem_mb=self.mem_mb, sandbox=self.sandbox)
         self._checks += 1
         self._cpu += r.cpu_s
         self._wall += r.wall_s
@@ -554,19 +565,25 @@ class LatentEnv(TextEnv):
         self.env.close()
 
 
-def make_env(name: str, latency: Optional[EnvLatency] = None, **kw) -> TextEnv:
+def make_env(name: str, latency: Optional[EnvLatency] = None, sandbox: Optional[str] = None, **kw) -> TextEnv:
     """A new environment by name (``ALL_ENV_NAMES``); ``kw`` go to its constructor (``ToolMath``'s limits);
-    ``latency`` (kind other than ``none``) wraps it in ``LatentEnv``.
+    ``latency`` (kind other than ``none``) wraps it in ``LatentEnv``; ``sandbox`` (None: the
+    environment's default, ``bwrap``) is the mode of the environments that run code (``tool_math``,
+    ``checked_subtraction``; FrozenLake runs none and ignores it).
 
     Raises:
-        ValueError: unknown name; TypeError: unknown keyword.
+        ValueError: unknown name or sandbox mode; TypeError: unknown keyword;
+        ``sandbox.SandboxUnavailable``: ``bwrap`` asked for and bubblewrap missing.
     """
+    code_kw = {} if sandbox is None else {"sandbox": sandbox}
     if name == "frozenlake":
+        if sandbox is not None:
+            require(sandbox)                     # a bad mode is an error even where no code runs
         env: TextEnv = FrozenLakeText(**kw)
     elif name == "tool_math":
-        env = ToolMath(**kw)
+        env = ToolMath(**kw, **code_kw)
     elif name == "checked_subtraction":
-        env = CheckedSubtraction(**kw)
+        env = CheckedSubtraction(**kw, **code_kw)
     else:
         raise ValueError(f"unknown environment {name!r}; known: {ALL_ENV_NAMES}")
     if latency is not None and latency.kind != "none":

@@ -1,36 +1,63 @@
-"""A sandboxed Python calculator for tool-use environments: one fresh subprocess per call.
+"""A sandboxed Python calculator for tool-use environments, enforced by the kernel: one fresh sandbox per call.
 
 RollArc (arXiv 2512.22560 §3-4) keeps stateful environments on CPU workers and lets a slow or
-failing one block only its own trajectory; here a tool call can neither hang its caller (CPU and
-wall-clock limits), nor reach the network, write files, start processes or read the parent's
-environment. Layers, from the outside in:
+failing one block only its own trajectory; here a tool call runs model-generated code that can
+neither hang its caller (CPU and wall-clock limits) nor reach the host: its files, processes,
+network services, or the channel that carries its result.
 
-* the child is ``python -I -S -B`` (isolated mode: no user site, no ``PYTHON*`` variables, no
-  site-packages, no bytecode writes) with an **empty environment**, ``cwd="/"``, in its own
-  session/process group; the parent kills the whole group at the **wall-clock limit**;
-* before the untrusted code runs, the child lowers its own rlimits: ``RLIMIT_CPU`` (backstop,
-  whole seconds), ``RLIMIT_AS`` (``mem_mb``), ``RLIMIT_FSIZE = 0`` (no file growth),
-  ``RLIMIT_NOFILE = 16``, ``RLIMIT_NPROC = 0`` (ineffective for root), ``RLIMIT_CORE = 0``; and arms
-  ``ITIMER_PROF`` at ``cpu_s`` (sub-second CPU limit: SIGPROF terminates the process);
-* then it installs an audit hook (PEP 578, ``sys.addaudithook``) that refuses ``socket.*``, opening
-  anything for writing, reading outside the standard library, ``subprocess``/``os.system``/
-  ``os.exec*``/``os.fork``/``os.posix_spawn``, file-system mutation (``os.remove``, ``os.mkdir``,
-  ``shutil.*``, ...), ``ctypes``, ``resource.setrlimit`` and imports of ``socket``, ``ctypes``,
-  ``subprocess``, ``multiprocessing``, ``mmap``, ``fcntl``, ``pty``.
+Modes (``SANDBOX_MODES``; chosen by config: ``ray_roles.RoleSpec.sandbox``, the environments'
+``sandbox`` argument, ``run_python(sandbox=...)``):
+
+* ``bwrap`` (the default) — **kernel-enforced**: Debian's bubblewrap (``bwrap``) starts the call in
+  new user, network, PID, IPC, UTS and mount namespaces (cgroup too where the kernel allows), with
+  ``--die-with-parent``, ``--new-session``, every capability dropped, ``no_new_privs``, as uid/gid
+  65534 (``nobody``; mapped onto the caller's uid outside), an empty environment and cwd ``/``. Its
+  file system is an empty read-only root holding only read-only binds of the interpreter's prefix
+  (``sys.base_prefix``: the binary and the standard library; not the venv's site-packages, which
+  the calculator does not need) and the shared libraries (``/usr/lib``, ``/usr/lib64``, ``/lib``,
+  ``/lib64``), plus a minimal ``/dev``: no ``/proc``, ``/etc``, ``/tmp``, ``/home`` or the
+  project. A private network namespace has no route to any host service. When bwrap is missing or
+  cannot create its namespaces, ``run_python`` raises ``SandboxUnavailable`` — it never falls back.
+* ``rlimits`` — the weaker mode, only when the config asks for it: the same supervisor, child,
+  rlimits, seccomp filter and audit hook, without namespaces (the code runs as the worker's user
+  and sees its file system). Run metadata says so (``describe``).
+
+Inside either mode, from the outside in:
+
+* a **supervisor** (trusted, ``python -I -S -B``) runs the code in a child process with pipes for
+  its stdin, stdout and stderr, kills it at the wall-clock deadline, reaps it with ``wait4`` and
+  builds the result JSON itself from the child's exit status, CPU rusage and captured output. The
+  result travels on the supervisor's stdout, which the child never holds: the child can only
+  print (its output is what it printed) and exit — forged result JSON written to any descriptor
+  is at most printed text;
+* the child (``python -I -S -B``, empty environment, its own session) lowers its own rlimits before
+  any untrusted code runs: ``RLIMIT_CPU`` (backstop, ``ceil(cpu_s) + 1`` s), ``RLIMIT_AS``
+  (``mem_mb``), ``RLIMIT_FSIZE = 0``, ``RLIMIT_NOFILE = 16``, ``RLIMIT_NPROC = 0``,
+  ``RLIMIT_CORE = 0``; arms ``ITIMER_PROF`` at ``cpu_s``;
+* then (x86-64) it installs a **seccomp** filter (``prctl(PR_SET_NO_NEW_PRIVS)`` +
+  ``PR_SET_SECCOMP``; the kernel keeps it for the process's life, nothing can remove it) that fails
+  with EPERM: ``fork``/``vfork``/``clone``/``clone3`` (no processes or threads: fork bombs end at
+  the first fork), ``execve``/``execveat``, ``kill``/``tkill``/``tgkill``/``rt_(tg)sigqueueinfo``/
+  ``pidfd_send_signal`` (no signals to the supervisor), ``ptrace``, ``process_vm_readv/writev``,
+  ``socket``/``socketpair``, ``unshare``/``setns``/``mount``, ``bpf``, ``userfaultfd``,
+  ``perf_event_open``, ``io_uring_setup``, the key-ring calls and every x32-ABI call. ``RLIMIT_NPROC``
+  alone would not do: under bwrap as root the sandbox uid maps onto root, which the kernel exempts;
+* last, a PEP 578 **audit hook** (``sys.addaudithook``) refuses sockets, writes, reads outside the
+  standard library, process creation, file-system mutation, ``ctypes`` and imports of ``socket``,
+  ``ctypes``, ``subprocess``, ... with a clear ``PermissionError: sandbox: ...``. It is defence in
+  depth and a readable error for honest code: PEP 578 hooks can be undone from inside (rebind the
+  hook's ``__code__`` found through ``gc.get_objects()``), after which the layers above still hold.
 
 The rlimits are set inside the child rather than in ``preexec_fn``: ``preexec_fn`` is documented as
-unsafe when the parent has threads (the subprocess docs: the child "could deadlock before exec"),
-and environments run many instances in threads of one process. Lowering limits before any
-untrusted code runs gives the same guarantee.
-
-Audit hooks are defence in depth, not a security boundary against adversarial code (PEP 578 says
-so: e.g. ``gc``/frame tricks can defeat them); the rlimits, the empty environment and the process
-group kill hold regardless. Run hostile code in a container or under seccomp.
+unsafe when the parent has threads, and environments run many instances in threads of one process.
 
 Namespace of the code: builtins, ``math``'s public names (``sqrt``, ``pi``, ``comb``, ... except
 ``pow``, which stays the builtin), and the modules ``math cmath fractions decimal statistics
 itertools functools random`` plus ``Fraction`` and ``Decimal``. Output: what the code prints, then,
 as in a REPL, ``repr`` of the last statement when it is an expression with a value other than None.
+
+Cost: the bwrap layer adds its namespace setup to each call (measured and quoted in
+docs/rollarc.md, "Sandbox"). This module imports only the standard library.
 """
 
 from __future__ import annotations
@@ -38,44 +65,63 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 #: Largest code accepted (characters); calculator expressions are far shorter.
 MAX_CODE_CHARS = 100_000
 
-_MIN_MEM_MB = 64  # python -I -S itself maps ~20 MB; below this even the bootstrap fails
+SANDBOX_MODES = ("bwrap", "rlimits")
+"""``bwrap``: kernel-enforced (bubblewrap namespaces) + the process layers; ``rlimits``: the process
+layers only (supervisor, rlimits, seccomp, audit hook) — weaker, only when a config asks for it."""
+DEFAULT_MODE = "bwrap"
 
-# The child bootstrap (run with ``python -I -S -B -c``). Reads {"code", "cpu_s", "mem_mb",
-# "max_output"} as JSON on stdin; writes one JSON object {"ok", "output", "error"} on a private
-# duplicate of fd 1 (fds 0/1 then point to /dev/null, so stray writes to fd 1 cannot corrupt it).
+#: The unprivileged uid/gid the code runs as inside the bwrap sandbox (``nobody``).
+SANDBOX_UID = 65534
+
+_MIN_MEM_MB = 64  # python -I -S itself maps ~20 MB; below this even the bootstrap fails
+_GRACE_S = 1.0  # the host waits this long past the wall deadline for the supervisor's report
+
+
+class SandboxUnavailable(RuntimeError):
+    """The configured sandbox mode cannot run here (``bwrap`` missing, or it cannot create its
+    namespaces); the message says why and how to allow the weaker mode."""
+
+
+# The untrusted child: the supervisor forks, points fd 0 at /dev/null and fds 1/2 at its pipes,
+# closes every other descriptor (its own stdout, the result channel, among them) and execs this
+# with ``cfg`` ({"code", "cpu_s", "mem_mb", "max_output"}) in the globals. It prints the code's
+# output to fd 1 as it comes (capped); on an exception writes "ExcType: message" to fd 2 and exits
+# 1; exits 0 otherwise. Nothing it writes is parsed as a result: the supervisor builds the result.
 _CHILD = r'''
-import sys, os, io, json, ast, builtins, resource, signal
+import sys, os, io, ast, builtins, resource, signal
 import math, cmath, fractions, decimal, statistics, itertools, functools, random
-cfg = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-res_fd = os.dup(1)
-null = os.open(os.devnull, os.O_RDWR)
-os.dup2(null, 0); os.dup2(null, 1); os.close(null)
 cap = int(cfg["max_output"])
 
 class _Cap(io.TextIOBase):
     def __init__(self):
-        self.parts, self.n, self.cut = [], 0, False
+        self.n, self.cut = 0, False
     def writable(self):
         return True
     def write(self, s):
         s = str(s)
+        if self.cut:
+            return len(s)
         room = cap - self.n
-        if len(s) > room:
-            s, self.cut = s[:max(room, 0)], True
-        if s:
-            self.parts.append(s); self.n += len(s)
+        t = s
+        if len(t) > room:
+            t, self.cut = t[:max(room, 0)] + " ...[output truncated]", True
+        if t:
+            b = t.encode("utf-8", "replace")
+            while b:
+                b = b[os.write(1, b):]
+            self.n += len(t)
         return len(s)
-    def text(self):
-        return "".join(self.parts) + (" ...[output truncated]" if self.cut else "")
 
 out = _Cap()
 back = int(math.ceil(cfg["cpu_s"])) + 1
@@ -87,6 +133,37 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
 resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+def _seccomp():
+    # x86-64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl)
+    if os.uname().machine != "x86_64":
+        return False
+    import ctypes, struct
+    deny = (41, 53, 56, 57, 58, 59, 62, 101, 129, 165, 200, 234, 248, 249, 250, 272, 297, 298,
+            308, 310, 311, 321, 322, 323, 424, 425, 435)
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    ALLOW, EPERM = 0x7FFF0000, 0x00050000 | 1
+    n = len(deny)
+    # 0: arch; 1: x86-64? ; 2: ret EPERM ; 3: nr ; 4: x32 -> deny ; 5..5+n-1: denied -> deny ; allow ; deny
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, EPERM), (LD, 0, 0, 0),
+            (JGE, n + 1, 0, 0x40000000)]
+    for i, nr in enumerate(deny):
+        prog.append((JEQ, n - i, 0, nr))
+    prog += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    fprog = Prog(len(prog), ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "sandbox: seccomp filter refused")
+    for m in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[m]
+    return True
+
+_seccomp()
+del _seccomp
 
 STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 DENY = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
@@ -135,7 +212,6 @@ code = cfg["code"]
 sys.stdout = sys.stderr = out
 sys.addaudithook(_hook)
 signal.setitimer(signal.ITIMER_PROF, float(cfg["cpu_s"]))
-ok, err = True, ""
 try:
     tree = ast.parse(code, "<calc>", "exec")
     last = None
@@ -147,18 +223,90 @@ try:
         if v is not None:
             out.write(repr(v))
 except BaseException as e:
-    ok = False
     try:
         err = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     except BaseException:
         err = type(e).__name__
-signal.setitimer(signal.ITIMER_PROF, 0)
-try:
-    text = out.text()
-except BaseException:
-    text = ""
-os.write(res_fd, json.dumps({"ok": ok, "output": text, "error": err[:cap]}).encode("utf-8"))
+    b = err[:cap].encode("utf-8", "replace")
+    while b:
+        b = b[os.write(2, b):]
+    os._exit(1)
 os._exit(0)
+'''
+
+# The supervisor (trusted; ``python -I -S -B -c``). Reads {"code", "cpu_s", "mem_mb", "max_output",
+# "deadline", "child"} on stdin (``deadline``: CLOCK_MONOTONIC seconds, the host's clock: the sandbox
+# does not get a time namespace); forks the child (one interpreter start per call, not two: the
+# modules the child uses are imported before the fork) and writes one JSON object {"ok", "output",
+# "error", "cpu_s", "rc", "timed_out"} on its stdout, a descriptor the child does not hold.
+_SUPERVISOR = r'''
+import json, os, selectors, signal, sys, time
+import io, ast, builtins, resource, math, cmath, fractions, decimal, statistics, itertools, functools, random
+cfg = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+cap = int(cfg["max_output"])
+read_cap = 4 * cap + 4096
+out_r, out_w = os.pipe()
+err_r, err_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setsid()
+        lc = os.environ.get("LC_CTYPE")
+        os.environ.clear()  # what the interpreter started with (an empty environment + PEP 538's LC_CTYPE): bwrap's PWD goes
+        if lc:
+            os.environ["LC_CTYPE"] = lc
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1 << 20)
+        child = {k: cfg[k] for k in ("code", "cpu_s", "mem_mb", "max_output")}
+        exec(compile(cfg["child"], "<sandbox>", "exec"), {"__name__": "__sandbox_child__", "cfg": child})
+    except BaseException as e:
+        os.write(2, f"sandbox setup failed: {type(e).__name__}: {e}"[:1000].encode("utf-8", "replace"))
+    finally:
+        os._exit(70)
+os.close(out_w)
+os.close(err_w)
+bufs = {out_r: bytearray(), err_r: bytearray()}
+sel = selectors.DefaultSelector()
+sel.register(out_r, selectors.EVENT_READ)
+sel.register(err_r, selectors.EVENT_READ)
+timed_out = False
+def kill():
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+while sel.get_map():
+    left = cfg["deadline"] - time.monotonic()
+    if left <= 0:
+        timed_out = True
+        break
+    for key, _ in sel.select(left):
+        data = os.read(key.fd, 65536)
+        if not data:
+            sel.unregister(key.fd)
+        elif len(bufs[key.fd]) < read_cap:
+            bufs[key.fd] += data[: read_cap - len(bufs[key.fd])]
+while True:  # wait for the child's exit without reaping it, so that its group id stays its own
+    if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+        break
+    if timed_out or time.monotonic() >= cfg["deadline"]:
+        timed_out = True
+        break
+    time.sleep(0.002)
+kill()  # the child at the deadline, and any process left in its group (none can exist under seccomp)
+_, status, ru = os.wait4(pid, 0)
+rc = os.waitstatus_to_exitcode(status)
+def text(b):
+    t = bytes(b).decode("utf-8", "replace")
+    return t if len(t) <= cap + 22 else t[:cap] + " ...[output truncated]"
+res = {"ok": rc == 0 and not timed_out, "output": text(bufs[out_r]), "error": text(bufs[err_r]).strip() if rc != 0 else "",
+       "cpu_s": ru.ru_utime + ru.ru_stime, "rc": rc, "timed_out": timed_out}
+b = json.dumps(res).encode("utf-8")
+while b:
+    b = b[os.write(1, b):]
 '''
 
 
@@ -169,35 +317,127 @@ class SandboxResult:
     ok: bool
     """The code ran to completion without an exception or a limit."""
     output: str
-    """Printed text plus ``repr`` of a final expression (capped at ``max_output_chars``)."""
+    """What the code printed, plus ``repr`` of a final expression (capped at ``max_output_chars``)."""
     error: str
     """``""`` when ok; else ``"ExcType: message"``, ``"CPU time limit exceeded (... s)"``, ``"wall-clock limit
     exceeded (... s)"`` or ``"sandbox failed: ..."``."""
     cpu_s: float
-    """CPU seconds (user + system) the child used, from ``wait4`` rusage."""
+    """CPU seconds (user + system) of the child that ran the code, from the supervisor's ``wait4`` rusage
+    (the host's ``wait4`` of the whole sandbox when no report came back)."""
     wall_s: float
-    """Wall-clock seconds from spawn to reap."""
+    """Wall-clock seconds from spawn to reap, sandbox start included."""
+    mode: str = DEFAULT_MODE
+    """The sandbox mode that ran it (``SANDBOX_MODES``)."""
+
+
+def describe(mode: str) -> str:
+    """One line for run metadata: what the mode ``mode`` enforces. Raises ValueError for an unknown mode."""
+    check_mode(mode)
+    inner = "supervisor-built result, rlimits, seccomp (x86-64), audit hook"
+    if mode == "bwrap":
+        return (f"bwrap: kernel-enforced (bubblewrap; user, network, PID, IPC, UTS and mount namespaces; uid "
+                f"{SANDBOX_UID}; read-only interpreter and libraries only; no /proc) + {inner}")
+    return f"rlimits: WEAKER, explicitly allowed by config (no kernel namespaces; worker's user and file system) + {inner}"
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of ``SANDBOX_MODES``; else ValueError naming the field and the choices."""
+    if mode not in SANDBOX_MODES:
+        raise ValueError(f"sandbox must be one of {SANDBOX_MODES} (bwrap: kernel-enforced; rlimits: the weaker "
+                         f"mode, allowed only explicitly), got {mode!r}")
+    return mode
+
+
+def require(mode: str) -> None:
+    """Refuse early (no subprocess): ValueError for an unknown mode, ``SandboxUnavailable`` for
+    ``bwrap`` without a ``bwrap`` executable on PATH."""
+    if check_mode(mode) == "bwrap" and _bwrap_path() is None:
+        raise SandboxUnavailable(_missing_msg())
+
+
+def _missing_msg() -> str:
+    return ("sandbox 'bwrap' needs bubblewrap, and no 'bwrap' is on PATH: install it (Debian/Ubuntu: apt-get install "
+            "bubblewrap), or set sandbox: rlimits to allow the weaker mode without kernel namespaces explicitly")
+
+
+def _bwrap_path():
+    return shutil.which("bwrap")
+
+
+_INTERP_LOCK = threading.Lock()
+_INTERP: dict = {}
+
+
+def _interpreter() -> tuple[str, list[str]]:
+    """(the real interpreter binary, bwrap arguments binding it, its standard library and the shared
+    libraries read-only). Cached."""
+    with _INTERP_LOCK:
+        if _INTERP:
+            return _INTERP["exe"], _INTERP["binds"]
+        prefix = os.path.realpath(sys.base_prefix)
+        exe = os.path.realpath(sys.executable)
+        own = os.path.join(prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+        if not exe.startswith(prefix + os.sep) and os.path.exists(own):
+            exe = os.path.realpath(own)        # a venv with a copied binary: run the base one
+        binds: list[str] = []
+        bound: list[str] = []
+
+        def bind(path):
+            if os.path.exists(path) and not any(path == b or path.startswith(b + os.sep) for b in bound):
+                binds.extend(["--ro-bind", path, path])
+                bound.append(path)
+
+        for top in ("/lib", "/lib64", "/usr/lib", "/usr/lib64"):
+            if os.path.islink(top) and top.count("/") == 1:
+                binds.extend(["--symlink", os.readlink(top), top])
+            else:
+                bind(top)
+        if prefix != "/usr":
+            bind(prefix)                       # bin/ + lib/pythonX.Y (+ libpython) of the interpreter
+        stdlib = os.path.dirname(os.path.realpath(os.__file__))
+        bind(stdlib)
+        bind(exe)
+        _INTERP.update(exe=exe, binds=binds)
+        return exe, binds
+
+
+def bwrap_argv(exe_and_args: list[str]) -> list[str]:
+    """The bubblewrap command line that runs ``exe_and_args`` in the kernel sandbox (see the module
+    docstring). Raises SandboxUnavailable without ``bwrap`` on PATH."""
+    bw = _bwrap_path()
+    if bw is None:
+        raise SandboxUnavailable(_missing_msg())
+    _, binds = _interpreter()
+    return [bw, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+            *binds, "--dev", "/dev", "--remount-ro", "/", "--chdir", "/", "--", *exe_and_args]
 
 
 def run_python(expr_or_code: str, cpu_s: float = 1.0, wall_s: float = 2.0, mem_mb: int = 256,
-               max_output_chars: int = 4000) -> SandboxResult:
-    """Run ``expr_or_code`` (an expression or statements) in a fresh, limited Python subprocess.
+               max_output_chars: int = 4000, sandbox: str = DEFAULT_MODE) -> SandboxResult:
+    """Run ``expr_or_code`` (an expression or statements) in a fresh sandbox (module docstring).
 
     Args:
         expr_or_code: Python source, at most ``MAX_CODE_CHARS`` characters.
-        cpu_s: CPU-time limit in seconds (``ITIMER_PROF``; ``RLIMIT_CPU`` backstop at
+        cpu_s: CPU-time limit of the code in seconds (``ITIMER_PROF``; ``RLIMIT_CPU`` backstop at
             ``ceil(cpu_s) + 1``).
-        wall_s: wall-clock limit in seconds (the process group is SIGKILLed past it); includes the
-            ~50 ms interpreter start.
-        mem_mb: address-space limit (``RLIMIT_AS``) in MiB, >= 64.
+        wall_s: wall-clock limit in seconds from spawn, sandbox and interpreter start included
+            (~30-60 ms; the supervisor kills the code at the deadline, the host kills the whole
+            sandbox ``_GRACE_S`` later if no report came).
+        mem_mb: address-space limit (``RLIMIT_AS``) of the code's process in MiB, >= 64.
         max_output_chars: cap on the returned output (and error) text.
+        sandbox: ``bwrap`` (kernel-enforced) or ``rlimits`` (weaker; see ``SANDBOX_MODES``).
 
     Returns:
         SandboxResult. Failures of the code (exceptions, limits, refused operations) are returned
-        in ``error``, never raised. Thread-safe: each call owns its subprocess and pipes.
+        in ``error``, never raised. Thread-safe: each call owns its subprocesses and pipes.
 
     Raises:
-        ValueError: ``expr_or_code`` is not a str or too long, or a limit is not positive.
+        ValueError: ``expr_or_code`` is not a str or too long, a limit is not positive, or an
+            unknown ``sandbox`` mode.
+        SandboxUnavailable: ``sandbox="bwrap"`` and bubblewrap is missing or cannot create its
+            namespaces here (never a silent fallback to the weaker mode).
     """
     if not isinstance(expr_or_code, str):
         raise ValueError(f"run_python needs source text (str), got {type(expr_or_code).__name__}")
@@ -209,15 +449,53 @@ def run_python(expr_or_code: str, cpu_s: float = 1.0, wall_s: float = 2.0, mem_m
         raise ValueError(f"run_python needs mem_mb >= {_MIN_MEM_MB}, got {mem_mb}")
     if int(max_output_chars) < 1:
         raise ValueError(f"run_python needs max_output_chars >= 1, got {max_output_chars}")
-    payload = json.dumps({"code": expr_or_code, "cpu_s": float(cpu_s), "mem_mb": int(mem_mb),
-                          "max_output": int(max_output_chars)}).encode("utf-8")
-    read_cap = 4 * int(max_output_chars) + 4096  # JSON escaping may grow the text; stray bytes dropped
-
+    check_mode(sandbox)
+    exe, _ = _interpreter()
+    argv = [exe, "-I", "-S", "-B", "-c", _SUPERVISOR]
+    if sandbox == "bwrap":
+        argv = bwrap_argv(argv)
     t0 = time.monotonic()
     deadline = t0 + wall_s
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHILD], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd="/",
-                            start_new_session=True, close_fds=True)
+    payload = json.dumps({"code": expr_or_code, "cpu_s": float(cpu_s), "mem_mb": int(mem_mb),
+                          "max_output": int(max_output_chars), "deadline": deadline,
+                          "child": _CHILD}).encode("utf-8")
+    read_cap = 24 * (int(max_output_chars) + 64) + 4096  # the report: output and error (<= cap + 22 chars each), JSON-escaped
+    rc, out, err, timed_out, ru = _spawn(argv, payload, deadline + _GRACE_S, read_cap)
+    wall = time.monotonic() - t0
+    host_cpu = ru.ru_utime + ru.ru_stime if ru is not None else 0.0
+    try:
+        rep = json.loads(out.decode("utf-8"))
+        ok, output, error, cpu = bool(rep["ok"]), str(rep["output"]), str(rep["error"]), float(rep["cpu_s"])
+        child_rc, child_timed_out = int(rep["rc"]), bool(rep["timed_out"])
+    except (ValueError, KeyError, TypeError):
+        tail = err.decode("utf-8", "replace").strip()[-500:]
+        if sandbox == "bwrap" and not timed_out and tail.startswith("bwrap:"):
+            raise SandboxUnavailable(f"sandbox 'bwrap' could not start here ({tail}); fix bubblewrap (user namespaces "
+                                     "must be allowed), or set sandbox: rlimits to allow the weaker mode explicitly")
+        if timed_out:
+            return SandboxResult(False, "", f"wall-clock limit exceeded ({wall_s:g} s)", host_cpu, wall, sandbox)
+        why = f"killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+        return SandboxResult(False, "", f"sandbox failed: {why}" + (f": {tail}" if tail else ""), host_cpu, wall,
+                             sandbox)
+    if child_timed_out:
+        return SandboxResult(False, output, f"wall-clock limit exceeded ({wall_s:g} s)", cpu, wall, sandbox)
+    if child_rc in (-signal.SIGPROF, -signal.SIGXCPU) or (child_rc == -signal.SIGKILL and cpu >= cpu_s):
+        return SandboxResult(False, output, f"CPU time limit exceeded ({cpu_s:g} s)", cpu, wall, sandbox)
+    if child_rc in (0, 1):
+        return SandboxResult(ok, output, error if child_rc == 1 else "", cpu, wall, sandbox)
+    why = (f"killed by signal {signal.Signals(-child_rc).name}" if child_rc < 0 and -child_rc in signal.valid_signals()
+           else f"exit code {child_rc}")
+    return SandboxResult(False, output, f"sandbox failed: the code's process ended ({why})" + (f": {error}" if error else ""),
+                         cpu, wall, sandbox)
+
+
+def _spawn(argv: list[str], payload: bytes, deadline: float, read_cap: int):
+    """Run ``argv`` in its own session with ``payload`` on stdin until its pipes close or
+    ``deadline`` (CLOCK_MONOTONIC) passes (then SIGKILL its process group; bwrap's
+    ``--die-with-parent`` takes the sandbox with it). Returns (exit code, stdout head, stderr head,
+    timed_out, rusage or None)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
+                            cwd="/", start_new_session=True, close_fds=True)
     fd_in, fd_out, fd_err = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
     bufs = {fd_out: bytearray(), fd_err: bytearray()}
     timed_out, status, ru = False, None, None
@@ -240,7 +518,7 @@ def run_python(expr_or_code: str, cpu_s: float = 1.0, wall_s: float = 2.0, mem_m
                         pos += os.write(fd_in, payload[pos:pos + 65536])
                     except BlockingIOError:
                         continue
-                    except BrokenPipeError:  # the child died before reading it all
+                    except BrokenPipeError:  # it died before reading it all
                         pos = len(payload)
                     if pos >= len(payload):
                         sel.unregister(fd_in)
@@ -274,20 +552,7 @@ def run_python(expr_or_code: str, cpu_s: float = 1.0, wall_s: float = 2.0, mem_m
             if not f.closed:
                 f.close()
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: Popen must not wait
-    wall = time.monotonic() - t0
-    cpu = ru.ru_utime + ru.ru_stime if ru is not None else 0.0
-    rc = proc.returncode
-    if timed_out:
-        return SandboxResult(False, "", f"wall-clock limit exceeded ({wall_s:g} s)", cpu, wall)
-    if rc in (-signal.SIGPROF, -signal.SIGXCPU) or (rc == -signal.SIGKILL and cpu >= cpu_s):
-        return SandboxResult(False, "", f"CPU time limit exceeded ({cpu_s:g} s)", cpu, wall)
-    try:
-        res = json.loads(bytes(bufs[fd_out]).decode("utf-8"))
-        return SandboxResult(bool(res["ok"]), str(res["output"]), str(res["error"]), cpu, wall)
-    except (ValueError, KeyError, TypeError):
-        tail = bytes(bufs[fd_err]).decode("utf-8", "replace").strip()[-500:]
-        why = f"killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-        return SandboxResult(False, "", f"sandbox failed: {why}" + (f": {tail}" if tail else ""), cpu, wall)
+    return proc.returncode, bytes(bufs[fd_out]), bytes(bufs[fd_err]), timed_out, ru
 
 
 def _wait4(pid: int, flags: int):

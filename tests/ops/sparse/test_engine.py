@@ -137,7 +137,7 @@ def test_coalescing_shares_tables_counts_lookups_and_keeps_features_apart():
 
 
 @pytest.mark.parametrize("batch,msg", [
-    ({"user": _single([1, -2, 3])}, "feature 'user': id -2"),
+    ({"user": _single([1, -2**63, 3])}, "feature 'user': id -9223372036854775808 is reserved"),
     ({"user": (torch.tensor([[1.0], [2.0]]), torch.ones(2, dtype=torch.int64))}, "feature 'user': ids must be integers"),
     ({"user": (torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))}, "feature 'user': empty batch"),
     ({"item": _single([1])}, "missing feature(s) ['user']"),
@@ -284,6 +284,6 @@ def test_pooling_fast_paths_match_plain_torch(kind, pooling, weighted):
 
 
 def test_padding_ids_are_checked_on_the_fast_path():
-    ec = EmbeddingCollection([FeatureSpec("user", dim=2)])
-    with pytest.raises(SparseInputError, match="feature 'user': id -1"):
-        ec({"user": (torch.tensor([[1, -1], [2, 3]]), torch.tensor([1, 2]))})
+    ec = EmbeddingCollection([FeatureSpec("user", dim=2), FeatureSpec("item", dim=2)])     # coalesced: ids in [0, 2**52)
+    with pytest.raises(SparseInputError, match="feature 'user': id -1 outside"):
+        ec({"user": (torch.tensor([[1, -1], [2, 3]]), torch.tensor([1, 2])), "item": _single([1, 2])})

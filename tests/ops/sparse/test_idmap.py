@@ -5,7 +5,7 @@ new keys claiming the same free slot in one round), probes that wrap past the la
 import numpy as np
 import pytest
 
-from ops.sparse.idmap import EMPTY, MAX_LOAD, TOMBSTONE, IdMap, splitmix64
+from ops.sparse.idmap import EMPTY, MAX_LOAD, MIN_KEY, TOMBSTONE, IdMap, splitmix64
 
 
 def _check(m: IdMap, ref: dict) -> None:
@@ -112,7 +112,8 @@ def test_growth_and_tombstone_purge_keep_the_load_factor():
 def test_bad_keys_raise_and_change_nothing():
     m = IdMap()
     m.insert(np.array([5, 9]), np.array([0, 1]))
-    for keys, msg in (([3, -1], "negative"), ([3, 3], "given twice"), ([9, 4], "already has a row")):
+    for keys, msg in (([3, -2**63], "reserved"), ([3, -2**63 + 1], "reserved"), ([3, 3], "given twice"),
+                      ([9, 4], "already has a row")):
         with pytest.raises(ValueError, match=msg):
             m.insert(np.array(keys), np.array([7, 8]))
         _check(m, {5: 0, 9: 1})
@@ -123,4 +124,8 @@ def test_bad_keys_raise_and_change_nothing():
     _check(m, {5: 0, 9: 1})
     assert m.get(np.array([], dtype=np.int64)).tolist() == [] and 5 in m and 6 not in m
     assert -1 not in m and -2 not in m and 2**64 not in m and m.get(np.array([-1, 9, -2])).tolist() == [-1, 1, -1]
-    assert m.keys.min() >= TOMBSTONE and EMPTY in m.keys
+    assert set(m.keys[m.keys < MIN_KEY].tolist()) == {EMPTY} and EMPTY in m.keys
+    m.insert(np.array([-1, -2, MIN_KEY, 2**63 - 1]), np.array([2, 3, 4, 5]))        # signed ids are keys too
+    assert m.get(np.array([-1, -2, MIN_KEY, 2**63 - 1, 5, TOMBSTONE, EMPTY])).tolist() == [2, 3, 4, 5, 0, -1, -1]
+    m.delete(np.array([-1]))
+    assert -1 not in m and TOMBSTONE in m.keys.tolist() and m.get(np.array([-2])).tolist() == [3]

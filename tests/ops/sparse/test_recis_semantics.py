@@ -174,3 +174,30 @@ def test_initialisers_follow_their_distribution_and_depend_only_on_seed_and_id(i
     ec = EmbeddingCollection([FeatureSpec("a", dim=8, init=init, init_scale=0.05)], seed=1)
     ec({"a": _single([3, 10])})
     torch.testing.assert_close(ec.tables["table0"].weights([3, 10]), init_rows(torch.tensor([3, 10]), 8, 1, 0.05, init))
+
+
+def test_signed_64_bit_ids_and_string_hashes_get_their_own_rows():
+    """Issue 44 item 4: negative int64 IDs (RecIS's string hashes) are keys of a one-feature table;
+    a coalesced table still refuses them, naming the feature and the remedy."""
+    from ops.sparse.data import hash_ids, stable_id
+
+    words = ["movie:1", "movie:2", "user:alice", "user:bob", "genre:Drama", "x" * 100]
+    h = hash_ids(words)
+    assert h.dtype.name == "int64" and (h < 0).any() and (h > 0).any()             # signed: some negative
+    assert hash_ids(words, bits=52).tolist() == [stable_id(w) for w in words]
+    assert hash_ids(["movie:1"]).tolist() == [h[0]]                                   # stable
+    with pytest.raises(TypeError, match="value 1 is int 7"):
+        hash_ids(["a", 7])
+    ids = torch.from_numpy(h)
+    extremes = torch.tensor([-2**63 + 2, -1, 2**63 - 1], dtype=torch.int64)
+    ec = EmbeddingCollection([FeatureSpec("title", dim=3, coalesce=False), FeatureSpec("user", dim=3), FeatureSpec("age", dim=3)])
+    both = torch.cat([ids, extremes])
+    out = ec({"title": _single(both), "user": _single(torch.arange(9)), "age": _single(torch.arange(9))})["title"]
+    t = ec.tables[ec.slot["title"][0]]
+    assert len(t) == 9 and sorted(t.row_of) == sorted(both.tolist())
+    torch.testing.assert_close(out, t.weights(both))
+    assert len(set(t.rows_for(both, train=False).tolist())) == 9                      # nine distinct rows
+    with pytest.raises(SparseInputError, match="feature 'user': id -5 outside .0, 2\\*\\*52.*own table"):
+        ec({"title": _single([1]), "user": _single([-5]), "age": _single([1])})
+    with pytest.raises(SparseInputError, match="is reserved"):
+        ec({"title": _single([-2**63]), "user": _single([1]), "age": _single([1])})

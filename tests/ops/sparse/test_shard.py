@@ -1,5 +1,6 @@
 """A 2-process sharded run (gloo, CPU) equals the single-process run, with all_to_all and with the
-all_gather fallback."""
+all_gather fallback, and with gradients averaged over ranks (the default, train_step's own mean loss)
+or summed (loss scaled by 1 / global batch)."""
 
 import datetime
 
@@ -21,7 +22,7 @@ def _data():
     return fields, tensors(df, fields), torch.tensor(df["click"].to_numpy(), dtype=torch.float32)
 
 
-def _worker(rank, world, init_file, mode, out_dir):
+def _worker(rank, world, init_file, mode, out_dir, reduce="sum"):
     import torch.distributed as dist
     from safetensors.torch import save_file
 
@@ -33,11 +34,14 @@ def _worker(rank, world, init_file, mode, out_dir):
                             timeout=datetime.timedelta(seconds=60))
     try:
         fields, feats, y = _data()
-        model = ShardedCTRModel(fields, CFG, exchange=mode)
+        model = ShardedCTRModel(fields, CFG, exchange=mode, grad_reduce=reduce)
         half = CFG.batch_size // world
         for s in range(STEPS):
             idx = torch.arange(s * CFG.batch_size + rank * half, s * CFG.batch_size + (rank + 1) * half)
-            model.train_step(take(feats, idx), y[idx], loss_scale=1.0 / CFG.batch_size)
+            if reduce == "sum":
+                model.train_step(take(feats, idx), y[idx], loss_scale=1.0 / CFG.batch_size)
+            else:                                   # the default: each rank's mean loss, averaged over ranks
+                model.train_step(take(feats, idx), y[idx])
         out = {f"sparse/{k}": v for k, v in table_tensors(model.ec).items()}
         out.update({f"dense/{k}": v.detach().clone() for k, v in model.net.state_dict().items()})
         save_file(out, f"{out_dir}/rank{rank}.safetensors", metadata={"mode": model.ec.x.mode})
@@ -57,12 +61,12 @@ def single():
     return dict(zip(ids.tolist(), full)), model.net.state_dict()
 
 
-@pytest.mark.parametrize("mode", ["all_to_all", "all_gather"])
-def test_two_process_sharded_run_matches_single_process(mode, single, tmp_path):
+@pytest.mark.parametrize("mode,reduce", [("all_to_all", "mean"), ("all_gather", "sum")])
+def test_two_process_sharded_run_matches_single_process(mode, reduce, single, tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    ctx = torch.multiprocessing.start_processes(_worker, args=(2, str(tmp_path / "store"), mode, str(tmp_path)), nprocs=2,
+    ctx = torch.multiprocessing.start_processes(_worker, args=(2, str(tmp_path / "store"), mode, str(tmp_path), reduce), nprocs=2,
                                                 join=False, start_method="spawn")
     join_or_kill(ctx, 120, f"sharded run ({mode})")
     rows, dense = single
