@@ -37,6 +37,7 @@ import polars as pl
 from ops import lake as lakeio
 from ops.rl.rollarc.driver import RunConfig, RunSpec, RunState, fingerprint, tool_math_rows
 from ops.rl.rollarc.report import staleness_plot, step_rows, summary_rows, utilisation_rows
+from ops.rl.rollarc.sandbox import describe as describe_sandbox
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
@@ -86,9 +87,10 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
     retried launch resumed. A retried launch continues after its last saved step (see the module
     docstring). With the scratchpad policy also the held-out accuracy curve per method against
     training seconds (evaluation excluded), the response-length distribution and the time per
-    method. Raises FileNotFoundError without ``rl_policy`` (scratchpad) or ``decontaminated_problems``
-    (smollm2, tiny), ValueError naming a config field out of range, dg.Failure when the driver leaves
-    no result."""
+    method; ``sandbox``: the mode the environments ran model-generated code and checkers under
+    (``bwrap`` kernel-enforced, or the weaker ``rlimits`` when the config allowed it). Raises
+    FileNotFoundError without ``rl_policy`` (scratchpad) or ``decontaminated_problems`` (smollm2, tiny),
+    ValueError naming a config field out of range, dg.Failure when the driver leaves no result."""
     if config.task == "scratchpad":
         spec = spec_from(config, None, ray_address(compute), rl_policy_dir(lake, config, "rollarc_run"),
                          role_gpus(compute))
@@ -139,6 +141,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         trajectories_per_s=dg.MetadataValue.json({r["method"]: r["trajectories_per_s"] for r in summary.iter_rows(named=True)}),
         max_staleness=dg.MetadataValue.int(max([int(k) for k in arc.get("staleness_hist", {})] or [0])),
         discarded_groups=dg.MetadataValue.int(arc.get("discarded_groups", 0)),
+        sandbox=dg.MetadataValue.text(describe_sandbox(spec.role_spec.sandbox)),
         **learning_metadata(res, "monolithic"),
         **run_metadata(res, spec.model_dir, resumed),
         **run.metadata(),

@@ -62,6 +62,7 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_d
     relaunched = arc.filter(pl.col("created_step") >= 1)                   # the router's stats are the relaunch's
     assert min(routed) > 0 and sum(routed) >= relaunched["turns"].sum()   # + redundant / discarded ones
     assert meta["ray_address"] == "local" and meta["max_staleness"] <= 1
+    assert meta["sandbox"].startswith("bwrap: kernel-enforced")           # the default: tool code under bubblewrap
     assert set(meta["trajectories_per_s"]) == {"monolithic", "rollarc"}
     assert meta["pipes_messages"] == 2                                    # the relaunch ran RollArc's steps 1 and 2
     syncs = meta["weight_syncs"]                                          # every engine ends on version 3, none refused

@@ -286,6 +286,9 @@ class RunConfig:
     """Injected env step latency: none | low | medium | heavy (same mean)."""
     env_latency_mean_s: float = RoleSpec.env_latency_mean_s
     """Mean of the injected per-step env latency (s, >= 0)."""
+    sandbox: str = RoleSpec.sandbox
+    """Sandbox of the environments' code: bwrap (kernel-enforced; the run refuses to start without bubblewrap)
+    or rlimits (weaker, process-only: allow it explicitly). Recorded in the run's metadata."""
     reward_max_replicas: int = REWARD_AUTOSCALING["max_replicas"]
     """Most replicas of the elastic reward pool (Ray Serve autoscaling, >= 1)."""
     lr: float = RoleSpec.lr
@@ -319,7 +322,7 @@ class RunConfig:
     ARC = ("steps", "groups_per_step", "group_size", "redundancy", "async_ratio", "max_turns", "turn_timeout_s",
            "episode_timeout_s", "max_failed_fraction")
     ROLES = ("max_new_tokens", "max_prompt_tokens", "route_policy", "prefill_heavy_ratio", "env_latency",
-             "env_latency_mean_s", "lr", "temperature", "top_k", "top_p")
+             "env_latency_mean_s", "sandbox", "lr", "temperature", "top_k", "top_p")
 
     def spec(self, problems_path: str, tokenizer_dir: str, model_dir: Optional[str],
              ray_address: Optional[str] = None) -> RunSpec:

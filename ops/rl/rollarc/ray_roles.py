@@ -88,6 +88,10 @@ class RoleSpec(PolicySpec):
     """Injected per-step env latency kind (``envs.EnvLatency``): none | low | medium | heavy (same mean)."""
     env_latency_mean_s: float = 1.0
     """Mean of the injected per-step env latency (s, >= 0)."""
+    sandbox: str = "bwrap"
+    """How the environments run model-generated code and checkers (``ops.rl.rollarc.sandbox.SANDBOX_MODES``):
+    ``bwrap`` (kernel-enforced: bubblewrap namespaces, uid 65534, read-only interpreter; environments refuse to
+    start where it is missing) or ``rlimits`` (the weaker process-only mode, only when asked for explicitly)."""
     reward_autoscaling: dict = field(default_factory=dict)
     """Ray Serve ``autoscaling_config`` of the elastic reward pool (keys of ``ray.serve.config.AutoscalingConfig``:
     min_replicas, max_replicas, target_ongoing_requests, upscale_delay_s, ...) over ``REWARD_AUTOSCALING``;
@@ -101,7 +105,10 @@ class RoleSpec(PolicySpec):
     initial policy), ``log_ratio_bound``, ``std_floor``, ``eps``. ``grpo_config`` builds and checks it."""
 
     def __post_init__(self):
+        from .sandbox import check_mode
+
         self.reward_autoscaling = {**REWARD_AUTOSCALING, **self.reward_autoscaling}
+        check_mode(self.sandbox)
 
     def grpo_config(self):
         """The trainer's ``GRPOConfig``. Raises ValueError naming the field (``grpo.<field>``), also for
@@ -319,7 +326,10 @@ class EnvWorker:
     """Body of an environment actor (threaded). Sessions keyed by trajectory key."""
 
     def __init__(self, spec: dict):
+        from .sandbox import require
+
         self.spec = RoleSpec(**spec)
+        require(self.spec.sandbox)             # no bubblewrap on this node: the actor refuses to start
         self.sessions: dict = {}
         self.lock = threading.Lock()
         self.clock = BusyClock()
@@ -327,7 +337,7 @@ class EnvWorker:
     def reset(self, key: str, task: Task) -> str:
         from .envs import make_env
 
-        env = make_env(task.env, latency=env_latency_for(self.spec, key))
+        env = make_env(task.env, latency=env_latency_for(self.spec, key), sandbox=self.spec.sandbox)
         with self.lock:
             self.sessions[key] = env
         self.clock.enter()
@@ -599,7 +609,7 @@ class LocalRoles:
     async def env_reset(self, key: str, task: Task) -> str:
         from .envs import make_env
 
-        env = make_env(task.env, latency=env_latency_for(self.spec, key))
+        env = make_env(task.env, latency=env_latency_for(self.spec, key), sandbox=self.spec.sandbox)
         self.envs[key] = env
         return await asyncio.to_thread(env.reset, task)
 
