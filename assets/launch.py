@@ -26,6 +26,13 @@ What the protocol guarantees:
 - **Pipes**: the launch runs in a Dagster Pipes session (``ComputeResource.run``): rank 0 streams
   logs and custom messages; the Dagster retry number travels in the Pipes extras.
 - **Time limit**: a wall-clock timeout, after which the launch's whole process group is killed.
+- **Commit by the step only**: a driver writes only into its run folder; an output it makes for the
+  lake goes to ``staged(run_dir, name)`` (``<run folder>/outputs/<name>``, the path the asset puts
+  in the spec), and the step moves it onto its lake path (``outputs``: name -> path) only when the
+  ``with`` block finishes without an exception, i.e. after the driver's result was found with this
+  spec's fingerprint and the asset validated it and wrote its tables. So a killed run, a failed
+  step or a late worker never changes a committed output (case orchestrator-killed-mid-training);
+  and with ``resources.compute.start_guarded`` no worker outlives its step anyway.
 - **Cleanup**: the folder is removed when the ``with`` block finishes without an exception, i.e.
   once the asset's outputs are written; on an exception it stays for the retry.
 """
@@ -81,6 +88,36 @@ def run_dir_for(context: dg.AssetExecutionContext, base: str | Path, asset: str,
     return Path(base) / asset / f".run-{key + '-' if key else ''}{root}"
 
 
+def staged(run_dir: str | Path, name: str) -> Path:
+    """Where a driver writes the output ``name`` (a file or a folder) that the step commits
+    (``launch(outputs=...)``): ``<run_dir>/outputs/<name>``."""
+    return Path(run_dir) / "outputs" / name
+
+
+def commit_outputs(run_dir: Path, outputs: Mapping[str, str | Path]) -> list[Path]:
+    """Move every staged output of ``run_dir`` onto its lake path (a folder through
+    ``ops.lake.replace_dir_atomic``: never partly written; a file through ``os.replace``). Returns
+    the paths committed. Raises dg.Failure naming every output that is not staged (nothing is
+    moved then)."""
+    import os
+
+    from ops.lake import replace_dir_atomic
+
+    missing = [f"{n} ({staged(run_dir, n)})" for n in outputs if not staged(run_dir, n).exists()]
+    if missing:
+        raise dg.Failure(f"the driver finished without staging its outputs: {', '.join(missing)}")
+    done = []
+    for name, dest in outputs.items():
+        src, dest = staged(run_dir, name), Path(dest)
+        if src.is_dir():
+            replace_dir_atomic(src, dest)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dest)
+        done.append(dest)
+    return done
+
+
 def worker_command(compute, module: str, args: list[str], processes: Optional[int]) -> list[str]:
     """The argv of a driver module: ``python -m module`` in one process when ``processes`` is None,
     else ``accelerate launch -m`` / ``torchrun -m`` on ``processes`` ranks (``compute``'s launcher)."""
@@ -94,7 +131,7 @@ def launch(context: dg.AssetExecutionContext, compute, *, base: str | Path, asse
            spec: str | Mapping[str, Any], fingerprint: str, timeout_s: float, key: str = "",
            saved: Optional[Callable[[Path], str]] = None, processes: Optional[int] = None,
            env: Optional[Mapping[str, str]] = None, extra_args: tuple[str, ...] = (),
-           ray_job: bool = False) -> Iterator[Launched]:
+           ray_job: bool = False, outputs: Optional[Mapping[str, str | Path]] = None) -> Iterator[Launched]:
     """Launch (or resume, or reuse) the driver ``module`` for this asset and yield its outcome.
 
     Args:
@@ -115,10 +152,15 @@ def launch(context: dg.AssetExecutionContext, compute, *, base: str | Path, asse
         ray_job: the driver is a Ray driver; with ``compute.ray_jobs_address`` set it is submitted
             as a Ray Job (``ComputeResource.run_ray_job``; Pipes messages through a file in the run
             folder) instead of a local process.
+        outputs: output name -> lake path. The driver writes each to ``staged(run_dir, name)``
+            (the asset gives it that path: ``run_dir_for`` then ``staged``); they are committed
+            (``commit_outputs``) when the block exits without an exception, before the run folder
+            is removed. Outputs a driver writes straight into the lake are not protected.
     Yields:
         Launched. The run folder is removed when the block exits without an exception.
     Raises:
-        dg.Failure: the launch failed, timed out, or finished without ``result.json``.
+        dg.Failure: the launch failed, timed out, or finished without ``result.json`` or without a
+            staged output (named).
     """
     name = f"{asset}[{key}]" if key else asset
     run_dir = run_dir_for(context, base, asset, key)
@@ -155,5 +197,12 @@ def launch(context: dg.AssetExecutionContext, compute, *, base: str | Path, asse
             raise dg.Failure(f"{name}: the driver {module} finished without a result file at {res_path}")
         out = Launched(json.loads(res_path.read_text()), inv.get_custom_messages(), run_dir, False,
                        context.retry_number, what)
+    if outputs:                                         # checked now: a retry must not find the result and no output
+        missing = [n for n in outputs if not staged(run_dir, n).exists()]
+        if missing:
+            raise dg.Failure(f"{name}: the driver {module} finished without staging {missing} under {run_dir / 'outputs'}")
     yield out
+    if outputs:                                         # the block (the asset's validation and tables) succeeded
+        for dest in commit_outputs(run_dir, outputs):
+            context.log.info(f"{name}: committed {dest}")
     shutil.rmtree(run_dir, ignore_errors=True)          # only now: every failure above may be retried over it

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import warnings
+from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -29,7 +30,7 @@ from resources.lake import LakeResource
 
 from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
-from .launch import launch
+from .launch import launch, run_dir_for, staged
 
 # single-run backfills and the multi-to-single-dimension mapping are marked beta in Dagster 1.13
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
@@ -142,13 +143,40 @@ def _init_list(inits) -> list[int]:
 
 
 def _probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: ProbePlan, timeout_s: float,
-                  key: str = ""):
+                  key: str = "", outputs=None):
     """The probe worker's launch (``assets.launch.launch``) on compute.num_processes ranks; ``key``
-    separates the run folders of two launches of one asset."""
+    separates the run folders of two launches of one asset; ``outputs``: staged outputs the step
+    commits (``assets.launch.launch``)."""
     context.log.info(f"probe {plan.phase}: {len(plan.runs)} run(s) on {compute.num_processes} process(es)")
     return launch(context, compute, base=lake.base, asset=asset, module="ops.mixture.probe", spec=plan.to_json(),
                   fingerprint=plan.launch_fingerprint(), timeout_s=timeout_s, processes=compute.num_processes,
-                  saved=describe_saved, key=key)
+                  saved=describe_saved, key=key, outputs=outputs)
+
+
+def _stage_committed_bases(plan: ProbePlan, committed: Path, stage: Path, log) -> None:
+    """Hard-link (copy where links fail) every committed base of ``plan`` whose ``base.json`` carries
+    this plan's fingerprint into the run's staging folder ``stage``, so the worker reuses it instead
+    of training it again (it sees only its run folder) and the commit puts back the same bytes."""
+    for r in plan.runs:
+        name = base_dir_name(r["size"], int(r.get("init", 0)))
+        src, dst = committed / name, stage / name
+        info = src / "base.json"
+        if dst.exists() or not info.exists():
+            continue
+        if json.loads(info.read_text()).get("fingerprint") != plan.fingerprint(r["size"], init=int(r.get("init", 0))):
+            continue
+
+        def link(a, b):
+            try:
+                os.link(a, b)
+            except OSError:
+                shutil.copy2(a, b)
+
+        tmp = stage / f".{name}.linking"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, copy_function=link)
+        os.replace(tmp, dst)
+        log(f"base {name}: the committed base matches this plan; staged for reuse")
 
 
 @dg.asset(deps=["cpt_tokenizer"], partitions_def=size_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
@@ -161,17 +189,25 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
     relaunched over its run folder (``assets.launch``); a finished base is reused."""
     sizes, inits = list(context.partition_keys), _init_list(config.inits)
     runs = [{"size": s, "ratio": 0.0, "init": i, "key": _base_key(s, i)} for s in sizes for i in inits]
-    plan = ProbePlan(phase="base", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(lake.base / "cpt_base_models"),
+    # the worker trains into the run folder; the step commits each base folder after the launch
+    # (assets.launch: a killed or late worker never replaces a committed base)
+    committed = lake.base / "cpt_base_models"
+    stage = staged(run_dir_for(context, lake.base, "cpt_base_models"), "cpt_base_models")
+    plan = ProbePlan(phase="base", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(stage),
                      out_dir=str(lake.base / "cpt_probe_runs"), runs=runs,
                      **config.model_dump(exclude={"timeout_s", "inits"})).validate(compute.num_processes)
-    with _probe_launch(context, compute, lake, "cpt_base_models", plan, config.timeout_s) as run:
+    stage.mkdir(parents=True, exist_ok=True)
+    _stage_committed_bases(plan, committed, stage, context.log.info)
+    names = sorted({base_dir_name(r["size"], r["init"]) for r in runs})
+    outputs = {f"cpt_base_models/{n}": committed / n for n in names + ["launch.json"]}
+    with _probe_launch(context, compute, lake, "cpt_base_models", plan, config.timeout_s, outputs=outputs) as run:
         rows = [{"size": i["size"], "init": int(i.get("init", 0)), "n_params": i["n_params"], "n_params_total": i["n_params_total"],
                  "tokens": i["tokens"], "loss_general": round(i["losses"]["general"], 4), "loss_domain": round(i["losses"]["domain"], 4),
                  "wall_s": i.get("wall_s"), "fingerprint": i["fingerprint"]} for i in (run.result["runs"][r["key"]] for r in runs)]
         per_key = {}
         for key in context.partition_keys:
             mine = [r for r in rows if r["size"] == key]
-            files = [lake.base / "cpt_base_models" / base_dir_name(key, r["init"]) / f for r in mine
+            files = [stage / base_dir_name(key, r["init"]) / f for r in mine        # committed at the block's end
                      for f in ("model.safetensors", "base.json")]
             per_key[key] = {"partition_data_version": _content_version(*(f.read_bytes() for f in files if f.exists())),
                             "rows": len(mine), "n_params": mine[0]["n_params"], "tokens": mine[0]["tokens"],
@@ -179,7 +215,7 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
                             "loss_domain": round(sum(r["loss_domain"] for r in mine) / len(mine), 4)}
         return dg.MaterializeResult(
             data_version=_partition_versions(context, per_key),
-            metadata={"bases": md_table(pl.DataFrame(rows)), "path": dg.MetadataValue.path(plan.base_dir),
+            metadata={"bases": md_table(pl.DataFrame(rows)), "path": dg.MetadataValue.path(str(committed)),
                       "world_size": run.result["world_size"], "parallelism": run.result.get("parallelism", "data"), **run.metadata()})
 
 

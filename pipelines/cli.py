@@ -34,12 +34,38 @@ RUN_RETRIES = """run_retries:
   max_retries: 2
   retry_on_asset_or_op_failure: false
 """
-"""Added once to ``dagster.yaml`` by ``crucible setup``: a run whose worker died (not one whose step
-failed) is retried twice. No pool or run-queue limits on the embedded instance: a run killed mid-step
-(Ctrl-C twice, OOM, a killed ``make demo``) stays STARTED with its pool slot claimed and nothing here
-to fail it, so the next ``make demo`` would wait on the pool forever ("Step blocked by limit for pool
-gpu") and the UI's queue would count it against max_concurrent_runs (measured by a new-user trial).
-Those limits belong to deployments with run monitoring: deploy/helm/values.yaml."""
+"""Added once to ``dagster.yaml`` by ``crucible setup``: a run that failed without a step failure
+(its run worker died: SIGKILL, OOM, a killed ``make demo``; run monitoring marks such a run failed,
+:func:`run_monitoring_yaml`) is re-executed from failure, twice at most, and the re-executed launch
+resumes from its last checkpoint (same run folder: ``assets.launch``). A run whose step failed is
+not retried (launch deaths inside a live step are retried by ``resources.retry``). Retries and
+monitoring need the daemon (``dagster dev`` runs it; or ``dagster-daemon run``); a run executed in
+the CLI's own process (``crucible demo``) is marked failed but cannot be re-executed by the daemon
+(it has no code location to launch from). No pool or run-queue limits on the embedded instance
+(deploy/helm/values.yaml has them)."""
+
+RUN_MONITORING_POLL_S = 30
+"""Seconds between the daemon's run-monitoring checks in the instance ``crucible setup`` writes:
+a run whose worker died is marked failed within about this bound."""
+
+
+def run_monitoring_yaml(poll_interval_s: int = RUN_MONITORING_POLL_S) -> str:
+    """The ``run_monitoring`` and ``run_launcher`` sections of the embedded instance (Dagster 1.13
+    keys, docs.dagster.io "Detect and restart crashed workers with run monitoring"): monitoring on,
+    polled every ``poll_interval_s`` s; a run stuck STARTING/CANCELING fails after 180 s; no resume
+    in place (``max_resume_run_attempts: 0``: the local launcher cannot resume a worker, the run
+    retry re-executes instead); pool slots of a run that ended without releasing them are freed
+    after 60 s; and ``pipelines.run_launcher.LocalRunLauncher``, which tells the monitoring whether
+    a run's worker process lives (Dagster's default launcher cannot, so a killed run stayed STARTED).
+    A run past its job's ``dagster/max_runtime`` tag (pipelines/jobs.py) is terminated and failed."""
+    return (f"run_monitoring:\n  enabled: true\n  poll_interval_seconds: {int(poll_interval_s)}\n"
+            "  start_timeout_seconds: 180\n  cancel_timeout_seconds: 180\n  max_resume_run_attempts: 0\n"
+            "  free_slots_after_run_end_seconds: 60\n"
+            "run_launcher:\n  module: pipelines.run_launcher\n  class: LocalRunLauncher\n")
+
+
+def _has_section(text: str, name: str) -> bool:
+    return any(line.startswith(f"{name}:") for line in text.splitlines())
 
 
 def ensure_run_retries(home: Path) -> bool:
@@ -47,9 +73,24 @@ def ensure_run_retries(home: Path) -> bool:
     True when it was added."""
     cfg = home / "dagster.yaml"
     text = cfg.read_text(encoding="utf-8") if cfg.exists() else ""
-    if any(line.startswith("run_retries:") for line in text.splitlines()):
+    if _has_section(text, "run_retries"):
         return False
     cfg.write_text(text + ("" if not text or text.endswith("\n") else "\n") + RUN_RETRIES, encoding="utf-8")
+    return True
+
+
+def ensure_run_monitoring(home: Path, poll_interval_s: int = RUN_MONITORING_POLL_S) -> bool:
+    """Append :func:`run_monitoring_yaml` to ``home/dagster.yaml`` unless it has a ``run_monitoring``
+    section (an instance with its own ``run_launcher`` keeps it and gets only ``run_monitoring``).
+    True when something was added."""
+    cfg = home / "dagster.yaml"
+    text = cfg.read_text(encoding="utf-8") if cfg.exists() else ""
+    if _has_section(text, "run_monitoring"):
+        return False
+    add = run_monitoring_yaml(poll_interval_s)
+    if _has_section(text, "run_launcher"):
+        add = add[:add.index("run_launcher:")]
+    cfg.write_text(text + ("" if not text or text.endswith("\n") else "\n") + add, encoding="utf-8")
     return True
 
 
@@ -69,6 +110,7 @@ def run_setup(check: bool) -> int:
         return 1
     home = ensure_dagster_home()
     ensure_run_retries(home)
+    ensure_run_monitoring(home)
     print(f"crucible: set up (data packages, {data_packages.default_models_dir() / data_packages.MODEL_NAME}, "
           f"DAGSTER_HOME={home})")
     return 0

@@ -1,0 +1,155 @@
+"""A killed run commits nothing, leaves nothing running, is marked failed and resumed (issue 42
+items 5 and 8, issue 43 item 1; case orchestrator-killed-mid-training).
+
+Real processes end to end: a ``dagster-daemon run`` (its own process group) against a temp
+DAGSTER_HOME whose dagster.yaml is what ``crucible setup`` writes (run_retries, run_monitoring with
+pipelines.run_launcher.LocalRunLauncher; only the poll interval is shortened to 2 s), a run of
+tests/_kill_defs.py's ``kill_job`` submitted with ``dagster job launch`` (as the UI does), whose asset launches tests/_kill_driver.py through the launch
+protocol. The test SIGKILLs the run worker's process group mid-training (what an OOM kill or a
+preempted node does) and checks every outcome the case expects. About a minute on 2 cores.
+
+The instance queues runs (Dagster's default QueuedRunCoordinator), so the daemon's code server
+starts the run worker and the worker shares that server's (the daemon's) process group: the test
+SIGKILLs the run worker process itself, as the OOM killer does; the launch it started has a group
+and a session of its own, which is what used to survive."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+BOUND_S = 5.0
+"""Seconds within which every process of the killed run must be gone."""
+POLL_S = 2
+"""The run-monitoring poll interval of this test's instance (crucible setup writes 30 s)."""
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux-only")
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _wait(what: str, fn, timeout_s: float, every_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(every_s)
+    pytest.fail(f"{what}: not within {timeout_s} s")
+
+
+@pytest.fixture
+def daemon_home(tmp_path):
+    """(DAGSTER_HOME, workspace.yaml, env) with a dagster-daemon running on them; the daemon's
+    process group is SIGKILLed at the end."""
+    from pipelines.cli import ensure_run_monitoring, ensure_run_retries
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    assert ensure_run_retries(home) and ensure_run_monitoring(home, poll_interval_s=POLL_S)
+    ws = tmp_path / "workspace.yaml"
+    ws.write_text(f"load_from:\n  - python_module:\n      module_name: tests._kill_defs\n      working_directory: {ROOT}\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(home))     # the SQLite storages exist before two processes race to create them
+    instance.get_runs(limit=1)
+    instance.get_records_for_run("none", limit=1)
+    instance.dispose()
+    log = open(tmp_path / "daemon.log", "w")
+    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(ws)], cwd=ROOT, env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield home, ws, env, daemon
+    finally:
+        try:
+            os.killpg(daemon.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        daemon.wait(timeout=30)
+        log.close()
+
+
+def test_a_killed_run_commits_nothing_leaves_nothing_and_is_resumed(daemon_home, tmp_path):
+    """Case orchestrator-killed-mid-training: SIGKILL of the run worker mid-training ->
+    within BOUND_S no launched process is left; the committed output is byte-identical; the daemon
+    marks the run failed (not STARTED forever) within a few poll intervals; the instance's run retry
+    re-executes it, the relaunch resumes from the last checkpoint, and only that retry's recorded
+    materialization changes the committed output."""
+    import dagster as dg
+
+    from ops.launch import alive, process_tree
+    from resources.compute import ComputeResource
+    from tests._kill_defs import kill_model
+
+    home, ws, env, daemon = daemon_home
+    lake = tmp_path / "lake"
+    committed = lake / "kill_model" / "committed" / "model.txt"
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        # the committed output of an earlier materialization
+        first = dg.materialize([kill_model], instance=instance, resources={"compute": ComputeResource()},
+                               run_config={"ops": {"kill_model": {"config": {"lake": str(lake), "steps": 1, "step_s": 0.1}}}})
+        assert first.success and committed.read_text() == "trained 1 steps, tag a\n"
+        before = _sha(committed)
+
+        # a new materialization, launched as the UI does, killed mid-training
+        cfg = {"ops": {"kill_model": {"config": {"lake": str(lake), "steps": 12, "step_s": 1.0, "tag": "b"}}}}
+        cli = subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", str(ws), "-j", "kill_job",
+                              "--config-json", json.dumps(cfg)], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120, start_new_session=True)
+        assert cli.returncode == 0, cli.stderr[-3000:]
+        runs = lambda: instance.get_runs(dg.RunsFilter(job_name="kill_job"))
+        run = _wait("the launched run", lambda: next((r for r in runs() if r.run_id != first.run_id), None), 60)
+        state = lake / "kill_model" / f".run-{run.run_id}" / "state" / "state.json"
+        _wait("two training steps saved", lambda: state.exists() and json.loads(state.read_text())["step"] >= 2, 90, 0.2)
+        start = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.RUN_START).records
+        worker = start[0].event_log_entry.dagster_event.pid
+        assert worker not in (os.getpid(), daemon.pid)
+        tree = process_tree(worker)                       # the run worker, its launch and the launch's watchdog
+        cmds = " ".join(Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") for p in tree
+                        if Path(f"/proc/{p}/cmdline").exists())
+        assert "tests._kill_driver" in cmds and "ops.launch" in cmds         # the driver and its watchdog
+        os.kill(worker, signal.SIGKILL)
+        killed_at_step = json.loads(state.read_text())["step"]
+
+        t0 = time.monotonic()
+        while alive(tree) and time.monotonic() - t0 < BOUND_S:
+            time.sleep(0.1)
+        left = alive(tree)
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+        assert not left, f"processes of the killed run left after {BOUND_S} s"
+        time.sleep(3.0)                                   # what an orphan would have written by now
+        assert _sha(committed) == before and json.loads(state.read_text())["step"] == killed_at_step
+
+        failed = _wait("the run marked failed", lambda: (r := instance.get_run_by_id(run.run_id)).status
+                       == dg.DagsterRunStatus.FAILURE and r, 10 * POLL_S + 20)
+        msgs = [e.message for e in instance.all_logs(run.run_id) if e.message]
+        assert any(f"run worker (pid {worker}" in m and "no longer running" in m for m in msgs), msgs[-5:]
+        assert _sha(committed) == before                  # nothing committed by the failure either
+
+        retry = _wait("the retry run", lambda: next((r for r in runs() if r.tags.get("dagster/parent_run_id") == run.run_id),
+                                                  None), 90)
+        done = _wait("the retry's end", lambda: (r := instance.get_run_by_id(retry.run_id)).is_finished and r, 120)
+        assert done.status == dg.DagsterRunStatus.SUCCESS, [e.message for e in instance.all_logs(retry.run_id)][-10:]
+        assert retry.root_run_id == run.run_id and retry.tags.get("dagster/retry_number") == "1"
+        logs = " ".join(e.message or "" for e in instance.all_logs(retry.run_id))
+        assert f"kill driver: starting at step {killed_at_step} of 12" in logs, logs[-3000:]
+        mat = instance.get_latest_materialization_event(dg.AssetKey("kill_model")).asset_materialization
+        assert mat.metadata["resumed_from_step"].value == killed_at_step and mat.metadata["retry_number"].value == 0
+        assert committed.read_text() == "trained 12 steps, tag b\n"  # committed by the retry's recorded materialization
+        assert not (lake / "kill_model" / f".run-{run.run_id}").exists()
+    finally:
+        instance.dispose()
