@@ -153,3 +153,56 @@ def test_a_killed_run_commits_nothing_leaves_nothing_and_is_resumed(daemon_home,
         assert not (lake / "kill_model" / f".run-{run.run_id}").exists()
     finally:
         instance.dispose()
+
+
+def test_setup_turns_on_run_monitoring_with_a_launcher_that_reports_dead_workers(tmp_path):
+    """What ``crucible setup`` writes (issue 43 item 1): run monitoring on (poll 30 s, slots of
+    ended runs freed), the local launcher whose health check the daemon uses; an instance that
+    has its own run launcher keeps it and gets only the monitoring."""
+    import dagster as dg
+
+    from pipelines.cli import RUN_MONITORING_POLL_S, ensure_run_monitoring
+    from pipelines.run_launcher import LocalRunLauncher
+
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false")
+    assert ensure_run_monitoring(tmp_path) is True and ensure_run_monitoring(tmp_path) is False
+    instance = dg.DagsterInstance.from_config(str(tmp_path))
+    try:
+        assert instance.run_monitoring_enabled and RUN_MONITORING_POLL_S == 30
+        assert instance.run_monitoring_settings["poll_interval_seconds"] == 30
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 60
+        assert isinstance(instance.run_launcher, LocalRunLauncher)
+        assert instance.run_launcher.supports_check_run_worker_health
+    finally:
+        instance.dispose()
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "dagster.yaml").write_text("run_launcher:\n  module: dagster\n  class: DefaultRunLauncher\n")
+    assert ensure_run_monitoring(own)
+    text = (own / "dagster.yaml").read_text()
+    assert text.count("run_launcher:") == 1 and "run_monitoring:\n  enabled: true" in text
+
+
+def test_every_job_carries_a_max_runtime_from_its_presets_launch_limits():
+    """Issue 43 item 1: dagster/max_runtime on every job = each launch's limit in the job's preset,
+    times the launch attempts, plus the retries' backoff, the allowance for unlaunched work and the
+    margin; the small preset's limits are the assets' config defaults."""
+    from assets import gba, mixture, posttrain, rl_policy, rollarc, rollpacker
+    from pipelines import jobs
+
+    defaults = {"gba_run": gba.GBARunConfig, "rl_policy": rl_policy.RlPolicyConfig,
+                "rollpacker_run": rollpacker.RollPackerRunConfig, "rollarc_run": rollarc.RollArcRunConfig,
+                "cpt_base_models": mixture.BaseModelConfig, "cpt_probe_runs": mixture.ProbeRunConfig,
+                "mixture_validation": mixture.MixtureValidationConfig, "sft_checkpoint": posttrain.SftCheckpointConfig,
+                "stage2_checkpoint": posttrain.Stage2Config}
+    assert set(defaults) == set(jobs.SMALL_LAUNCH_LIMIT_S)
+    for op, cls in defaults.items():
+        field = jobs.LAUNCH_LIMIT_FIELD.get(op, "timeout_s")
+        assert cls.model_fields[field].default == jobs.SMALL_LAUNCH_LIMIT_S[op], op
+    tags = {j.name: int(j.tags["dagster/max_runtime"]) for j in jobs.ALL_JOBS}
+    assert set(tags) == {j.name for j in jobs.ALL_JOBS}
+    assert tags["cpt_base_job"] == 3 * 1800 + 90 + 3600 + 900                 # one launch, three attempts
+    assert tags["mixture_job"] == 2 * (3 * 1800 + 90) + 3600 + 900            # mixture_validation: two launches
+    assert tags["gba_job"] == 3 * (600 + 120) + 90 + 3600 + 900               # run_timeout_s + the asset's 120 s
+    assert jobs.max_runtime_s(["cpt_base_models"], "full") == 3 * 172_800 + 90 + 259_200 + 900   # the prod sizes
+    assert tags["curation_job"] == 3600 + 900 and tags["source_refresh_job"] == 4500
