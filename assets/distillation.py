@@ -48,12 +48,15 @@ def _reference_path(df: pl.DataFrame, config: DistillParams, log=None) -> pl.Dat
                                 r["solution"] if has_solution and r["answer_type"] != "multiple_choice" else None,
                                 r["answer_type"]))
     results = verify_stable(items, timeout_s=config.verify_timeout_s, workers=config.workers, log=log)
-    res = pl.DataFrame(results).select("key", "status", "gold_source").rename({"key": "problem_id", "status": "verify_status"})
+    res = pl.DataFrame([{k: r.get(k) for k in ("key", "status", "gold_source", "reason")} for r in results],
+                       schema={"key": pl.String, "status": pl.String, "gold_source": pl.String, "reason": pl.String})
+    res = res.rename({"key": "problem_id", "status": "verify_status", "reason": "_verify_reason"})
     out = df.join(res, on="problem_id", how="left")
     reasons = []
-    for r in out.select("verify_status", "gold_source", "answer", "solution").iter_rows(named=True):
-        if r["verify_status"] == "unparseable_gold":
-            reasons.append("no parseable gold answer (answer field, nor the solution's \\boxed{})")
+    for r in out.select("verify_status", "gold_source", "answer", "solution", "_verify_reason").iter_rows(named=True):
+        if r["verify_status"] == "unparseable_gold":  # read in part or not at all (ops.curation.verify.read_gold)
+            reasons.append("no parseable gold answer (answer field, nor the solution's \\boxed{})"
+                           + (f": {r['_verify_reason']}" if r["_verify_reason"] else ""))
         elif r["verify_status"] == "verified" and r["gold_source"] == "solution_boxed":
             answer = (r["answer"] or "").strip()
             if not answer:
@@ -74,7 +77,7 @@ def _reference_path(df: pl.DataFrame, config: DistillParams, log=None) -> pl.Dat
     ).with_columns(
         response=pl.when(pl.col("status") == "verified").then(pl.col("solution")),
         response_source=pl.when(pl.col("status") == "verified").then(pl.lit("reference")),
-    ).drop("_reason")
+    ).drop("_reason", "_verify_reason")
 
 
 SAMPLE_SCHEMA = {"problem_id": pl.String, "sample_index": pl.Int64, "seed": pl.Int64, "status": pl.String, "text": pl.String,

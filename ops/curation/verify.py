@@ -10,7 +10,21 @@ module adds what its 0.9.0 release gets wrong on real data:
 * a gold answer that still does not parse (e.g. MATH-500's ``\\le(`` for ``\\left(``) -> take the
   last ``\\boxed{}`` of the reference solution and record the fallback (``verify-corrupted-gold``);
 * two exact numbers are compared exactly, not after float rounding (``verify-tiny-values``);
-* two equations are equal only if ``lhs - rhs`` are proportional (``verify-distinct-equations``).
+* two equations are equal only if ``lhs - rhs`` are proportional (``verify-distinct-equations``);
+* an answer is used only when it is read whole (``verify-truncated-gold-parse``, issue 42): math-verify
+  reads ``1 - \\frac{1}{\\mathrm{e}}`` as 1, ``3 + \\mathrm{i}`` as 3 and ``1, 2, \\ldots, n`` as 2, so
+  ``\\boxed{1}`` verified and the right answer did not. :func:`read_answer` rewrites the notations it
+  misses (:func:`normalize_notation`), reads with the LaTeX extractor alone and refuses a reading that
+  left out a number, letter or command of the answer (text and units may go), an elided list, or an
+  undefined value; a refused reference is ``unparseable_gold`` with the reason, a refused prediction
+  ``unparseable_prediction`` — never a match;
+* an interval gold equals an inequality prediction in solved form in one variable (``x < 3``,
+  ``0 < x < 12.5``) when their sets are equal, as math-verify already decides the other way round
+  (``verify-interval-vs-inequality``); an unsolved inequality or an equation is never read as its
+  solution set (that would pay for restating the problem).
+
+Measured on 264 labelled gold/prediction pairs (``benchmarks/verify_bench.py``, docs/curation.md):
+false positives 16 -> 0, false negatives 31 -> 10.
 
 math-verify uses SIGALRM, which fails outside a process's main thread: every call here runs in the
 main thread of a worker process, with an outer wall-clock timeout from Pebble.
@@ -129,39 +143,239 @@ def _has_math(parsed: list) -> bool:
     return any(not isinstance(p, str) for p in parsed)
 
 
-def parse_gold(answer: str | None, solution: str | None = None) -> tuple[list, str]:
-    """Parse a reference answer; fall back to the solution's last ``\\boxed{}``.
+# --- reading an answer whole (case verify-truncated-gold-parse) --------------------------------------
+# math-verify 0.9.0 reads "1 - \frac{1}{\mathrm{e}}" as 1, "3 + \mathrm{i}" as 3 and "1, 2, \ldots, n" as 2:
+# its LaTeX parser fails on the notation and its plain-expression fallback extracts the first number, or
+# its unit remover drops a trailing "\mathrm{e}" / variable ("2\mathrm{e}" -> 2, "5t" -> 5). An answer is
+# therefore read with the LaTeX extractor only, after the notation normalisation below, and accepted only
+# when every number, letter and command of it is in what the parser read (``_missing_content``).
+
+_ROMAN = r"\\(?:mathrm|textrm|text|operatorname|mathit|rm)\s*"
+_UPRIGHT_CONSTANT = re.compile(_ROMAN + r"\{\s*([ei])\s*\}|\{\s*\\rm\s+([ei])\s*\}")
+"""ISO upright constants: ``\\mathrm{e}`` (Euler's number), ``\\mathrm{i}`` (imaginary unit) -> e, i."""
+_FUNCTION_NAMES = ("arcsin", "arccos", "arctan", "arccot", "arcsec", "arccsc", "sinh", "cosh", "tanh", "coth",
+                   "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "gcd", "lcm", "max", "min")
+_UPRIGHT_FUNCTION = re.compile(_ROMAN + r"\{\s*(" + "|".join(_FUNCTION_NAMES) + r")\s*\}")
+"""``\\operatorname{arccot}``, ``\\mathrm{lcm}`` ... -> ``\\arccot``, ``\\lcm`` (functions the parser knows)."""
+_ELLIPSIS = re.compile(r"\\(?:[lcvd]?dots[bcmio]?|ddots)(?![A-Za-z])|\.\s*\.\s*\.|\u2026")
+"""``\\ldots``, ``\\cdots``, ``\\dots``, "...": an elided list or sum, which no symbolic comparison reads whole."""
+
+
+def normalize_notation(latex: str) -> str:
+    """The notations math-verify 0.9.0 misreads, rewritten where the meaning is not in doubt:
+    ``\\mathrm{e}``/``\\text{e}``/``{\\rm e}`` -> ``e`` (Euler's number), ``\\mathrm{i}`` -> ``i``
+    (imaginary unit), ``\\operatorname{f}``/``\\mathrm{f}`` -> ``\\f`` for the functions the parser knows
+    (arcsin ... coth, log, ln, exp, gcd, lcm, max, min), ``\\varnothing`` -> ``\\emptyset``. Units (``4 \\mathrm{~m}``, ``5\\text{ cm}``) are
+    left to math-verify, which removes them; an elided list (``\\ldots``) is not rewritten (see
+    :func:`read_answer`). Pure text rewriting."""
+    s = _UPRIGHT_CONSTANT.sub(lambda m: m.group(1) or m.group(2), latex)
+    s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
+    return _UPRIGHT_FUNCTION.sub(lambda m: "\\" + m.group(1), s)
+
+
+_TEXT_GROUP = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mbox|mathbf|operatorname)\s*\{[^{}]*\}"
+                         r"(?:\s*\^\s*(?:\{[^{}]*\}|\d))?")
+"""A text or unit group, with its exponent (``\\mathrm{~cm}^{2}``): words and units, not values."""
+_DROPPABLE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\%|%|\\\$|\$|\\deg(?![A-Za-z])")
+_TOKEN = re.compile(r"\d+(?:\.\d*)?|\.\d+|\\[A-Za-z]+|[A-Za-z]")
+_FORMAT = {"left", "right", "displaystyle", "textstyle", "quad", "qquad", "big", "Big", "bigl", "bigr", "Bigl",
+           "Bigr", "bigg", "Bigg", "biggl", "biggr", "Biggl", "Biggr", "mathrm", "text", "boxed", "limits", "nolimits",
+           "middle", "hspace", "phantom", "cdot", "times", "dfrac", "tfrac", "cfrac", "frac", "le", "leq", "ge",
+           "geq", "leqslant", "geqslant", "ne", "neq", "lt", "gt", "in", "mid", "colon", "to", "rightarrow"}
+"""Commands that carry no value of their own, or that the parser's normalisation rewrites into other
+spellings (``\\dfrac`` -> ``\\frac``, ``a/b`` -> ``\\frac{a}{b}``): not counted as content."""
+
+
+def _content(latex: str) -> "collections.Counter":
+    """The numbers, letters and value commands of ``latex`` (a multiset), outside text/unit groups."""
+    import collections
+
+    s = re.sub(r"\\[dtc]?frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", latex)  # \frac12 shorthand
+    for _ in range(3):  # nested groups, innermost first
+        s = _TEXT_GROUP.sub(" ", s)
+    s = _DROPPABLE.sub(" ", s)
+    out = collections.Counter()
+    for t in _TOKEN.findall(s):
+        if t.startswith("\\"):
+            if t[1:] in _FORMAT:
+                continue
+        elif t[0].isdigit() or t[0] == ".":
+            t = t.rstrip(".")
+            if "." in t:
+                t = t.rstrip("0").rstrip(".") or "0"
+            t = t.lstrip("0") or "0"
+        out[t] += 1
+    return out
+
+
+def _missing_content(source: str, read: str) -> list[str]:
+    """Tokens of ``source`` (numbers, letters, value commands) that are not in ``read`` (what the parser read)."""
+    return sorted((_content(source) - _content(read)).elements())
+
+
+def _undefined(expr) -> bool:
+    import sympy
+
+    try:
+        return isinstance(expr, sympy.Basic) and bool(expr.has(sympy.zoo, sympy.nan))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@dataclass
+class Reading:
+    """What :func:`read_answer` made of an answer: ``parsed`` is math-verify's list (empty when the
+    answer is refused) and ``reason`` says why it was refused (None when it was read whole)."""
+
+    parsed: list
+    reason: str | None = None
+
+
+def read_answer(latex: str) -> Reading:
+    """Read one answer (LaTeX without ``$`` delimiters, e.g. a ``\\boxed{}``'s content) whole, or not at all.
+
+    Steps: :func:`normalize_notation`; refuse an elided list/sum (``\\ldots``, ``\\cdots``, "...");
+    math-verify's LaTeX extractor alone (its plain-expression fallback is what reads a fragment such as
+    the first number); refuse a reading that is undefined (``zoo``/``nan``: "12:00" read as 12/0); refuse
+    a reading that left out a number, letter or value command of the answer (text and unit groups such as
+    ``\\text{ cm}``, ``\\mathrm{~m}``, ``^\\circ`` and ``\\%`` may be dropped). Case
+    ``verify-truncated-gold-parse`` (tests/cases/curation.json).
 
     Returns:
-        (parsed, how): ``parsed`` is math-verify's list (empty when nothing parses); ``how`` is
-        ``"answer"``, ``"answer_wrapped"``, ``"solution_boxed"`` (the fallback) or ``"unparseable"``.
+        a :class:`Reading`: ``parsed`` = math-verify's ``[expr, string]``, or ``[]`` with the ``reason``.
+    Errors: math-verify's own (it runs SIGALRM timeouts: call it in a process's main thread).
     """
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+    from math_verify import LatexExtractionConfig, parse
 
+    s = normalize_notation(str(latex).strip()).strip().rstrip(".").strip()
+    if not s:
+        return Reading([], "empty answer")
+    if _ELLIPSIS.search(s):
+        return Reading([], f"elided list or sum (\\ldots/\\cdots/...) in {s!r}: not comparable symbolically")
+    parsed = parse(f"${s}$", extraction_config=[LatexExtractionConfig()])
+    exprs = [p for p in parsed if not isinstance(p, str)]
+    if not exprs:
+        return Reading([], f"the LaTeX parser does not read {s!r}")
+    if _undefined(exprs[0]):
+        return Reading([], f"{s!r} reads as an undefined value ({exprs[0]})")
+    read = next((p for p in parsed if isinstance(p, str)), "")
+    if s == "0.5" or s == ".5":  # math-verify's "nits" rewrite this one value to \frac{1}{2}
+        return Reading(parsed)
+    missing = _missing_content(s, read)
+    if missing:
+        return Reading([], f"partial reading: the parser read {read!r} of {s!r} (left out {' '.join(missing)})")
+    return Reading(parsed)
+
+
+def _math_segments(text: str) -> list[str]:
+    """The ``$...$``, ``$$...$$``, ``\\(...\\)`` and ``\\[...\\]`` contents of ``text``, in order."""
+    return [next(g for g in m.groups() if g is not None) for m in re.finditer(
+        r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", text, re.S)]
+
+
+def _read_delimited(text: str) -> Reading:
+    """A reference or response with delimiters: its last ``\\boxed{}``, else its one math segment
+    (several segments, or digits outside the segment, are refused: which part is the answer is unclear)."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return read_answer(boxed)
+    segments = _math_segments(text)
+    if len(segments) != 1:
+        return Reading([], f"{len(segments)} math segments in {text!r}: the answer is not one expression")
+    outside = re.sub(r"\$\$.+?\$\$|\$.+?\$|\\\(.+?\\\)|\\\[.+?\\\]", " ", text, flags=re.S)
+    if re.search(r"\d", outside):
+        return Reading([], f"numbers outside the math segment of {text!r}")
+    return read_answer(segments[0])
+
+
+def read_gold(answer: str | None, solution: str | None = None) -> tuple[list, str, str | None]:
+    """Read a reference answer whole; fall back to the solution's last ``\\boxed{}``.
+
+    A reference is accepted only when it is read whole (:func:`read_answer`): a partial reading never
+    becomes the gold (case ``verify-truncated-gold-parse``). Undelimited answers are wrapped
+    (``verify-undelimited-gold``; plain constants and sympy syntax such as ``pi/2``, ``x**(3/2)`` are
+    rewritten to LaTeX first), and read as a plain expression only when that reads all of the answer.
+
+    Returns:
+        (parsed, how, reason): ``parsed`` is math-verify's list (empty when nothing is read whole);
+        ``how`` is ``"answer"``, ``"answer_wrapped"``, ``"solution_boxed"`` (the fallback) or
+        ``"unparseable"``; ``reason`` says why the answer field (and the fallback) was refused (None
+        when the answer field was read).
+    """
+    from math_verify import ExprExtractionConfig, parse
+
+    reason = "no answer field"
     if answer is not None and str(answer).strip():
         a = str(answer).strip().rstrip(".").strip()
-        delimited = "$" in a or "\\boxed" in a or "\\(" in a or "\\[" in a
+        delimited = re.search(r"(?<!\\)\$", a) is not None or "\\boxed" in a or "\\(" in a or "\\[" in a
         if delimited:
-            parsed = parse(a)
-            if _has_math(parsed):
-                return parsed, "answer"
+            r = _read_delimited(a)
+            if r.parsed:
+                return r.parsed, "answer", None
         else:
             latex = _PLAIN_CONSTANTS.sub(lambda m: "\\" + m.group(1), _sympy_syntax_to_latex(a))
-            parsed = parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
-            parsed = [p for p in parsed if not isinstance(p, str)]
-            if not parsed:  # plain-expression extraction only as the fallback: on an answer that the
-                # LaTeX path parses whole it can add a fragment (a bare 2 from "2x^2-18"), which any
-                # prediction "2" would then match
-                parsed = [p for p in parse(a, extraction_config=[ExprExtractionConfig()]) if not isinstance(p, str)]
-            if parsed:
-                return parsed + [a], "answer_wrapped"
+            r = read_answer(latex)
+            if r.parsed:
+                return r.parsed + [a], "answer_wrapped", None
+            if not _ELLIPSIS.search(a):  # a plain expression the LaTeX parser does not take, read whole
+                expr = parse(a, extraction_config=[ExprExtractionConfig()])
+                read = next((p for p in expr if isinstance(p, str)), None)
+                if _has_math(expr) and read is not None and re.sub(r"\s", "", read) == re.sub(r"\s", "", a) \
+                        and not _undefined(_first_expr(expr)):
+                    return [p for p in expr if not isinstance(p, str)] + [a], "answer_wrapped", None
+        reason = f"answer field: {r.reason}"
     boxed = last_boxed(solution)
     if boxed:
-        boxed = boxed.rstrip(".").strip()
-        parsed = parse(f"$\\boxed{{{boxed}}}$")
-        if _has_math(parsed):
-            return parsed, "solution_boxed"
-    return [], "unparseable"
+        r = read_answer(boxed)
+        if r.parsed:
+            return r.parsed, "solution_boxed", reason
+        reason += f"; solution's \\boxed{{}}: {r.reason}"
+    else:
+        reason += "; no \\boxed{} in the solution"
+    return [], "unparseable", reason
+
+
+def parse_gold(answer: str | None, solution: str | None = None) -> tuple[list, str]:
+    """:func:`read_gold` without the reason: ``(parsed, how)``."""
+    parsed, how, _ = read_gold(answer, solution)
+    return parsed, how
+
+
+def read_prediction(prediction: str) -> Reading:
+    """A response's final answer, read whole: the last ``\\boxed{}`` (else the one math segment) through
+    :func:`read_answer`; a response without LaTeX ("The answer is 5.") through math-verify's default
+    extraction. A partial reading is refused, as for the reference."""
+    from math_verify import parse
+
+    text = prediction or ""
+    if last_boxed(text) is not None or _math_segments(text):
+        r = _read_delimited(text)
+        if r.parsed or last_boxed(text) is not None:
+            return r
+        segments = _math_segments(text)
+        return read_answer(segments[-1]) if segments else r
+    text = normalize_notation(text)
+    parsed = parse(text)
+    if not _has_math(parsed):
+        return Reading([], f"nothing parseable in {text[-80:]!r}")
+    read = next((p for p in parsed if isinstance(p, str)), "")
+    why = _plain_fragment(text, read)
+    return Reading([], why) if why else Reading(parsed)
+
+
+def _plain_fragment(text: str, read: str) -> str | None:
+    """Why the plain-text reading ``read`` is only part of the answer written in ``text`` ("The answer is
+    1 - 1/e" read as 1, "3 + 2i" as 2, "12:00" as 12, "2 or 3" as 2), or None when it stands alone in its
+    sentence: no operator or letter touching it, no further number or ellipsis after it in the sentence."""
+    idx = text.rfind(read) if read else -1
+    if idx < 0:
+        return f"cannot locate the parsed answer {read!r} in the response"
+    before, after = text[:idx], text[idx + len(read):]
+    sentence_rest = re.split(r"(?<!\d)\.(?!\d)|\n", after)[0]
+    if re.search(r"[-+*/^]\s*$|[A-Za-z0-9]$", before) or re.match(r"\s*[-+*/^:=(\[{]|[A-Za-z0-9]", after) \
+            or re.search(r"\d|\.\.\.|\u2026", sentence_rest):
+        return f"partial reading: {read!r} is part of a longer answer in {text[max(0, idx - 40):idx + len(read) + 40]!r}"
+    return None
 
 
 def _first_expr(parsed: list):
@@ -196,16 +410,61 @@ def _guard(gold, pred) -> bool:
     return True
 
 
-def verify_math(gold_parsed: list, prediction: str) -> bool:
-    """True when the prediction's final answer equals the parsed gold (math-verify + guards)."""
-    from math_verify import parse, verify
+def _solved_inequality(expr) -> bool:
+    """Whether ``expr`` is an inequality in solved form in one variable: ``x < 3``, ``0 < x \\le 12.5``,
+    ``x < -2 \\vee x > 5`` (every atom compares the variable with a constant; no equations). Such a
+    prediction names a set of reals exactly, so it may be compared with an interval gold; an unsolved
+    one (``x^2 < 9``, or an equation restating the problem) may not: comparing its solution set would
+    pay for restating the question."""
+    import sympy
+    from sympy.core.relational import Relational
 
-    pred = parse(prediction)
-    if not gold_parsed or not pred:
+    atoms = [expr]
+    if isinstance(expr, (sympy.And, sympy.Or)):
+        atoms = list(expr.args)
+    if not atoms or len(expr.free_symbols) != 1:
         return False
-    if not verify(gold_parsed, pred):
+    for a in atoms:
+        if not isinstance(a, Relational) or isinstance(a, (sympy.Eq, sympy.Ne)):
+            return False
+        lhs, rhs = a.lhs, a.rhs
+        if not ((isinstance(lhs, sympy.Symbol) and not rhs.free_symbols)
+                or (isinstance(rhs, sympy.Symbol) and not lhs.free_symbols)):
+            return False
+    return True
+
+
+def verify_parsed(gold_parsed: list, pred_parsed: list) -> bool:
+    """True when two readings are equal (math-verify + guards). An interval (or union of intervals)
+    gold equals an inequality prediction in solved form in one variable when their sets are equal,
+    as math-verify already decides for the swapped order (case ``verify-interval-vs-inequality``:
+    the verdict does not depend on which side is the gold)."""
+    import sympy
+    from math_verify import verify
+
+    if not gold_parsed or not pred_parsed:
         return False
-    return _guard(_first_expr(gold_parsed), _first_expr(pred))
+    g, p = _first_expr(gold_parsed), _first_expr(pred_parsed)
+    if isinstance(g, sympy.Set) and isinstance(p, sympy.FiniteSet) and len(p) > 1 \
+            and all(isinstance(a, sympy.core.relational.Relational) for a in p.args):
+        either = sympy.Or(*p.args)  # "x \le -2 \text{ or } x \ge 5", read as a set of two inequalities
+        if _solved_inequality(either):
+            p, pred_parsed = either, [either]
+    if isinstance(g, sympy.Set) and p is not None and _solved_inequality(p):
+        try:
+            p = p.as_set()  # the set of reals the inequality names
+            pred_parsed = [p]
+        except Exception:  # noqa: BLE001 - not expressible as a set: compare as written
+            pass
+    if not verify(gold_parsed, pred_parsed):
+        return False
+    return _guard(g, p)
+
+
+def verify_math(gold_parsed: list, prediction: str) -> bool:
+    """True when the prediction's final answer, read whole (:func:`read_prediction`), equals the parsed
+    gold (:func:`verify_parsed`)."""
+    return verify_parsed(gold_parsed, read_prediction(prediction).parsed)
 
 
 def extract_letter(prediction: str) -> str | None:
@@ -230,40 +489,47 @@ class VerifyItem:
 
 
 def verify_one(item: VerifyItem) -> dict:
-    """Verify one item in this process. Returns ``{"key", "status", "gold_source"}`` where status is
-    ``verified``, ``wrong``, ``unparseable_prediction``, ``unparseable_gold`` or ``gold_ok``.
+    """Verify one item in this process. Returns ``{"key", "status", "gold_source", "reason"}`` where status
+    is ``verified``, ``wrong``, ``unparseable_prediction``, ``unparseable_gold`` or ``gold_ok``, and
+    ``reason`` (None otherwise) says why a reference or prediction was not read.
+
+    A reference is used only when it is read whole (:func:`read_gold`); one read in part (e.g.
+    ``1 - \\frac{1}{\\mathrm{e}}`` as 1) is ``unparseable_gold`` with the reason, never a match
+    (case ``verify-truncated-gold-parse``): curation quarantines or hands such a row to the teacher, the
+    RL reward scores it ``bad_gold`` (no score). A prediction read in part is ``unparseable_prediction``.
 
     Only the prediction's final answer counts: its text outside ``<think>`` blocks
     (:func:`final_answer_text`, the rule the RL reward shares); a prediction whose answer is only
     inside a think block is ``unparseable_prediction``.
     """
+    def result(status: str, how: str | None, reason: str | None = None) -> dict:
+        return {"key": item.key, "status": status, "gold_source": how, "reason": reason}
+
     if item.prediction is not None:
         item = dataclasses.replace(item, prediction=final_answer_text(item.prediction))
     if item.answer_type == "multiple_choice":
         gold = (item.answer or "").strip().upper()
         if len(gold) != 1 or gold not in "ABCDEFGHIJ":
-            return {"key": item.key, "status": "unparseable_gold", "gold_source": "unparseable"}
+            return result("unparseable_gold", "unparseable", f"multiple-choice answer {item.answer!r} is not one letter A-J")
         if item.prediction is None:
-            return {"key": item.key, "status": "gold_ok", "gold_source": "answer"}
+            return result("gold_ok", "answer")
         letter = extract_letter(item.prediction)
         if letter is None:
-            return {"key": item.key, "status": "unparseable_prediction", "gold_source": "answer"}
-        return {"key": item.key, "status": "verified" if letter == gold else "wrong", "gold_source": "answer"}
+            return result("unparseable_prediction", "answer", "no option letter in the final answer")
+        return result("verified" if letter == gold else "wrong", "answer")
     if item.answer_type == "text":
         return _verify_text(item)
-    if decided_without_math_verify(item):  # plain values only, which parse_gold always reads
-        return {"key": item.key, "status": "gold_ok", "gold_source": "answer_wrapped"}
-    gold, how = parse_gold(item.answer, item.solution)
+    if decided_without_math_verify(item):  # plain values only, which read_gold always reads
+        return result("gold_ok", "answer_wrapped")
+    gold, how, reason = read_gold(item.answer, item.solution)
     if not gold:
-        return {"key": item.key, "status": "unparseable_gold", "gold_source": how}
+        return result("unparseable_gold", how, reason)
     if item.prediction is None:
-        return {"key": item.key, "status": "gold_ok", "gold_source": how}
-    from math_verify import parse
-
-    if not parse(item.prediction):
-        return {"key": item.key, "status": "unparseable_prediction", "gold_source": how}
-    ok = verify_math(gold, item.prediction)
-    return {"key": item.key, "status": "verified" if ok else "wrong", "gold_source": how}
+        return result("gold_ok", how)
+    pred = read_prediction(item.prediction)
+    if not pred.parsed:
+        return result("unparseable_prediction", how, pred.reason)
+    return result("verified" if verify_parsed(gold, pred.parsed) else "wrong", how)
 
 
 def _verify_text(item: VerifyItem) -> dict:
@@ -271,9 +537,9 @@ def _verify_text(item: VerifyItem) -> dict:
     (last ``\\boxed{}``, else the last line of the response)."""
     gold = " ".join((item.answer or "").split()).strip(" .$").lower()
     if not gold:
-        return {"key": item.key, "status": "unparseable_gold", "gold_source": "unparseable"}
+        return {"key": item.key, "status": "unparseable_gold", "gold_source": "unparseable", "reason": "empty answer"}
     if item.prediction is None:
-        return {"key": item.key, "status": "gold_ok", "gold_source": "answer"}
+        return {"key": item.key, "status": "gold_ok", "gold_source": "answer", "reason": None}
     final = last_boxed(item.prediction)
     if final is None:
         lines = [ln for ln in item.prediction.strip().splitlines() if ln.strip()]
@@ -281,8 +547,8 @@ def _verify_text(item: VerifyItem) -> dict:
     final = re.sub(r"\\text\{([^}]*)\}", r"\1", final)
     pred = " ".join(final.split()).strip(" .$").lower()
     if not pred:
-        return {"key": item.key, "status": "unparseable_prediction", "gold_source": "answer"}
-    return {"key": item.key, "status": "verified" if pred == gold else "wrong", "gold_source": "answer"}
+        return {"key": item.key, "status": "unparseable_prediction", "gold_source": "answer", "reason": "empty final answer"}
+    return {"key": item.key, "status": "verified" if pred == gold else "wrong", "gold_source": "answer", "reason": None}
 
 
 def _worker_init() -> None:
@@ -346,9 +612,10 @@ def verify_many(items: list[VerifyItem], timeout_s: float = 10.0, workers: int =
             try:
                 verdicts[wk] = fut.result()
             except FutureTimeout:
-                verdicts[wk] = {"key": None, "status": "timeout", "gold_source": None}
+                verdicts[wk] = {"key": None, "status": "timeout", "gold_source": None, "reason": f"timed out after {timeout_s} s"}
             except Exception as e:  # noqa: BLE001 - a crashed worker is an error, never a verdict
-                verdicts[wk] = {"key": None, "status": "error", "gold_source": None, "error": repr(e)[:300]}
+                verdicts[wk] = {"key": None, "status": "error", "gold_source": None, "reason": repr(e)[:300],
+                                "error": repr(e)[:300]}
             tracker.update()
     return [{**verdicts[work_key(it)], "key": it.key} for it in items]
 

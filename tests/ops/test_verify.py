@@ -162,7 +162,7 @@ def test_plain_values_gold_check_decided_without_math_verify_agrees_with_parse_g
         assert V.decided_without_math_verify(item), answer
         parsed, how = V.parse_gold(answer)
         assert parsed and how == "answer_wrapped", answer
-        assert V.verify_one(item) == {"key": "k", "status": "gold_ok", "gold_source": how}
+        assert V.verify_one(item) == {"key": "k", "status": "gold_ok", "gold_source": how, "reason": None}
 
 
 @pytest.mark.parametrize("item", [V.VerifyItem("k", "2^2^2^2", None, None), V.VerifyItem("k", "1" * 31, None, None),
