@@ -219,15 +219,15 @@ def _run_child(design: Design, seed: int, order: list[str], workdir: Path, layou
     path = [str(layout.root), str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     timeout = design.budget_minutes * 60
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.claims.child", json.dumps(spec)],
-                            cwd=layout.root, env=env, start_new_session=True,
-                            stdout=open(workdir / "stdout.log", "w"), stderr=open(workdir / "stderr.log", "w"))
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        raise ClaimError(f"{design.id} seed {seed}: run_seed exceeded budget_minutes={design.budget_minutes}")
+    with open(workdir / "stdout.log", "w") as out_f, open(workdir / "stderr.log", "w") as err_f:
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.claims.child", json.dumps(spec)],
+                                cwd=layout.root, env=env, start_new_session=True, stdout=out_f, stderr=err_f)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the seed's whole process group (its own session)
+            proc.wait(timeout=60)
+            raise ClaimError(f"{design.id} seed {seed}: run_seed exceeded budget_minutes={design.budget_minutes}")
     if rc != 0 or not out.exists():
         tail = (workdir / "stderr.log").read_text()[-2000:]
         raise ClaimError(f"{design.id} seed {seed}: run_seed failed (exit {rc}): {tail}")
