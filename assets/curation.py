@@ -22,7 +22,7 @@ from resources.teacher import TeacherResource
 from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from .frames import ANNOTATION_SCHEMA, RAW_SCHEMA, frame
-from .sources import SOURCE_PARTITIONS
+from .sources import current_source_keys
 
 GROUP = "curation"
 PROBLEM_SCHEMA = {**RAW_SCHEMA, **ANNOTATION_SCHEMA}
@@ -75,7 +75,10 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
     from ops.curation.annotate import annotate
 
     params = AnnotateParams(**config.model_dump(exclude={"allow_missing_sources"}))
-    wanted = SOURCE_PARTITIONS.get_partition_keys()
+    wanted = current_source_keys(context.instance)       # the partitions the UI shows, not every lake folder
+    if not wanted:
+        raise SourceError("raw_problems has no partitions in this Dagster instance: the sources sensor adds them "
+                          "(or crucible demo; in code: assets.sources.sync_source_partitions(instance))")
     present = set(lake.partitions("raw_problems"))
     missing = [k for k in wanted if k not in present]
     if missing and not config.allow_missing_sources:
@@ -118,9 +121,10 @@ class DedupConfig(fields_of(dedup.NearDedupParams, exclude=("word_n", "char_n"),
 
 
 def _check_priority(context, priority: list[str]) -> None:
-    unknown = [s for s in priority if s not in SOURCE_PARTITIONS.get_partition_keys()]
+    known = current_source_keys(context.instance)
+    unknown = [s for s in priority if s not in known]
     if unknown:
-        context.log.warning(f"source_priority names unknown sources {unknown}; known: {SOURCE_PARTITIONS.get_partition_keys()}")
+        context.log.warning(f"source_priority names unknown sources {unknown}; known: {known}")
 
 
 @dg.asset(deps=["annotated_problems"], group_name=GROUP, code_version="1", kinds={"polars", "parquet"})

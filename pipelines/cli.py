@@ -170,6 +170,11 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
     loggers = {"console": {"config": {"log_level": "INFO"}}}
     t0 = time.monotonic()
     if "curation" not in skip:
+        from assets.sources import sync_source_partitions
+
+        # raw_problems' partitions are dynamic (assets/sources.py): no sensor runs here, so add the
+        # declared sources (and drop undeclared ones) before materializing each of them
+        sync_source_partitions(instance, source_partition_keys())
         for key in source_partition_keys():
             if not _run(job("sources_job"), instance, f"raw_problems[{key}]", loggers, partition_key=key,
                         run_config={"ops": {"raw_problems": {"config": raw_cfg}}}):

@@ -142,6 +142,10 @@ class ProdConfig(_Strict):
     executor: Literal["k8s", "multiprocess", "in_process"] = "k8s"
     k8s: K8sConfig = Field(default_factory=K8sConfig)
     sources_file: str = ""
+    sizes: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Size overrides, op -> field -> value, merged field by field over the production sizes
+    (pipelines/presets.py ``PROD_SIZES``); they become the assets' run-config defaults in this
+    profile. A field the op does not have is an error when the code location loads."""
     _source: str = PrivateAttr("<defaults>")
 
     @property
@@ -331,12 +335,22 @@ class Profile:
     executor: dg.ExecutorDefinition
     gpu_run_tags: dict
     config: Optional[ProdConfig] = None
+    sizes: Optional[dict] = None
+    """Op -> field -> the run-config default this profile gives it ({} = the assets' own defaults,
+    the default profile; prod: ``PROD_SIZES`` merged with the YAML's ``sizes``)."""
+
+    def size_set(self) -> str:
+        """``small`` (the assets' own defaults) or ``full`` (production): pipelines/presets.py."""
+        return "full" if self.name == "prod" else "small"
 
 
 def load_profile(name: Optional[str] = None) -> Profile:
     """The active profile (``$CRUCIBLE_PROFILE`` unless ``name``). Raises ProfileError."""
     name = name or profile_name()
     if name == "default":
-        return Profile("default", default_resources(), dg.in_process_executor, {})
+        return Profile("default", default_resources(), dg.in_process_executor, {}, sizes={})
+    from .presets import PROD_SIZES, merge_sizes
+
     cfg = load_prod_config()
-    return Profile("prod", prod_resources(cfg), prod_executor(cfg), gpu_run_tags(cfg), cfg)
+    return Profile("prod", prod_resources(cfg), prod_executor(cfg), gpu_run_tags(cfg), cfg,
+                   sizes=merge_sizes(PROD_SIZES, cfg.sizes))

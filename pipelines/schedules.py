@@ -1,18 +1,10 @@
-"""Schedules: what runs when. All start stopped: a person turns them on (UI: Automation)."""
+"""Schedules: none. A cadence belongs on the asset (``AutomationCondition.on_cron``, evaluated by the
+automation sensor, pipelines/sensors.py), not in a separate cron schedule running on top of it.
 
-import dagster as dg
+The curation graph needs no cadence: it follows its sources (``eager()``), and the sources sensor
+reports a new data version as soon as a file or its YAML entry changes. (``nightly_curation``, a
+02:00 UTC run of curation_job, was removed: it re-ran the graph whether or not anything changed, and
+outside the automation's accounting.)
+"""
 
-from .jobs import curation_job
-
-# Nightly refresh of the curation graph from the raw sources already in the lake (new user files
-# are picked up by pipelines/sensors.py:user_sources_sensor as they change).
-nightly_curation = dg.ScheduleDefinition(
-    name="nightly_curation",
-    job=curation_job,
-    cron_schedule="0 2 * * *",
-    execution_timezone="UTC",
-    default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="Re-run the curation graph (small preset) every night at 02:00 UTC.",
-)
-
-SCHEDULES = [nightly_curation]
+SCHEDULES: list = []

@@ -1,160 +1,159 @@
 """Sensors and declarative automation: what runs because something changed.
 
-``user_sources_sensor`` watches the files declared in the ``CRUCIBLE_SOURCES`` YAML. When a file's
-content (SHA-256) or its YAML entry (path, field mapping, limits) changes, it launches
-``source_refresh_job`` for that source's ``raw_problems`` partition only: the partition and the
-curation graph below it (the curation assets read every partition). The cursor holds, per source,
-the file's mtime, size and SHA-256 and the entry's hash; the file is hashed only when its mtime or
-size moved, so a ``touch`` alone launches nothing.
+Sources (``sources_sensor``, running by default, every 60 s): keeps the dynamic partitions of
+``raw_problems`` equal to the built-in sources plus the entries of the sources YAML
+(``$CRUCIBLE_SOURCES``, or the prod config's ``sources_file``) — a new entry becomes a partition
+without a code-location reload, a removed entry's partition is deleted — and reports an observation
+of the observable source asset ``source_files`` for every source whose data version changed (the
+file's SHA-256 and the entry's hash: resources.sources.source_data_version). The file is hashed only
+when its mtime or size moved, so a ``touch`` reports nothing. The sensor launches no run: the new
+data version marks ``raw_problems[<source>]`` stale and declarative automation re-materializes it.
 
-New sources: ``raw_problems`` partitions are read from the YAML when the code location loads
-(static partitions). A new entry is therefore launched after the code location is reloaded
-(UI: Deployment -> Reload; or restart ``dagster dev``): until then the sensor reports it in its tick
-("reload the code location") and leaves it out of the cursor, so the first tick after the reload
-launches it. The first tick of the sensor records the files as they are and launches nothing.
-
-Declarative automation (``FOLLOW_PARENTS``, applied by ``with_automation``): every curation asset is
-requested when one of its parents was updated (and nothing upstream is still running) — so a
-``raw_problems`` partition materialized from the UI brings the curation graph up to date. Training
-assets get no condition: they run only from a schedule, a sensor with an explicit rule, or a person.
+Declarative automation (``CURATION_CONDITION``, applied by ``with_automation`` to ``raw_problems``
+and every curation asset; evaluated by ``crucible_automation``): Dagster's ``eager()`` (a parent was
+updated, or the asset is newly missing; no parent partition missing; nothing upstream or of the asset
+in progress) and ``all_deps_blocking_checks_passed()`` (no parent's blocking check failed). No asset
+tolerates a missing parent: ``annotated_problems`` reads every current source partition and raises
+when one is missing, so it waits for all of them. The automation sensor's runs carry
+``crucible/stage: curation``, so the instance's one-curation-run limit (deploy/helm/values.yaml)
+applies to them as to every curation job. Training assets get no condition: they run only from a
+person, a job, or an explicit rule.
 """
 
-import hashlib
 import json
+import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import dagster as dg
 
-from resources.sources import SourcesResource, configured_sources_file, parse_sources_file
-
-from .jobs import source_refresh_job
+from resources.sources import SourcesResource, configured_sources_file, entry_hash, file_sha256, parse_sources_file
+from resources.sources import source_data_version, source_partition_keys
 
 AUTOMATED_GROUPS = ("curation",)
 """Groups whose assets follow their parents."""
 
+AUTOMATED_ASSETS = ("raw_problems",)
+"""Assets outside those groups that follow their parents (raw_problems follows its source files)."""
+
 NEVER_AUTOMATIC = ("ctr_model", "gba_run", "cpt_base_models", "cpt_probe_runs")
 """Expensive training: never started by automation (a test holds this)."""
 
-FOLLOW_PARENTS = (
-    dg.AutomationCondition.any_deps_updated().since_last_handled()
-    & ~dg.AutomationCondition.any_deps_in_progress()
-    & ~dg.AutomationCondition.in_progress()
-).with_label("follow parents")
-"""Like ``eager()`` but without "no parent partition missing": one broken user source must not
-stop the curation graph from following the others (``annotated_problems`` reports missing ones)."""
+AUTOMATION_RUN_TAGS = {"crucible/stage": "curation", "crucible/trigger": "automation"}
+"""Tags of every run the automation sensor launches (the instance's tag concurrency limits key on them)."""
+
+CURATION_CONDITION = (dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed()
+                      ).with_label("eager, parents' blocking checks passed")
+"""Requested when a parent was updated (or the asset is newly missing), once every parent partition
+exists, nothing upstream is in progress and no parent's blocking check failed."""
+
+
+def _automated(spec: dg.AssetSpec) -> bool:
+    name = spec.key.to_user_string()
+    return (spec.group_name in AUTOMATED_GROUPS or name in AUTOMATED_ASSETS) and name not in NEVER_AUTOMATIC
 
 
 def with_automation(assets: Iterable) -> list:
-    """``assets`` with ``FOLLOW_PARENTS`` on every asset of ``AUTOMATED_GROUPS`` (others unchanged)."""
+    """``assets`` with ``CURATION_CONDITION`` on ``raw_problems`` and every asset of
+    ``AUTOMATED_GROUPS`` (others unchanged)."""
 
     def policy(spec: dg.AssetSpec) -> dg.AssetSpec:
-        if spec.group_name in AUTOMATED_GROUPS and spec.key.to_user_string() not in NEVER_AUTOMATIC:
-            return spec.replace_attributes(automation_condition=FOLLOW_PARENTS)
-        return spec
+        return spec.replace_attributes(automation_condition=CURATION_CONDITION) if _automated(spec) else spec
 
     return dg.map_asset_specs(policy, list(assets))
 
 
-curation_automation = dg.AutomationConditionSensorDefinition(
-    "curation_automation",
-    target=dg.AssetSelection.groups(*AUTOMATED_GROUPS),
+crucible_automation = dg.AutomationConditionSensorDefinition(
+    "crucible_automation",
+    target=dg.AssetSelection.groups(*AUTOMATED_GROUPS) | dg.AssetSelection.assets(*AUTOMATED_ASSETS),
+    run_tags=AUTOMATION_RUN_TAGS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
-    description="Curation assets follow their parents (declarative automation); training never starts here.",
+    description="raw_problems follows its source files and the curation assets follow their parents "
+    "(declarative automation); training never starts here. Runs are tagged crucible/stage=curation.",
 )
 
 
 # ------------------------------------------------------------------------------------------------
-# User source files
+# Sources: dynamic partitions and observations
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _entry_hash(src) -> str:
-    doc = {"path": src.path, "fields": src.fields, "max_problem_chars": src.max_problem_chars}
-    return hashlib.sha1(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def plan_source_runs(sources_file: str, cursor: dict, partition_keys: Sequence[str]
-                     ) -> tuple[list[dg.RunRequest], dict, list[str]]:
-    """Which source partitions to refresh: (run requests, new cursor, notes).
+def plan_sources(sources_file: str, cursor: dict, existing: Sequence[str]) -> dict:
+    """What the sources sensor does this tick.
 
     Args:
-        sources_file: the sources YAML (see resources/sources.py).
-        cursor: the previous cursor, ``{name: {"mtime_ns", "size", "sha256", "entry"}}``; empty on the
-            first tick (then every file is recorded and nothing is launched).
-        partition_keys: the ``raw_problems`` partitions of the loaded code location.
+        sources_file: the sources YAML ("" = built-in sources only; resources/sources.py).
+        cursor: the previous cursor, ``{name: {"version", and for user sources "mtime_ns", "size",
+            "sha256", "entry"}}`` ({} on the first tick).
+        existing: the ``sources`` dynamic partition keys the instance holds.
+    Returns:
+        ``{"add": [keys], "delete": [keys], "observe": {key: data version}, "cursor": {...},
+        "notes": [str]}``: partitions to add (built-ins, then the YAML's, in file order) and to
+        delete (no longer declared), data versions to report (new or changed), the next cursor.
     Raises:
         SourceError: the YAML itself is missing or malformed (the message names the file).
     """
     good, errors = parse_sources_file(sources_file)
-    first = not cursor
-    keys = set(partition_keys)
-    new_cursor: dict = {}
-    requests: list[dg.RunRequest] = []
-    notes = [f"{name}: {msg}" for name, msg in errors.items()]
-    for name, src in good.items():
-        path = Path(src.path)
-        try:
-            st = path.stat()
-        except OSError:
-            notes.append(f"{name}: file {path} is missing")
-            if name in cursor:
-                new_cursor[name] = cursor[name]   # keep: a file that comes back unchanged launches nothing
-            continue
+    wanted = source_partition_keys(sources_file)
+    have = set(existing)
+    out = {"add": [k for k in wanted if k not in have], "delete": [k for k in existing if k not in set(wanted)],
+           "observe": {}, "cursor": {}, "notes": [f"{name}: {msg}" for name, msg in errors.items()]}
+    for name in wanted:
         prev = cursor.get(name) or {}
-        state = {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "entry": _entry_hash(src), "sha256": prev.get("sha256")}
-        if prev and (prev["mtime_ns"], prev["size"], prev["entry"]) == (state["mtime_ns"], state["size"], state["entry"]):
-            new_cursor[name] = prev
+        if name not in good:
+            if name not in errors:                                  # built-in
+                version = source_data_version(name)
+                out["cursor"][name] = {"version": version}
+                if prev.get("version") != version:
+                    out["observe"][name] = version
             continue
-        state["sha256"] = _sha256(path)
-        if prev and (prev["sha256"], prev["entry"]) == (state["sha256"], state["entry"]):
-            new_cursor[name] = state                 # touched, same content: nothing to do
+        path = good[name].path
+        try:
+            st = os.stat(path)
+        except OSError:
+            out["notes"].append(f"{name}: file {path} is missing")
+            if prev:
+                out["cursor"][name] = prev   # keep: a file that comes back unchanged reports nothing
             continue
-        if name not in keys:
-            notes.append(f"{name}: new source, not yet a raw_problems partition: reload the code location "
-                         "(UI: Deployment -> Reload) and the next tick launches it")
+        state = {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "entry": entry_hash(good[name])}
+        if prev.get("sha256") and all(prev.get(k) == v for k, v in state.items()):
+            out["cursor"][name] = prev                               # untouched: not hashed again
             continue
-        new_cursor[name] = state
-        if first:
-            continue
-        why = "new" if not prev else ("changed" if prev["sha256"] != state["sha256"] else "entry changed")
-        requests.append(dg.RunRequest(
-            run_key=f"{name}:{state['sha256'][:16]}:{state['entry'][:8]}",
-            partition_key=name,
-            tags={"crucible/trigger": "user_source_changed", "crucible/source": name, "crucible/change": why},
-        ))
-    if first:
-        notes.insert(0, f"first tick: recorded {len(new_cursor)} source file(s) as the baseline; nothing launched")
-    return requests, new_cursor, notes
+        state["sha256"] = file_sha256(path)
+        state["version"] = source_data_version(name, state["sha256"], state["entry"])
+        out["cursor"][name] = state
+        if prev.get("version") != state["version"]:
+            out["observe"][name] = state["version"]
+            out["notes"].append(f"{name}: {'new' if not prev else 'changed'} (data version {state['version']})")
+    return out
 
 
 @dg.sensor(
-    job=source_refresh_job,
     minimum_interval_seconds=60,
-    default_status=dg.DefaultSensorStatus.STOPPED,
-    description="Launch source_refresh_job for a user source (CRUCIBLE_SOURCES) whose file or entry changed.",
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Keep raw_problems' source partitions equal to the built-in and declared sources (CRUCIBLE_SOURCES) "
+    "and report each source file's data version (source_files); automation re-materializes what changed.",
 )
-def user_sources_sensor(context: dg.SensorEvaluationContext, sources: SourcesResource) -> dg.SensorResult:
-    """Refresh the ``raw_problems`` partition (and the curation below it) of every changed user source."""
-    from assets.sources import SOURCE_PARTITIONS
+def sources_sensor(context: dg.SensorEvaluationContext, sources: SourcesResource) -> dg.SensorResult:
+    """Add/delete ``sources`` partitions and observe ``source_files`` (see the module docstring)."""
+    from assets.sources import SOURCES_PARTITIONS_NAME, current_source_keys
 
     sources_file = sources.config_file or configured_sources_file()
-    if not sources_file:
-        return dg.SensorResult(skip_reason="CRUCIBLE_SOURCES is not set: no user sources to watch")
     cursor = json.loads(context.cursor) if context.cursor else {}
-    requests, new_cursor, notes = plan_source_runs(sources_file, cursor, SOURCE_PARTITIONS.get_partition_keys())
-    for note in notes:
+    plan = plan_sources(sources_file, cursor, current_source_keys(context.instance))
+    for note in plan["notes"]:
         context.log.info(note)
-    skip = None if requests else ("; ".join(notes) or f"no change in {len(new_cursor)} source file(s)")
-    return dg.SensorResult(run_requests=requests, cursor=json.dumps(new_cursor, sort_keys=True), skip_reason=skip)
+    requests = []
+    if plan["add"]:
+        requests.append(dg.AddDynamicPartitionsRequest(SOURCES_PARTITIONS_NAME, plan["add"]))
+    if plan["delete"]:
+        requests.append(dg.DeleteDynamicPartitionsRequest(SOURCES_PARTITIONS_NAME, plan["delete"]))
+    events = [dg.AssetObservation("source_files", partition=k, tags={"dagster/data_version": v},
+                                  metadata={"data_version": v, "observed_by": "sources_sensor"})
+              for k, v in plan["observe"].items()]
+    did = requests or events
+    skip = None if did else ("; ".join(plan["notes"]) or f"no change in {len(plan['cursor'])} source(s)")
+    return dg.SensorResult(dynamic_partitions_requests=requests, asset_events=events,
+                           cursor=json.dumps(plan["cursor"], sort_keys=True), skip_reason=skip)
 
 
-SENSORS = [user_sources_sensor, curation_automation]
+SENSORS = [sources_sensor, crucible_automation]

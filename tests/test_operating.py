@@ -1,8 +1,7 @@
-"""Operating Crucible: jobs and presets, the nightly schedule, the user-source sensor, declarative
-automation, launch retries and the instance's concurrency settings (scripts/setup.sh)."""
+"""Operating Crucible: jobs and the profile's sizes, no separate schedules, the sources sensor
+(dynamic partitions, observed data versions), declarative automation, launch retries and the
+instance's concurrency settings (scripts/setup.sh)."""
 
-import datetime as dt
-import hashlib
 import json
 import os
 import re
@@ -18,6 +17,7 @@ CURATION = {"annotated_problems", "exact_deduped_problems", "near_deduped_proble
             "decontaminated_problems", "contamination_report", "distilled_problems", "verification_report",
             "teacher_responses", "sft_dataset"}
 TRAINING = {"ctr_model", "gba_run", "cpt_base_models", "cpt_probe_runs"}
+BUILTIN = ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc"]
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +39,12 @@ def test_group_jobs_together_cover_every_asset_and_each_group(defs):
     from pipelines.jobs import GROUP_JOBS, LIFECYCLE
 
     graph = defs.resolve_asset_graph()
-    all_assets = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    all_assets = {k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).is_materializable}
     covered = set().union(*(_job_assets(defs, name) for name, _ in LIFECYCLE))
     assert covered == all_assets
     for group, jobs in GROUP_JOBS.items():
-        in_group = {k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).group_name == group}
+        in_group = {k.to_user_string() for k in graph.get_all_asset_keys()
+                    if graph.get(k).group_name == group and graph.get(k).is_materializable}
         assert in_group <= set().union(*(_job_assets(defs, j) for j in jobs)), group
     assert _job_assets(defs, "curation_job") == CURATION | {"benchmark_problems"}
 
@@ -51,63 +52,47 @@ def test_group_jobs_together_cover_every_asset_and_each_group(defs):
 def test_source_refresh_job_is_one_source_partition_and_the_curation_below_it(defs):
     job = defs.resolve_job_def("source_refresh_job")
     assert _job_assets(defs, "source_refresh_job") == CURATION | {"raw_problems"}
-    assert job.partitions_def.get_partition_keys()[:4] == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc"]
+    assert isinstance(job.partitions_def, dg.DynamicPartitionsDefinition) and job.partitions_def.name == "sources"
     assert job.tags["crucible/stage"] == "curation"
 
 
-def test_both_presets_validate_against_every_job_config_schema(defs):
-    from pipelines.jobs import LIFECYCLE
-    from pipelines.presets import PRESETS, preset_run_config
-
-    assert PRESETS["small"] == {}  # small = the assets' own defaults: nothing to set
-    for name, _ in LIFECYCLE:
-        for preset in PRESETS:
-            job = defs.resolve_job_def(name if preset == "small" else f"{name}_{preset}")
-            ops = [n.name for n in job.graph.node_defs]
-            cfg = preset_run_config(preset, ops)
-            assert dg.validate_run_config(job, cfg) is not None
-            assert dg.validate_run_config(job, {}) is not None            # the job's own default = its preset
-            assert job.tags["crucible/preset"] == preset
-            if preset == "small":  # no default run config on the job
-                assert job.run_config is None and cfg == {"ops": {}}
-                if job.partitions_def:
-                    key = job.partitions_def.get_partition_keys()[0]
-                    assert not job.partitioned_config.get_run_config_for_partition_key(key).get("ops")
-                continue
-            if cfg["ops"] and job.partitions_def:                          # loaded with the partition
-                key = job.partitions_def.get_partition_keys()[0]
-                assert job.partitioned_config.get_run_config_for_partition_key(key) == cfg
-            elif cfg["ops"]:
-                assert job.run_config == cfg                               # the Launchpad's preset
+def test_no_full_job_copies_and_jobs_carry_no_run_config(defs):
+    """Sizes are the profile's (the assets' defaults): one job per stage, no ``_full`` twin, no
+    default run config that would differ from what automation or the UI's Materialize runs."""
+    names = {j.name for j in defs.jobs}
+    assert not {n for n in names if n.endswith("_full")}
+    for name in names:
+        job = defs.resolve_job_def(name)
+        assert job.run_config is None, name
+        assert job.tags["crucible/preset"] == "small", name        # the default profile's size set
 
 
-def _op_config_fields(defs) -> dict:
-    """Op name -> its run-config fields ({name: dagster Field}), from the code location's assets."""
+def _op_config_fields(assets) -> dict:
+    """Op name -> its run-config fields ({name: dagster Field})."""
     out = {}
-    for a in defs.assets or ():
-        if isinstance(a, dg.AssetsDefinition) and a.op.config_schema is not None:
+    for a in assets or ():
+        if isinstance(a, dg.AssetsDefinition) and a.is_executable and a.op.config_schema is not None:
             fields = getattr(a.op.config_schema.config_type, "fields", None)
             if fields:
                 out[a.op.name] = fields
     return out
 
 
-def test_every_full_knob_is_a_field_of_its_op_and_production_sized(defs):
-    """A ``full`` value for a field its op does not have would pass silently (Dagster Config allows
-    extra keys); one equal to the asset's default would set nothing."""
-    from pipelines.presets import FULL
+def test_every_production_size_is_a_field_of_its_op_and_production_sized(defs):
+    """A production value for a field its op does not have would pass silently (Dagster Config
+    allows extra keys); one equal to the asset's default would set nothing."""
+    from pipelines.presets import PROD_SIZES
 
-    fields = _op_config_fields(defs)
-    for op, values in FULL.items():
-        assert op in fields, f"FULL names {op!r}, which is no op with a run config"
+    fields = _op_config_fields(defs.assets)
+    for op, values in PROD_SIZES.items():
+        assert op in fields, f"PROD_SIZES names {op!r}, which is no op with a run config"
         unknown = set(values) - set(fields[op])
-        assert not unknown, f"FULL[{op!r}] sets fields {op} does not have: {sorted(unknown)}"
+        assert not unknown, f"PROD_SIZES[{op!r}] sets fields {op} does not have: {sorted(unknown)}"
         for k, v in values.items():
             if v is not None:
-                assert v != fields[op][k].default_value, f"FULL[{op!r}][{k!r}] = {v!r} is the asset's default"
-    # full is production-sized where it matters
-    assert FULL["sft_dataset"]["target_size"] >= 50 * fields["sft_dataset"]["target_size"].default_value
-    assert FULL["cpt_probe_runs"]["cpt_tokens"] > 1000 * fields["cpt_probe_runs"]["cpt_tokens"].default_value
+                assert v != fields[op][k].default_value, f"PROD_SIZES[{op!r}][{k!r}] = {v!r} is the asset's default"
+    assert PROD_SIZES["sft_dataset"]["target_size"] >= 50 * fields["sft_dataset"]["target_size"].default_value
+    assert PROD_SIZES["cpt_probe_runs"]["cpt_tokens"] > 1000 * fields["cpt_probe_runs"]["cpt_tokens"].default_value
 
 
 LAUNCH_LIMITS = {"gba_run": "run_timeout_s", "rl_policy": "timeout_s", "rollpacker_run": "run_timeout_s",
@@ -116,49 +101,50 @@ LAUNCH_LIMITS = {"gba_run": "run_timeout_s", "rl_policy": "timeout_s", "rollpack
 """Op -> the run-config field that is its launch's wall-clock limit (it wins over the resource's)."""
 
 
-def test_every_full_job_gives_its_launches_a_production_sized_limit(defs):
-    """A ``_full`` job trains at production sizes: each launch limit it loads is at least a day,
-    never the embedded default of 900-3,600 s (which would kill a healthy production run)."""
-    from pipelines.jobs import LIFECYCLE
+def test_production_sizes_become_the_assets_defaults_and_stay_editable(defs):
+    """``with_size_defaults`` rewrites the op config schema's defaults (what every launch path
+    resolves): each launch limit is at least a day in production, the small defaults elsewhere are
+    untouched, and a run config still overrides one field while the others keep the profile's."""
+    from pipelines.presets import PROD_SIZES, with_size_defaults
 
-    seen = set()
-    for name, _ in LIFECYCLE:
-        job = defs.resolve_job_def(f"{name}_full")
-        cfg = (job.partitioned_config.get_run_config_for_partition_key(job.partitions_def.get_partition_keys()[0])
-               if job.partitions_def else job.run_config) or {}
-        for node in job.graph.node_defs:
-            if node.name in LAUNCH_LIMITS:
-                limit = cfg.get("ops", {}).get(node.name, {}).get("config", {}).get(LAUNCH_LIMITS[node.name])
-                assert limit is not None and limit >= 86_400, f"{name}_full: {node.name}.{LAUNCH_LIMITS[node.name]} = {limit}"
-                seen.add(node.name)
-    assert seen == set(LAUNCH_LIMITS)  # every launching asset is in some lifecycle job
-
-
-def test_a_partial_run_config_keeps_the_preset_for_the_other_ops(defs):
-    """``crucible demo`` passes config for some ops only; the others keep the job's preset."""
-    job = defs.resolve_job_def("curation_job_full")
+    small = _op_config_fields(defs.assets)
+    sized_assets = with_size_defaults(defs.assets, PROD_SIZES)
+    sized = _op_config_fields(sized_assets)
+    for op, field in LAUNCH_LIMITS.items():
+        assert sized[op][field].default_value >= 86_400, (op, field)
+        assert small[op][field].default_value < 86_400, (op, field)
+    assert sized["distilled_problems"]["k_samples"].default_value == 8
+    assert sized["distilled_problems"]["temperature"].default_value == small["distilled_problems"]["temperature"].default_value
+    assert sized["raw_problems"]["limit"].default_value is None
+    job = dg.Definitions(assets=sized_assets, jobs=[dg.define_asset_job("c", dg.AssetSelection.groups("curation"))],
+                         resources=defs.resources).resolve_job_def("c")
     resolved = dg.validate_run_config(job, {"ops": {"sft_dataset": {"config": {"target_size": 7}}}})
     assert resolved["ops"]["sft_dataset"]["config"]["target_size"] == 7
     assert resolved["ops"]["distilled_problems"]["config"]["k_samples"] == 8
 
 
-# ------------------------------------------------------------------------------------------ schedule
+def test_a_size_for_an_unknown_op_or_field_names_the_file_and_the_field(defs):
+    from pipelines.presets import SizesError, with_size_defaults
+
+    with pytest.raises(SizesError, match=r"prod.yaml: sizes: sft_dataset.target_sizes is not a field of SftConfig"):
+        with_size_defaults(defs.assets, {"sft_dataset": {"target_sizes": 5}}, where="prod.yaml: sizes")
+    with pytest.raises(SizesError, match=r"'sft_datasets' is not an op"):
+        with_size_defaults(defs.assets, {"sft_datasets": {"target_size": 5}})
 
 
-def test_nightly_curation_requests_one_curation_run_at_two_utc(defs):
-    from pipelines.schedules import nightly_curation
-
-    assert nightly_curation.cron_schedule == "0 2 * * *" and nightly_curation.execution_timezone == "UTC"
-    assert nightly_curation.default_status == dg.DefaultScheduleStatus.STOPPED
-    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 11, 30, 2, 0, tzinfo=dt.timezone.utc))
-    data = nightly_curation.evaluate_tick(ctx)
-    assert len(data.run_requests) == 1
-    req = data.run_requests[0]
-    assert req.run_key is None and req.partition_key is None and not req.asset_selection
-    assert defs.resolve_schedule_def("nightly_curation").job_name == "curation_job"
+# ----------------------------------------------------------------------------------------- schedules
 
 
-# -------------------------------------------------------------------------------------------- sensor
+def test_no_cron_schedule_runs_on_top_of_the_automation(defs):
+    """A cadence goes on the asset (``on_cron``); the nightly curation schedule is gone."""
+    assert not list(defs.schedules or [])
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        cond = graph.get(key).automation_condition
+        assert cond is None or "cron" not in str(cond.get_label() or "").lower()
+
+
+# --------------------------------------------------------------------------------- sources sensor
 
 
 @pytest.fixture()
@@ -172,12 +158,24 @@ def user_dir(tmp_path):
     return tmp_path
 
 
-def _tick(user_dir, cursor=None):
-    from pipelines.sensors import user_sources_sensor
+def _tick(instance, user_dir, cursor=None):
+    """One evaluation of the sources sensor; its partition requests and observations applied to
+    ``instance`` as the daemon does."""
+    from pipelines.sensors import sources_sensor
     from resources.sources import SourcesResource
 
-    ctx = dg.build_sensor_context(cursor=cursor, resources={"sources": SourcesResource(config_file=str(user_dir / "sources.yaml"))})
-    return user_sources_sensor(ctx)
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                  resources={"sources": SourcesResource(config_file=str(user_dir / "sources.yaml"))})
+    res = sources_sensor.evaluate_tick(ctx)
+    for req in res.dynamic_partitions_requests:
+        if isinstance(req, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(req.partitions_def_name, req.partition_keys)
+        else:
+            for k in req.partition_keys:
+                instance.delete_dynamic_partition(req.partitions_def_name, k)
+    for e in res.asset_events:
+        instance.report_runless_asset_event(e)
+    return res
 
 
 def _bump(path: Path, text: str | None = None) -> None:
@@ -187,81 +185,127 @@ def _bump(path: Path, text: str | None = None) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
 
 
-def _entry(path: str, fields: dict) -> str:
-    doc = {"path": path, "fields": fields, "max_problem_chars": 20_000}
-    return hashlib.sha1(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+def _observed(res) -> dict:
+    return {e.partition: e.tags["dagster/data_version"] for e in res.asset_events}
 
 
-def test_sensor_first_tick_records_a_baseline_and_launches_nothing(user_dir):
-    res = _tick(user_dir)
-    assert res.run_requests == [] and "baseline" in res.skip_reason.skip_message
-    assert set(json.loads(res.cursor)) == {"user_nodup", "user_bad"}
+def test_sensor_adds_every_source_as_a_partition_and_observes_its_version(user_dir):
+    from resources.sources import entry_hash, parse_sources_file, source_data_version
+
+    with dg.instance_for_test() as instance:
+        res = _tick(instance, user_dir)
+        assert instance.get_dynamic_partitions("sources") == BUILTIN + ["user_nodup", "user_bad"]
+        assert res.run_requests == []                        # automation launches, not the sensor
+        good, _ = parse_sources_file(str(user_dir / "sources.yaml"))
+        import hashlib
+
+        sha = hashlib.sha256((user_dir / "a.jsonl").read_bytes()).hexdigest()
+        assert _observed(res)["user_nodup"] == source_data_version("user_nodup", sha, entry_hash(good["user_nodup"]))
+        assert set(_observed(res)) == set(BUILTIN) | {"user_nodup", "user_bad"}
+        # the instance holds the observation: the UI's data version of source_files[user_nodup]
+        rec = instance.get_latest_data_version_record(dg.AssetKey("source_files"), partition_key="user_nodup")
+        assert rec.asset_observation.tags["dagster/data_version"] == _observed(res)["user_nodup"]
 
 
-def test_sensor_requests_only_the_changed_source_partition(user_dir):
-    cursor = _tick(user_dir).cursor
-    new = json.dumps({"q": "What is 5+5?", "a": "10"}) + "\n"
-    _bump(user_dir / "a.jsonl", new)
-    res = _tick(user_dir, cursor)
-    sha = hashlib.sha256(new.encode()).hexdigest()
-    entry = _entry(str((user_dir / "a.jsonl").resolve()), {"problem": "q", "answer": "a"})
-    assert res.run_requests == [dg.RunRequest(
-        run_key=f"user_nodup:{sha[:16]}:{entry[:8]}", partition_key="user_nodup",
-        tags={"crucible/trigger": "user_source_changed", "crucible/source": "user_nodup", "crucible/change": "changed"})]
-    # the next tick sees nothing new; a touch (same bytes, new mtime) launches nothing either
-    assert _tick(user_dir, res.cursor).run_requests == []
-    _bump(user_dir / "a.jsonl")
-    assert _tick(user_dir, res.cursor).run_requests == []
+def test_sensor_observes_only_the_changed_source(user_dir):
+    with dg.instance_for_test() as instance:
+        first = _tick(instance, user_dir)
+        _bump(user_dir / "a.jsonl", json.dumps({"q": "What is 5+5?", "a": "10"}) + "\n")
+        res = _tick(instance, user_dir, first.cursor)
+        assert set(_observed(res)) == {"user_nodup"} and _observed(res)["user_nodup"] != _observed(first)["user_nodup"]
+        # nothing new next tick; a touch (same bytes, new mtime) reports nothing either
+        assert _tick(instance, user_dir, res.cursor).asset_events == []
+        _bump(user_dir / "a.jsonl")
+        assert _tick(instance, user_dir, res.cursor).asset_events == []
 
 
-def test_sensor_requests_a_source_whose_field_mapping_changed(user_dir):
-    cursor = _tick(user_dir).cursor
-    yaml = (user_dir / "sources.yaml").read_text().replace("b.jsonl, fields: {problem: q, answer: a}",
-                                                           "b.jsonl, fields: {problem: q}")
-    (user_dir / "sources.yaml").write_text(yaml)
-    res = _tick(user_dir, cursor)
-    assert [(r.partition_key, r.tags["crucible/change"]) for r in res.run_requests] == [("user_bad", "entry changed")]
+def test_sensor_observes_a_source_whose_field_mapping_changed(user_dir):
+    with dg.instance_for_test() as instance:
+        first = _tick(instance, user_dir)
+        yaml = (user_dir / "sources.yaml").read_text().replace("b.jsonl, fields: {problem: q, answer: a}",
+                                                               "b.jsonl, fields: {problem: q}")
+        (user_dir / "sources.yaml").write_text(yaml)
+        assert set(_observed(_tick(instance, user_dir, first.cursor))) == {"user_bad"}
 
 
-def test_sensor_waits_for_a_reload_before_launching_a_new_source(user_dir):
-    cursor = _tick(user_dir).cursor
-    (user_dir / "c.jsonl").write_text(json.dumps({"q": "What is 1+1?", "a": "2"}) + "\n")
-    with (user_dir / "sources.yaml").open("a") as f:
-        f.write("  - {name: brand_new, path: c.jsonl, fields: {problem: q, answer: a}}\n")
-    res = _tick(user_dir, cursor)
-    assert res.run_requests == []
-    assert "brand_new" in res.skip_reason.skip_message and "reload the code location" in res.skip_reason.skip_message
-    assert "brand_new" not in json.loads(res.cursor)            # launched by the first tick after the reload
-
-    from pipelines.sensors import plan_source_runs
-
-    reqs, _, _ = plan_source_runs(str(user_dir / "sources.yaml"), json.loads(res.cursor),
-                                  ["math_test", "user_nodup", "user_bad", "brand_new"])
-    assert [(r.partition_key, r.tags["crucible/change"]) for r in reqs] == [("brand_new", "new")]
-
-
-def test_sensor_targets_source_refresh_job(defs):
-    assert defs.resolve_sensor_def("user_sources_sensor").job_name == "source_refresh_job"
+def test_a_new_yaml_entry_becomes_a_partition_without_a_reload_and_a_removed_one_goes(user_dir):
+    with dg.instance_for_test() as instance:
+        first = _tick(instance, user_dir)
+        (user_dir / "c.jsonl").write_text(json.dumps({"q": "What is 1+1?", "a": "2"}) + "\n")
+        text = (user_dir / "sources.yaml").read_text()
+        (user_dir / "sources.yaml").write_text(text + "  - {name: brand_new, path: c.jsonl, fields: {problem: q, answer: a}}\n")
+        res = _tick(instance, user_dir, first.cursor)
+        assert instance.get_dynamic_partitions("sources")[-1] == "brand_new"
+        assert set(_observed(res)) == {"brand_new"}
+        (user_dir / "sources.yaml").write_text(text.replace(
+            "  - {name: user_bad, path: b.jsonl, fields: {problem: q, answer: a}}\n", ""))
+        _tick(instance, user_dir, res.cursor)
+        assert instance.get_dynamic_partitions("sources") == BUILTIN + ["user_nodup"]
 
 
 # ---------------------------------------------------------------------------------------- automation
 
 
-def test_curation_follows_a_new_source_partition_and_training_never_starts_by_itself(defs):
+def _requested(defs, result) -> dict:
+    graph = defs.resolve_asset_graph()
+    out = {}
+    for r in result.results:
+        if r.true_subset.size:
+            subset = r.true_subset.get_internal_value()
+            keys = sorted(subset.get_partition_keys()) if hasattr(subset, "get_partition_keys") else None
+            out[r.key.to_user_string()] = keys
+    return {k: v for k, v in out.items() if k in {a.to_user_string() for a in graph.get_all_asset_keys()}}
+
+
+def test_curation_follows_its_sources_and_training_never_starts_by_itself(defs):
     graph = defs.resolve_asset_graph()
     for key in graph.get_all_asset_keys():
         cond = graph.get(key).automation_condition
-        assert (cond is not None) == (key.to_user_string() in CURATION), key
-    instance = dg.DagsterInstance.ephemeral()
-    first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
-    assert first.total_requested == 0
-    for key, partition in [("raw_problems", "user_nodup"), ("ctr_events", None), ("cpt_tokenizer", None),
-                           ("general_corpus", None)]:
-        instance.report_runless_asset_event(dg.AssetMaterialization(key, partition=partition))
-    second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
-    requested = {k.to_user_string() for k in graph.get_all_asset_keys() if second.get_num_requested(k)}
-    assert requested == CURATION
-    assert not requested & TRAINING
+        assert (cond is not None) == (key.to_user_string() in CURATION | {"raw_problems"}), key
+    from pipelines.sensors import AUTOMATION_RUN_TAGS
+
+    sensor = defs.resolve_sensor_def("crucible_automation")
+    assert sensor.run_tags == AUTOMATION_RUN_TAGS and AUTOMATION_RUN_TAGS["crucible/stage"] == "curation"
+
+
+def test_child_is_requested_only_after_both_parent_partitions(defs, user_dir):
+    """Two source partitions (user_nodup, user_bad): annotated_problems is not requested after one
+    of them materialized, only after both; a changed source file re-requests only its partition."""
+    from assets.sources import sync_source_partitions
+
+    with dg.instance_for_test() as instance:
+        ev = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        sync_source_partitions(instance, ["user_nodup", "user_bad"])
+        first = _tick_only_observe(instance, user_dir)
+        ev = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=ev.cursor)
+        assert _requested(defs, ev) == {"raw_problems": ["user_bad", "user_nodup"]}     # both new: both requested
+        instance.report_runless_asset_event(dg.AssetMaterialization("raw_problems", partition="user_nodup"))
+        ev = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=ev.cursor)
+        assert "annotated_problems" not in _requested(defs, ev)                      # one of two: waits
+        instance.report_runless_asset_event(dg.AssetMaterialization("raw_problems", partition="user_bad"))
+        ev = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=ev.cursor)
+        assert _requested(defs, ev) == {"annotated_problems": None}                   # both: requested, nothing else
+        instance.report_runless_asset_event(dg.AssetMaterialization("annotated_problems"))
+        ev = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=ev.cursor)
+        _bump(user_dir / "b.jsonl", json.dumps({"q": "What is 4+4?", "a": "8"}) + "\n")
+        _tick_only_observe(instance, user_dir, first.cursor)
+        ev = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=ev.cursor)
+        assert _requested(defs, ev) == {"raw_problems": ["user_bad"]}
+
+
+def _tick_only_observe(instance, user_dir, cursor=None):
+    """A sensor tick whose observations are applied, its partition requests not (the test chose the
+    partitions)."""
+    from pipelines.sensors import sources_sensor
+    from resources.sources import SourcesResource
+
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                  resources={"sources": SourcesResource(config_file=str(user_dir / "sources.yaml"))})
+    res = sources_sensor.evaluate_tick(ctx)
+    for e in res.asset_events:
+        if e.partition in instance.get_dynamic_partitions("sources"):
+            instance.report_runless_asset_event(e)
+    return res
 
 
 # ------------------------------------------------------------------------------------------- retries
@@ -326,18 +370,3 @@ def test_setup_writes_run_retries_and_no_embedded_limits_dagster_accepts(tmp_pat
     finally:
         instance.dispose()
 
-
-def test_sensor_run_request_resolves_to_a_partition_of_source_refresh_job(defs, user_dir):
-    from pipelines.sensors import user_sources_sensor
-    from resources.sources import SourcesResource
-
-    instance = dg.DagsterInstance.ephemeral()
-    resources = {"sources": SourcesResource(config_file=str(user_dir / "sources.yaml"))}
-    first = user_sources_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources, definitions=defs))
-    _bump(user_dir / "b.jsonl", json.dumps({"q": "What is 4+4?", "a": "8"}) + "\n")
-    data = user_sources_sensor.evaluate_tick(
-        dg.build_sensor_context(instance=instance, resources=resources, definitions=defs, cursor=first.cursor))
-    [req] = data.run_requests
-    job = defs.resolve_job_def("source_refresh_job")
-    assert req.partition_key == "user_bad" and job.partitions_def.has_partition_key(req.partition_key)
-    assert req.tags["dagster/partition"] == "user_bad"

@@ -13,8 +13,15 @@ ASSETS = [sources.raw_problems, sources.benchmark_problems, curation.annotated_p
           curation.near_deduped_problems]
 
 
+def _instance() -> dg.DagsterInstance:
+    """An ephemeral instance holding the declared source partitions (raw_problems' are dynamic)."""
+    instance = dg.DagsterInstance.ephemeral()
+    sources.sync_source_partitions(instance)
+    return instance
+
+
 def _mat(selection, lake, partition=None, run_config=None, assets=ASSETS):
-    return dg.materialize(assets, selection=selection, partition_key=partition,
+    return dg.materialize(assets, selection=selection, partition_key=partition, instance=_instance(),
                           resources={"lake": lake, "sources": SourcesResource(), "teacher": TeacherResource()},
                           run_config=run_config or {})
 
@@ -118,7 +125,8 @@ def test_llm_label_path_sets_provenance_from_the_teacher_reply(tmp_path):
     assert _mat(["raw_problems"], lake, "user_nodup").success
     with StubOpenAI(reply="Physics") as stub:
         teacher = TeacherResource(base_url=stub.base_url, model="stub")
-        res = dg.materialize(ASSETS, selection=["annotated_problems"], resources={"lake": lake, "sources": SourcesResource(), "teacher": teacher},
+        res = dg.materialize(ASSETS, selection=["annotated_problems"], instance=_instance(),
+                             resources={"lake": lake, "sources": SourcesResource(), "teacher": teacher},
                              run_config={"ops": {"annotated_problems": {"config": {"allow_missing_sources": True, "llm_label_max_rows": 3,
                                                                                      "min_confidence": 1.01}}}})
     assert res.success

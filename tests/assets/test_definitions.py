@@ -9,7 +9,8 @@ import dagster as dg
 from tests.conftest import ROOT
 
 EXPECTED_DEPS = {
-    "raw_problems": set(),
+    "source_files": set(),
+    "raw_problems": {"source_files"},
     "benchmark_problems": set(),
     "annotated_problems": {"raw_problems"},
     "exact_deduped_problems": {"annotated_problems"},
@@ -74,6 +75,15 @@ def test_definitions_validate_and_keep_the_asset_graph_contract():
 
 
 def test_partitions_are_builtin_sources_then_user_sources():
-    from assets.sources import SOURCE_PARTITIONS
+    """raw_problems' partitions are dynamic (kept in the instance by the sources sensor); the keys
+    the sensor and ``crucible demo`` add are the built-in sources, then the YAML's entries."""
+    from assets.sources import SOURCE_PARTITIONS, current_source_keys, sync_source_partitions
+    from resources.sources import source_partition_keys
 
-    assert SOURCE_PARTITIONS.get_partition_keys() == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc", "user_bad", "user_nodup", "user_wrongmap"]
+    assert isinstance(SOURCE_PARTITIONS, dg.DynamicPartitionsDefinition)
+    assert source_partition_keys() == ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc", "user_bad", "user_nodup", "user_wrongmap"]
+    with dg.instance_for_test() as instance:
+        assert sync_source_partitions(instance) == (source_partition_keys(), [])
+        assert sync_source_partitions(instance, ["arc", "user_bad"]) == ([], ["math_test", "mathematics_dataset", "mmlu_dev_val",
+                                                                              "user_nodup", "user_wrongmap"])
+        assert current_source_keys(instance) == ["arc", "user_bad"]
