@@ -26,13 +26,32 @@ start trains on a flatter law so every length is seen. The answer is checked by 
 reward (``ops.rl.reward``: the last ``\\boxed{}``, verified with math-verify) like any curated
 problem.
 
+**Splits of the problem space** (docs/rl_policy.md, "Train / held-out / generalisation splits"). The
+space is every ``(a, q, r)``: divisor a in 2..9, quotient q in 1..60, remainder r in 0..a-1, i.e.
+2,640 distinct prompts ``a:N=`` (N = q a + r). Seeded streams drawn from the whole space repeat
+prompts: a held-out set that differs from the training stream only by seed (uid) shares most of its
+prompts with it (200 of 256 for a 240-step GRPO stream). So the space itself is split, by content:
+
+* ``generalisation``: every prompt whose quotient is in ``GENERALISATION_QUOTIENTS`` (7, 14, ..., 56:
+  quotients never trained on; 352 prompts);
+* ``heldout``: of every other (a, q) cell, the one remainder ``heldout_remainder(a, q)`` (a salted
+  sha256 of the cell; 416 prompts): in-distribution, every (divisor, length) cell has a held-out
+  prompt and keeps its other a - 1 prompts for training;
+* ``train``: the rest (1,872 prompts). Every training stream (the SFT warm start, GRPO / RollPacker,
+  RollArc) draws from ``train`` only; every evaluation from ``heldout`` or ``generalisation``.
+
+``split_of(a, n)`` names a prompt's split; ``sample_problem(..., split=...)`` draws within one.
+
 Torch-free; ``build_tokenizer`` imports ``tokenizers``/``transformers`` inside.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
 from pathlib import Path
 from typing import Optional
 
@@ -40,6 +59,16 @@ EOS = "<eos>"
 #: Every character a prompt, a response or a multi-turn observation may hold (docs/rl_policy.md).
 CHARS = "0123456789+-:=\n\\boxed{}|?k"
 TASK = "repeated-subtraction"
+DIVISORS = tuple(range(2, 10))
+"""The divisors a of the problem space."""
+MAX_LINES = 60
+"""The longest quotient of the problem space (``sample_problem``'s default ``max_lines``)."""
+SPLITS = ("train", "heldout", "generalisation")
+"""The content splits of the problem space (module docstring): training streams draw from ``train``
+only, evaluations from ``heldout`` (in-distribution) or ``generalisation`` (unseen quotients)."""
+GENERALISATION_QUOTIENTS = frozenset(range(7, MAX_LINES + 1, 7))
+"""Quotients (chain lengths, lines) no training stream ever draws: 7, 14, ..., 56."""
+_PREFIX = {"train": "sub", "heldout": "held", "generalisation": "gen"}
 
 
 @dataclass(frozen=True)
@@ -81,30 +110,96 @@ def solution(a: int, n: int) -> str:
     return "".join("\n" + line for line in chain(a, n)) + "\n\\boxed{" + str(n % a) + "}"
 
 
-def sample_lines(rng: random.Random, max_lines: int, alpha: float) -> int:
-    """A quotient q in ``[1, max_lines]`` with ``p(q) ~ q^-alpha`` (alpha 0 = uniform). Raises
-    ValueError for max_lines < 1 or alpha < 0."""
-    if max_lines < 1:
-        raise ValueError(f"scratchpad.max_lines must be >= 1, got {max_lines}")
+def _check_law(max_lines: int, alpha: float) -> None:
+    if not isinstance(max_lines, int) or max_lines < 1:
+        raise ValueError(f"scratchpad.max_lines must be an int >= 1, got {max_lines!r}")
     if alpha < 0:
         raise ValueError(f"scratchpad.alpha must be >= 0, got {alpha}")
-    weights = [q ** -alpha for q in range(1, max_lines + 1)]
-    return rng.choices(range(1, max_lines + 1), weights=weights)[0]
 
 
-def sample_problem(rng: random.Random, uid: str, max_lines: int = 60, alpha: float = 1.2) -> Problem:
-    """One problem: divisor a uniform in 2..9, quotient q from ``sample_lines``, remainder uniform
-    in ``[0, a)``; N = q a + r."""
-    a = rng.randint(2, 9)
-    q = sample_lines(rng, max_lines, alpha)
-    return Problem(uid, a, q * a + rng.randrange(a))
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"scratchpad.split must be one of {list(SPLITS)}, got {split!r}")
 
 
-def problems(seed: int, count: int, max_lines: int = 60, alpha: float = 1.2, prefix: str = "sub") -> list[Problem]:
-    """``count`` problems of a seeded stream (``uid = f"{prefix}-{seed}-{k}"``); distinct seeds give
-    disjoint uids, so a held-out set is a different seed."""
-    rng = random.Random(f"{TASK}:{seed}")
-    return [sample_problem(rng, f"{prefix}-{seed}-{k}", max_lines, alpha) for k in range(count)]
+@lru_cache(maxsize=64)
+def _law(split: Optional[str], max_lines: int, alpha: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(quotients, cumulative weights q^-alpha) of a split's quotients in ``[1, max_lines]`` (None:
+    every quotient). Raises ValueError when the split has none there."""
+    qs = tuple(q for q in range(1, max_lines + 1)
+               if split is None or (q in GENERALISATION_QUOTIENTS) == (split == "generalisation"))
+    if not qs:
+        raise ValueError(f"scratchpad split {split!r} has no quotient in [1, {max_lines}] (generalisation "
+                         f"quotients: {sorted(GENERALISATION_QUOTIENTS)}): raise scratchpad.max_lines")
+    return qs, tuple(accumulate(q ** -alpha for q in qs))
+
+
+def sample_lines(rng: random.Random, max_lines: int, alpha: float, split: Optional[str] = None) -> int:
+    """A quotient q in ``[1, max_lines]`` with ``p(q) ~ q^-alpha`` (alpha 0 = uniform), restricted to
+    the quotients of ``split`` (``train`` / ``heldout``: not in ``GENERALISATION_QUOTIENTS``;
+    ``generalisation``: in it; None: all). Raises ValueError for max_lines < 1, alpha < 0, an unknown
+    split, or a split without a quotient in range."""
+    _check_law(max_lines, alpha)
+    if split is not None:
+        _check_split(split)
+    qs, cum = _law(split, max_lines, float(alpha))
+    return rng.choices(qs, cum_weights=cum)[0]
+
+
+def heldout_remainder(a: int, q: int) -> int:
+    """The remainder of cell (divisor ``a``, quotient ``q``) that the ``heldout`` split holds: a
+    salted sha256 of the cell, in ``[0, a)``. Fixed forever (changing it moves prompts between the
+    training and evaluation splits)."""
+    return int(hashlib.sha256(f"{TASK}:heldout:{a}:{q}".encode()).hexdigest()[:16], 16) % a
+
+
+def split_of(a: int, n: int) -> str:
+    """The split of prompt ``a:n=`` (module docstring): ``generalisation`` when its quotient n // a is
+    in ``GENERALISATION_QUOTIENTS``, ``heldout`` when its remainder is the cell's
+    ``heldout_remainder``, else ``train``. Raises ValueError for a < 2 or n < 0."""
+    if a < 2 or n < 0:
+        raise ValueError(f"scratchpad.split_of: needs a >= 2 and n >= 0, got a={a}, n={n}")
+    q, r = divmod(n, a)
+    if q in GENERALISATION_QUOTIENTS:
+        return "generalisation"
+    return "heldout" if r == heldout_remainder(a, q) else "train"
+
+
+def space(max_lines: int = MAX_LINES) -> list[tuple[int, int, str]]:
+    """Every prompt of the problem space up to ``max_lines`` as ``(a, n, split)``, divisor-major
+    (2,640 at 60 lines: sum over a = 2..9 of 60 a)."""
+    return [(a, q * a + r, split_of(a, q * a + r)) for a in DIVISORS for q in range(1, max_lines + 1) for r in range(a)]
+
+
+def sample_problem(rng: random.Random, uid: str, max_lines: int = MAX_LINES, alpha: float = 1.2,
+                   split: str = "train") -> Problem:
+    """One problem of ``split``: divisor a uniform in 2..9, quotient q from ``sample_lines`` over the
+    split's quotients, remainder uniform over the cell's remainders in the split (``train``: the a - 1
+    that are not ``heldout_remainder(a, q)``; ``heldout``: that one; ``generalisation``: all a);
+    N = q a + r. Divisor and length laws are therefore the same in every split. Raises ValueError
+    for an unknown split or one without a quotient in ``[1, max_lines]``."""
+    _check_split(split)
+    a = rng.choice(DIVISORS)
+    q = sample_lines(rng, max_lines, alpha, split)
+    if split == "generalisation":
+        r = rng.randrange(a)
+    else:
+        h = heldout_remainder(a, q)
+        r = h if split == "heldout" else (h + 1 + rng.randrange(a - 1)) % a
+    return Problem(uid, a, q * a + r)
+
+
+def problems(seed: int, count: int, max_lines: int = MAX_LINES, alpha: float = 1.2, prefix: Optional[str] = None,
+             split: str = "train") -> list[Problem]:
+    """``count`` problems of a seeded stream within ``split`` (``uid = f"{prefix}-{seed}-{k}"``; prefix
+    ``sub`` / ``held`` / ``gen`` by split unless given). Training streams use the default ``train``;
+    held-out sets ``split="heldout"`` or ``"generalisation"``, which are disjoint from every training
+    stream by prompt text whatever the seeds (draws within a split repeat prompts: the splits hold
+    1,872 / 416 / 352 prompts at 60 lines). Raises ValueError as ``sample_problem``."""
+    _check_split(split)
+    rng = random.Random(f"{TASK}:{seed}" if split == "train" else f"{TASK}:{split}:{seed}")
+    prefix = _PREFIX[split] if prefix is None else prefix
+    return [sample_problem(rng, f"{prefix}-{seed}-{k}", max_lines, alpha, split) for k in range(count)]
 
 
 def build_tokenizer(folder: Optional[str | Path] = None):

@@ -10,7 +10,8 @@ deliberately stopped early, so RL has something left to learn).
 Model: ``ops.lm.model.gpt2`` over the task's character-level tokenizer (``build_tokenizer``: one
 token per character, ``<eos>`` = pad = id 0), n_embd 128, 4 layers, 4 heads, 320 positions (0.84 M parameters).
 Data: each optimizer step draws ``batch_problems`` problems from ``sample_problem(rng, uid,
-max_lines, alpha)`` with a flatter length law than the RL distribution (alpha 0.5 vs 1.2) so that
+max_lines, alpha)`` of the ``train`` split only (``ops.rl.scratchpad``: no held-out or
+generalisation prompt is ever trained on) with a flatter length law than the RL distribution (alpha 0.5 vs 1.2) so that
 every chain length is seen; ``multi_turn_fraction`` of them in the multi-turn tool form
 (``tool_prompt`` + ``tool_turns``: loss on the assistant turns and the final EOS, the checker's
 observations masked), the rest single-turn (``a:N=``: loss on the response and EOS). The batch of
@@ -20,8 +21,8 @@ Optimizer: AdamW (lr 2e-3, weight decay 0), linear warm-up then cosine decay to 
 the peak at ``max_steps``, gradient norm clipped to 1 (``ops.lm.train.Trainer``).
 
 Stopping rule: every ``eval_every`` optimizer steps the pass rate of one sampled response per
-problem (temperature ``eval_temperature``) on the held-out ``problems(eval_seed, eval_size)`` (RL
-distribution; ``heldout_accuracy``, its RNG forked so training is not perturbed); training stops at
+problem (temperature ``eval_temperature``) on the held-out ``problems(eval_seed, eval_size,
+split="heldout")`` (RL distribution, content-disjoint from training; ``heldout_accuracy``, its RNG forked so training is not perturbed); training stops at
 the first evaluation at or above ``target_pass_rate``, else at ``max_steps``.
 
 Launched by the ``rl_policy`` asset through the launch protocol (``python -m ops.rl.warmstart
@@ -29,7 +30,9 @@ Launched by the ``rl_policy`` asset through the launch protocol (``python -m ops
 model.safetensors (``ops.lm.model.save_model``), the tokenizer files (``tokenizer.save_pretrained``),
 and ``metrics.json`` (written last: the commit point, with the fingerprint) holding the loss curve,
 the evaluation curve, steps, seconds, parameters, the stop reason and the final held-out accuracy
-(greedy and sampled, by line bucket) on ``problems(final_eval_seed, final_eval_size)``. The folder
+(greedy and sampled, by line bucket) on ``problems(final_eval_seed, final_eval_size, split="heldout")``
+and on the same number of ``generalisation`` problems (quotients never trained on;
+``heldout_generalisation``). The folder
 loads with ``ops.rl.policy.load_policy`` / ``load_tokenizer``. A finished folder with the same
 fingerprint is reused. A killed launch resumes from its last checkpoint (every
 ``checkpoint_every`` steps, ``<out>/runs/warmstart/state``: model, optimizer, scheduler, step, RNG,
@@ -52,7 +55,9 @@ from ops.launch import worker_main
 from ops.lm.spec import JsonSpec, require
 
 #: Bumped when the recipe's code changes what a spec trains (part of the fingerprint).
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
+"""2: training rows from the scratchpad ``train`` split only, evaluations on ``heldout`` /
+``generalisation`` (1 drew both from the whole problem space)."""
 CRASH_ENV = "CRUCIBLE_WARMSTART_CRASH_AFTER_STEP"
 
 
@@ -94,7 +99,8 @@ class WarmStartSpec(JsonSpec):
     eval_every: int = 25
     """Optimizer steps between held-out evaluations (the stopping rule's cadence)."""
     eval_seed: int = 7
-    """Seed of the stopping rule's held-out problems (``problems(eval_seed, eval_size)``: RL distribution)."""
+    """Seed of the stopping rule's held-out problems (``problems(eval_seed, eval_size, split="heldout")``: RL
+    distribution, content-disjoint from the training rows)."""
     eval_size: int = 128
     """Held-out problems scored at each evaluation, one sampled response each (>= 1)."""
     eval_temperature: float = 1.0
@@ -102,7 +108,8 @@ class WarmStartSpec(JsonSpec):
     target_pass_rate: float = 0.4
     """Stop at the first evaluation whose sampled pass rate reaches this (0.2-0.7 keeps GRPO groups mixed)."""
     final_eval_seed: int = 99
-    """Seed of the final held-out problems (``problems(final_eval_seed, final_eval_size)``)."""
+    """Seed of the final held-out problems (``problems(final_eval_seed, final_eval_size, split=...)`` of the
+    ``heldout`` and ``generalisation`` splits)."""
     final_eval_size: int = 512
     """Final held-out problems, scored greedy and sampled at the end (>= 1)."""
     max_new_tokens: int = 256
@@ -177,10 +184,11 @@ class ProblemBatches:
         self.eos = tok.eos_token_id
 
     def row(self, rng: random.Random, uid: str) -> tuple[list[int], list[int]]:
-        """One training row (ids, loss mask) of a freshly drawn problem, single-turn or multi-turn."""
+        """One training row (ids, loss mask) of a freshly drawn problem of the scratchpad ``train`` split,
+        single-turn or multi-turn."""
         from ops.rl import scratchpad as sp
 
-        p = sp.sample_problem(rng, uid, self.spec.max_lines, self.spec.alpha)
+        p = sp.sample_problem(rng, uid, self.spec.max_lines, self.spec.alpha, split="train")
         if rng.random() >= self.spec.multi_turn_fraction:
             prompt, resp = sp.encode(self.tok, p.prompt), sp.encode(self.tok, sp.solution(p.a, p.n)) + [self.eos]
             return prompt + resp, [0] * len(prompt) + [1] * len(resp)
@@ -267,7 +275,7 @@ def train(spec: WarmStartSpec, out: Path, pipes, dp=None) -> dict:
                       state=LMState(run_folder(out, "warmstart"), fp),
                       history={"loss_curve": [], "window": [], "eval_curve": [], "train_s": 0.0, "eval_s": 0.0},
                       name="warmstart", log=log)
-    held = sp.problems(spec.eval_seed, spec.eval_size)
+    held = sp.problems(spec.eval_seed, spec.eval_size, split="heldout")
     h = trainer.history
     mark = [time.monotonic()]
 
@@ -314,17 +322,23 @@ def train(spec: WarmStartSpec, out: Path, pipes, dp=None) -> dict:
 
     t_final = time.monotonic()
     final = {}
-    rl_probs = sp.problems(spec.final_eval_seed, spec.final_eval_size)
+    rl_probs = sp.problems(spec.final_eval_seed, spec.final_eval_size, split="heldout")
+    gen_probs = sp.problems(spec.final_eval_seed, spec.final_eval_size, split="generalisation")
+    gen = {}
     for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
         final[name] = trainer.evaluate(lambda m: sp.heldout_accuracy(_on_cpu(m), tok, rl_probs, temp, spec.max_new_tokens,
                                                                      seed=spec.seed))
+        gen[name] = trainer.evaluate(lambda m: sp.heldout_accuracy(_on_cpu(m), tok, gen_probs, temp, spec.max_new_tokens,
+                                                                   seed=spec.seed))
     n_body, n_all = param_counts(trainer.unwrapped)
     info = {"fingerprint": fp, "recipe_version": RECIPE_VERSION, "spec": asdict(spec), "steps": trainer.step,
             "stop_reason": stop, "params": n_all, "non_embedding_params": n_body, "vocab_size": len(tok),
             "loss_curve": h["loss_curve"], "eval_curve": h["eval_curve"],
             "final_loss": h["loss_curve"][-1]["loss"] if h["loss_curve"] else None,
             "pass_rate": h["eval_curve"][-1]["accuracy"] if h["eval_curve"] else None,
-            "heldout": {"seed": spec.final_eval_seed, "n": spec.final_eval_size, **final},
+            "heldout": {"seed": spec.final_eval_seed, "n": spec.final_eval_size, "split": "heldout", **final},
+            "heldout_generalisation": {"seed": spec.final_eval_seed, "n": spec.final_eval_size, "split": "generalisation",
+                                       **gen},
             "rl_response_lengths": length_stats([sp.response_length(p) for p in rl_probs]),
             "train_s": round(h["train_s"], 2), "eval_s": round(h["eval_s"] + time.monotonic() - t_final, 2),
             "wall_s": round(time.monotonic() - t0, 2), "resumes": trainer.state.resumes if trainer.state else [],

@@ -33,6 +33,7 @@ def test_rows_carry_loss_on_the_responses_only_and_repeat_for_a_step(tmp_path):
         text = tok.decode([t for t in x], skip_special_tokens=False)
         a, rest = text.split(":", 1)
         n = int(rest.split("=")[0].split("?")[0])
+        assert sp.split_of(int(a), n) == "train"                           # never a held-out prompt
         loss = "".join(tok.decode([t]) if t else "|" for t, k in zip(x, m) if k)   # EOS shown as |
         if "=" in text.split("\n")[0]:
             kinds.add("single")
@@ -64,15 +65,18 @@ def test_a_short_warm_start_learns_and_publishes_a_loadable_policy(tmp_path):
     assert saved["train_s"] > 0 and saved["eval_s"] > 0 and saved["wall_s"] >= saved["train_s"]
     assert set(saved["heldout"]) >= {"greedy", "sampled", "seed", "n"} and saved["heldout"]["n"] == 8
     assert sum(n for _, n in saved["heldout"]["greedy"]["by_lines"].values()) == 8
-    lengths = [sp.response_length(p) for p in sp.problems(99, 8)]
+    lengths = [sp.response_length(p) for p in sp.problems(99, 8, split="heldout")]
     assert saved["rl_response_lengths"] == ws.length_stats(lengths)
     model, tok = load_policy(out), load_tokenizer(out)
     assert len(tok) == len(sp.CHARS) + 1 and tok.eos_token_id == 0 == tok.pad_token_id
     assert saved["params"] == sum(p.numel() for p in model.parameters())
     assert (model.config.n_embd, model.config.n_layer, model.config.n_positions) == (64, 2, 320)
     # the held-out figure is a property of the published weights: recomputing it gives the same number
-    again = sp.heldout_accuracy(model, tok, sp.problems(99, 8), 0.0, 40)
+    again = sp.heldout_accuracy(model, tok, sp.problems(99, 8, split="heldout"), 0.0, 40)
     assert again["accuracy"] == saved["heldout"]["greedy"]["accuracy"]
+    gen = sp.heldout_accuracy(model, tok, sp.problems(99, 8, split="generalisation"), 0.0, 40)
+    assert saved["heldout_generalisation"]["split"] == "generalisation"
+    assert gen["accuracy"] == saved["heldout_generalisation"]["greedy"]["accuracy"]
     # a second launch of the same spec reuses the folder
     t = (out / "model.safetensors").stat().st_mtime_ns
     assert ws.train(spec, tmp_path / "run2", _LocalPipes(0))["fingerprint"] == spec.fingerprint()

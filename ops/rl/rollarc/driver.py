@@ -110,7 +110,8 @@ class RunSpec:
     task_seed: int = 0
     """Scratchpad only: seed of the problem stream (``scratchpad.problems(task_seed, ...)``), >= 0."""
     eval_size: int = 0
-    """Held-out scratchpad problems (``problems(task_seed + 1000, eval_size)``), scored single-turn by
+    """Held-out scratchpad problems (``problems(task_seed + 1000, eval_size, split="heldout")``: disjoint
+    from the training tasks by prompt text), scored single-turn by
     the trainer's ``heldout`` (sampled at ``eval_temperature``); 0 = no evaluation."""
     eval_every: int = 0
     """Optimizer steps between evaluations (0: only before and after). A mid-run evaluation of an
@@ -167,7 +168,8 @@ class RunSpec:
             return []
         from ops.rl import scratchpad as sp
 
-        return [(p.uid, p.a, p.n) for p in sp.problems(self.task_seed + 1000, self.eval_size, self.max_lines)]
+        return [(p.uid, p.a, p.n) for p in sp.problems(self.task_seed + 1000, self.eval_size, self.max_lines,
+                                                       split="heldout")]
 
     def validate(self) -> "RunSpec":
         """Returns the spec; raises ValueError naming the field (``rollarc.methods``,

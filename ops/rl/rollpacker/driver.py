@@ -93,7 +93,8 @@ class RunSpec(PolicySpec):
     task: str = "curated"
     """Where the epoch's prompts come from (``TASKS``): ``curated`` | ``scratchpad``."""
     task_seed: int = 0
-    """Scratchpad only: seed of the epoch's problem stream (held-out problems: task_seed + 1000)."""
+    """Scratchpad only: seed of the epoch's problem stream (scratchpad ``train`` split; held-out problems:
+    ``problems(task_seed + 1000, eval_size, split="heldout")``, disjoint from it by prompt text)."""
     eval_size: int = 0
     """Scratchpad only: held-out problems scored by the trainer's policy (>= 0; 0 = no evaluation)."""
     eval_every: int = 0
@@ -206,12 +207,13 @@ def restore_planner(planner, saved: dict, prompts: list) -> None:
 def load_prompts(spec: RunSpec, tokenizer) -> list:
     """The epoch: ``steps`` x P0 problems with an answer, in a seeded order, as chat prompts
     (task ``curated``), or the first ``steps`` x P0 problems of the scratchpad stream
-    ``ops.rl.scratchpad.problems(task_seed, ...)`` as ``a:N=`` prompts (task ``scratchpad``; the
+    ``ops.rl.scratchpad.problems(task_seed, ..., split="train")`` as ``a:N=`` prompts (task ``scratchpad``; the
     tokenizer must be the task's character tokenizer, which the warm-started policy folder holds)."""
     if spec.task == "scratchpad":
         from ops.rl import scratchpad as sp
 
-        return [sp.to_prompt(tokenizer, p) for p in sp.problems(spec.task_seed, spec.steps * spec.prompts_per_step)]
+        return [sp.to_prompt(tokenizer, p)
+                for p in sp.problems(spec.task_seed, spec.steps * spec.prompts_per_step, split="train")]
     import polars as pl
 
     from ops.rl.policy import chat_prompt
@@ -232,11 +234,14 @@ def load_prompts(spec: RunSpec, tokenizer) -> list:
 
 
 def heldout_problems(spec: RunSpec) -> list:
-    """The held-out problems of a scratchpad run: ``eval_size`` problems of the stream
-    ``task_seed + 1000`` (uids disjoint from the epoch's); [] when evaluation is off."""
+    """The held-out problems of a scratchpad run: ``eval_size`` problems of the scratchpad ``heldout``
+    split (stream ``task_seed + 1000``): disjoint from the epoch (``train`` split) by prompt text, not
+    only by uid; [] when evaluation is off."""
     from ops.rl import scratchpad as sp
 
-    return sp.problems(spec.task_seed + 1000, spec.eval_size) if spec.task == "scratchpad" and spec.eval_size else []
+    if spec.task != "scratchpad" or not spec.eval_size:
+        return []
+    return sp.problems(spec.task_seed + 1000, spec.eval_size, split="heldout")
 
 
 def evaluate(actors, problems: list, spec: RunSpec) -> dict:
