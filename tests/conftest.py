@@ -40,6 +40,60 @@ MARBLES = [json.dumps({"q": f"A box holds {n} red and {n + 2} blue marbles. How 
 )
 os.environ["CRUCIBLE_SOURCES"] = str(USER_DIR / "sources.yaml")
 
+# Every process this test session starts inherits this marker (a Ray node started by a test as well),
+# so the session's last teardown finds what the tests left running (no_ray_left_behind).
+SESSION_MARK = f"CRUCIBLE_TEST_SESSION={os.getpid()}-{os.urandom(4).hex()}"
+os.environ["CRUCIBLE_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
+RAY_PROCESS_MARKS = ("ray::", "raylet", "gcs_server", "/ray/_private/", "/ray/dashboard/", "ray/autoscaler",
+                     "default_worker.py", "ray_process_reaper", "ray_client_server")
+
+
+def _session_ray_processes() -> dict:
+    """pid -> command line of the live Ray processes (RAY_PROCESS_MARKS) that carry this session's marker."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if SESSION_MARK.encode() not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+        except OSError:
+            continue
+        if any(m in cmd for m in RAY_PROCESS_MARKS):
+            out[int(d.name)] = cmd[:160]
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ray_left_behind():
+    """Backstop (issue 42 item 5: "a fresh make test leaves no Ray process running afterwards"): when
+    the session ends, every Ray process one of its tests started and left (a local instance's
+    agents outlive their raylet by more than 30 s) gets SIGTERM, then SIGKILL after 10 s, and the
+    terminal says which. Tests that start Ray stop it themselves (tests/test_ray_cluster.py fails
+    when its cluster's processes survive); this only makes sure nothing survives the session."""
+    import signal
+    import sys
+    import time
+
+    yield
+    left = _session_ray_processes()
+    if not left:
+        return
+    print(f"\nconftest: {len(left)} Ray process(es) left by the tests, stopped: "
+          + "; ".join(f"{p} {c}" for p, c in sorted(left.items())), file=sys.stderr)
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        for pid in _session_ray_processes():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait_s
+        while _session_ray_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
 
 def cases_dir() -> Path:
     """The case files (``curation.json``, ``training.json``): the repository's copy in ``tests/cases/``,
