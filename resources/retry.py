@@ -6,8 +6,12 @@ last checkpoint. A launch that *fails* (non-zero exit of the training code, a wa
 bad config) is not retried: it would fail again. Workers see the attempt number through Dagster
 Pipes (``PipesContext.get().retry_number``), so they can log that they resume.
 
-Run-level crashes (the run worker or its pod dies) are retried by the instance's ``run_retries``
-with ``retry_on_asset_or_op_failure: false`` (scripts/setup.sh, deploy/helm/values.yaml).
+Run-level crashes (the run worker or its pod dies, so no step can ask for a retry) are handled by
+the instance: run monitoring marks the run failed (embedded: ``pipelines.run_launcher.LocalRunLauncher``
+tells the daemon the worker is gone; without it the run stayed STARTED and was never retried), then
+``run_retries`` with ``retry_on_asset_or_op_failure: false`` re-executes it from failure over the
+same run folder (``crucible setup``: pipelines/cli.py; deploy/helm/values.yaml). Both need the
+daemon (docs/operations.md, "Killed runs, monitoring and retries").
 """
 
 import re
