@@ -223,7 +223,9 @@ def worker_main(load_spec: Callable[[str], Any], run: Callable[[Any, Path, str, 
                 argv: "list[str] | None" = None, *, description: "str | None" = None,
                 extra_args: "Callable[[argparse.ArgumentParser], None] | None" = None,
                 scratch: "tuple[str, ...]" = ()) -> int:
-    """The ``main`` of every launched driver (see the module docstring).
+    """The ``main`` of every launched driver (see the module docstring). It first asks for SIGKILL
+    when this rank's parent (the launcher, or the step for a one-process launch) dies
+    (``die_with_parent``), so no rank outlives its launch.
 
     Args:
         load_spec: parses the text of the spec file into the driver's spec and validates it; raises

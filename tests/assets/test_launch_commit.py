@@ -16,7 +16,7 @@ def _digest(folder) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def test_a_failed_step_leaves_the_committed_base_byte_identical_and_its_retry_commits(tmp_path, monkeypatch):
+def test_a_failed_step_leaves_the_committed_base_byte_identical_and_a_success_commits(tmp_path, monkeypatch):
     """Case orchestrator-killed-mid-training: a new materialization of cpt_base_models[xs] (other
     settings) whose launch finished but whose step failed afterwards changes no committed file
     (model, optimizer, base.json); the base it trained waits in that run's folder for a
