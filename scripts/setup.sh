@@ -9,6 +9,19 @@ PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev}
 
+# The RollArc tool sandbox's kernel layer (docs/rollarc.md, "Sandbox"): Debian's bubblewrap. Installed
+# when missing and apt can run (root, or passwordless sudo); otherwise a warning: RollArc's environments
+# refuse to run model-generated code without it (or with the config's explicit weaker mode).
+if ! command -v bwrap >/dev/null 2>&1; then
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends bubblewrap
+  else
+    echo "setup: bubblewrap (bwrap) is missing and cannot be installed here; install it (Debian: apt-get install bubblewrap)" \
+         "before running rollarc_run, or set its sandbox to 'rlimits' (weaker, said so in the run's metadata)" >&2
+  fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
