@@ -10,7 +10,8 @@ CPU each) started once per seed before any arm and reset to the warm-start polic
 Per arm: ``end_to_end_s`` (sum of the steps' wall times: rollout, rewards, training, weight sync;
 held-out evaluation excluded for every arm; Ray start-up excluded for every arm and reported as
 ``ray_init_s``), ``accuracy_after`` (held-out pass rate at T = 1 after the last step, fraction),
-``accuracy_before``, ``bubble_ratio_mean``, ``every_prompt_trained_once`` (1/0).
+``accuracy_before``, ``bubble_ratio_mean``, ``every_prompt_trained_once`` (1/0), ``policy_sha256``
+(the warm start's files, so every log line names the policy it started from).
 
 RollArc (``rollarc_seed``): ``ops.rl.rollarc.driver.run`` on ``rl_real_arc.spec_for(seed)`` with the
 methods in the seed's order, every method in one process with the same engine servers, trainer thread,
@@ -42,6 +43,19 @@ def _policy(policy: str) -> str:
         raise FileNotFoundError(f"no warm-started policy at {policy} (config.json missing): materialize the "
                                 "rl_policy asset or set CRUCIBLE_POLICY")
     return policy
+
+
+def policy_sha256(policy: str) -> str:
+    """sha256 of the policy folder's weight and config files (logged with every arm, so a log line
+    names the warm start it started from)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(policy).iterdir()):
+        if f.suffix in (".safetensors", ".json", ".bin") and f.is_file():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def rollpacker_seed(seed: int, arm_order: list[str], workdir: Path, policy: str = "", sizes: str = "full",
@@ -85,7 +99,7 @@ def rollpacker_seed(seed: int, arm_order: list[str], workdir: Path, policy: str 
                           "accuracy_before": f["accuracy_before"], "bubble_ratio_mean": f["bubble_ratio_mean"],
                           "max_response_len_mean": f["max_response_len_mean"], "long_rounds": f["long_rounds"],
                           "every_prompt_trained_once": int(f["every_prompt_trained_once"]), "ray_init_s": ray_s,
-                          "steps": spec.steps, "eval_size": spec.eval_size}
+                          "steps": spec.steps, "eval_size": spec.eval_size, "policy_sha256": policy_sha256(policy)}
         finally:
             acts.kill()
     finally:
@@ -118,5 +132,5 @@ def rollarc_seed(seed: int, arm_order: list[str], workdir: Path, policy: str = "
                   "reward_mean": statistics.fmean(rewards) if rewards else None,
                   "accuracy_after": r["eval"][-1]["accuracy"] if r.get("eval") else None,
                   "trajectories_per_s": r["trajectories_per_s"], "trained_trajectories": r["trained_trajectories"],
-                  "env_check_work": spec.check_work}
+                  "env_check_work": spec.check_work, "policy_sha256": policy_sha256(policy)}
     return out
