@@ -247,7 +247,7 @@ def read_answer(latex: str) -> Reading:
     """
     from math_verify import LatexExtractionConfig, parse
 
-    s = normalize_notation(str(latex).strip()).strip().rstrip(".").strip()
+    s = normalize_notation(re.sub(r"\s+", " ", str(latex))).strip().rstrip(".").strip()  # a line break is a space
     if not s:
         return Reading([], "empty answer")
     if _ELLIPSIS.search(s):
