@@ -9,8 +9,9 @@ file's SHA-256 and the entry's hash: resources.sources.source_data_version). The
 when its mtime or size moved, so a ``touch`` reports nothing. The sensor launches no run: the new
 data version marks ``raw_problems[<source>]`` stale and declarative automation re-materializes it.
 
-Declarative automation (``CURATION_CONDITION``, applied by ``with_automation`` to ``raw_problems``
-and every curation asset; evaluated by ``crucible_automation``): Dagster's ``eager()`` (a parent was
+Declarative automation (evaluated by ``crucible_automation``): ``raw_problems`` follows its source
+files (``SOURCE_CONDITION``: a missing partition whose last run did not fail, or a new data version of
+its file); every curation asset has ``CURATION_CONDITION``: Dagster's ``eager()`` (a parent was
 updated, or the asset is newly missing; no parent partition missing; nothing upstream or of the asset
 in progress) and ``all_deps_blocking_checks_passed()`` (no parent's blocking check failed). No asset
 tolerates a missing parent: ``annotated_problems`` reads every current source partition and raises
@@ -47,17 +48,32 @@ CURATION_CONDITION = (dg.AutomationCondition.eager() & dg.AutomationCondition.al
 exists, nothing upstream is in progress and no parent's blocking check failed."""
 
 
+_A = dg.AutomationCondition
+SOURCE_CONDITION = (
+    ((_A.missing() & ~_A.execution_failed()).with_label("missing, last run not failed")
+     | _A.any_deps_updated().since_last_handled())
+    & ~_A.any_deps_missing() & ~_A.any_deps_in_progress() & ~_A.in_progress()
+).with_label("source partition missing or its source file changed")
+"""raw_problems: requested when its partition is missing and its last run did not fail (so a source
+added before the automation's first evaluation is still materialized, and a broken source is not
+retried every tick), or when its source file's observed data version changed; never while the
+source file is unobserved (missing) or a run of it is in progress."""
+
+
 def _automated(spec: dg.AssetSpec) -> bool:
     name = spec.key.to_user_string()
     return (spec.group_name in AUTOMATED_GROUPS or name in AUTOMATED_ASSETS) and name not in NEVER_AUTOMATIC
 
 
 def with_automation(assets: Iterable) -> list:
-    """``assets`` with ``CURATION_CONDITION`` on ``raw_problems`` and every asset of
-    ``AUTOMATED_GROUPS`` (others unchanged)."""
+    """``assets`` with ``SOURCE_CONDITION`` on ``raw_problems`` and ``CURATION_CONDITION`` on every
+    asset of ``AUTOMATED_GROUPS`` (others unchanged)."""
 
     def policy(spec: dg.AssetSpec) -> dg.AssetSpec:
-        return spec.replace_attributes(automation_condition=CURATION_CONDITION) if _automated(spec) else spec
+        if not _automated(spec):
+            return spec
+        cond = SOURCE_CONDITION if spec.key.to_user_string() in AUTOMATED_ASSETS else CURATION_CONDITION
+        return spec.replace_attributes(automation_condition=cond)
 
     return dg.map_asset_specs(policy, list(assets))
 
