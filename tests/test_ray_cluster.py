@@ -9,8 +9,13 @@ Nodes (one CPU each, so roles must spread):
 - worker A: ``gpu_compute`` (RollArc's prefill engines and trainer);
 - worker B: ``gpu_bandwidth`` and ``cpu_env`` (decode engines, environment workers).
 
-The cluster uses its own temp dir, so it never becomes the machine's default cluster, and its
-processes are stopped by that dir at the end (``ray stop`` would stop every Ray on the machine).
+The cluster uses its own temp dir, so it never becomes the machine's default cluster. Every
+``ray start`` runs in a session (process group) of its own, and the node's processes stay in it
+(gcs_server, raylet, the dashboard and the renamed agents ``ray::DashboardAgent`` /
+``ray::RuntimeEnvAgent``, which a command-line match missed: six processes, ~0.9 GB, outlived every
+run); workers and job drivers are their descendants. At the end the fixture SIGTERMs, then
+SIGKILLs, those groups and every descendant, and fails when anything it started is still running
+after that (``ray stop`` is not used: it stops every Ray on the machine, other sessions' too).
 """
 
 import os
@@ -39,29 +44,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(tag: str) -> None:
-    """SIGTERM, then SIGKILL, every process whose command line names this cluster's temp dir or ports."""
-    def pids():
-        out = []
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                if tag in cmd and int(d.name) != os.getpid():
-                    out.append(int(d.name))
-        return out
+def _cluster_processes(groups: list[int]) -> dict:
+    """pid -> start time of every live process in ``groups`` or below one of them."""
+    from ops.launch import process_tree
 
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids():
+    procs: dict = {}
+    for g in groups:
+        procs.update(process_tree(g, tuple(groups)))
+    return procs
+
+
+def _stop(groups: list[int], seen: dict) -> dict:
+    """SIGTERM, then SIGKILL, the cluster's process groups and every process found in or below them
+    (now or in ``seen``, snapshots taken while the nodes ran); returns what is still running after
+    that (pid -> start time; empty when the cluster is gone)."""
+    from ops.launch import alive, kill_processes
+
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        procs = {**alive(seen), **_cluster_processes(groups)}
+        for g in groups:
             try:
-                os.kill(p, sig)
-            except ProcessLookupError:
+                os.killpg(g, sig)
+            except (ProcessLookupError, PermissionError):
                 pass
-        deadline = time.monotonic() + 10
-        while pids() and time.monotonic() < deadline:
+        kill_processes(procs, sig)
+        deadline = time.monotonic() + wait_s
+        while alive(procs) and time.monotonic() < deadline:
             time.sleep(0.3)
+        seen = {**procs}
+    return {**alive(seen), **_cluster_processes(groups)}
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +94,26 @@ def cluster():
         # its own temp dir: nodes on one host must not unpack job packages into the same session folder
         starts.append([str(RAY), "start", f"--address=127.0.0.1:{gcs}", f"--resources={json.dumps(NODES[name])}",
                        f"--temp-dir={tag}-{name[-1]}", *common()])
+    groups: list[int] = []                           # one process group per `ray start` (its CLI's pid)
+    seen: dict = {}
+    left: dict = {}
     try:
         for cmd in starts:
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-            assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            groups.append(proc.pid)
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{out[-2000:]}\n{err[-2000:]}"
         _wait_for_nodes_and_jobs_api(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", env)
-        yield {"gcs": f"127.0.0.1:{gcs}", "jobs": f"http://127.0.0.1:{dash}", "tag": tag, "env": env}
+        seen.update(_cluster_processes(groups))
+        yield {"gcs": f"127.0.0.1:{gcs}", "jobs": f"http://127.0.0.1:{dash}", "tag": tag, "env": env,
+               "snapshot": lambda: seen.update(_cluster_processes(groups))}
     finally:
-        _stop(tag)
-        _stop(f":{gcs}")
+        seen.update(_cluster_processes(groups))
+        left = _stop(groups, seen)
         for d in Path("/tmp").glob(Path(tag).name + "*"):
             shutil.rmtree(d, ignore_errors=True)
+    assert not left, f"processes of the test's Ray cluster still running after SIGKILL: {sorted(left)}"
 
 
 def _wait_for_nodes_and_jobs_api(gcs: str, jobs: str, env: dict, timeout_s: float = 180.0) -> None:
@@ -168,6 +188,7 @@ def test_rollarc_run_as_a_ray_job_puts_each_role_on_the_node_its_pool_names(clus
     assert meta["ray_address"] == "auto"
     table = pl.read_parquet(lake.path("rollarc_run"))
     assert table["method"].to_list() == ["rollarc", "rollarc"]
+    cluster["snapshot"]()
     seen = _assert_roles_on_their_nodes(cluster, {"EngineServer", "EnvWorker", "_TrainerImpl"})
     nodes, _ = _placement(cluster)
     by_res = {k: {n for n, r in nodes.items() if k in r} for k in ("gpu_compute", "gpu_bandwidth", "cpu_env")}
@@ -189,6 +210,7 @@ def test_rollpacker_run_as_a_ray_job_spreads_its_actors_over_the_nodes(cluster_e
     compute = ComputeResource(ray_jobs_address=cluster["jobs"], ray_job_poll_s=0.5)
     res, meta, log, _ = materialize_logged([rollpacker.rollpacker_run], {"lake": lake, "compute": compute},
                                            {"ops": {"rollpacker_run": {"config": config}}})
+    cluster["snapshot"]()
     assert res.success and "Ray job crucible-" in log
     table = pl.read_parquet(lake.path("rollpacker_run"))
     assert table["method"].to_list() == ["baseline", "baseline"] and table["policy_version"].to_list() == [0, 1]
