@@ -99,9 +99,11 @@ def run_setup(check: bool) -> int:
     With ``check``, change nothing and exit 1 when something is missing."""
     from ops import data_packages
 
-    todo = data_packages.missing()
-    if check:
-        print("\n".join(f"missing: {line}" for line in todo) or "crucible: set up (nothing missing)")
+    if check:       # every data package: pin, SHA-256 (the wheel is hashed), folder, state
+        lines = data_packages.report()
+        print("\n".join(("ok: " if ready else "missing: ") + line for line, ready in lines))
+        todo = [line for line, ready in lines if not ready]
+        print(f"crucible: {len(todo)} item(s) missing; run `crucible setup`" if todo else "crucible: set up (nothing missing)")
         return 1 if todo else 0
     try:
         data_packages.setup(log=lambda msg: print(f"crucible setup: {msg}", flush=True))

