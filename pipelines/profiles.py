@@ -1,7 +1,12 @@
 """Profiles: one switch moves Crucible from the embedded default to production (docs/operations.md, "Profiles").
 
     CRUCIBLE_PROFILE=prod                        # default: "default" (2 CPU cores, offline)
-    CRUCIBLE_PROD_CONFIG=/etc/crucible/prod.yaml # optional; deploy/prod.example.yaml documents every key
+    CRUCIBLE_PROD_CONFIG=/etc/crucible/prod.yaml # optional; prod.example.yaml documents every key
+
+The example and the accelerate configs are package data (``pipelines/deploy/``; the repository's
+``deploy/`` links to them), so the profile loads from an installed wheel: a relative
+``compute.accelerate_config_file`` that is not beside the YAML is taken from there. Copy the example
+out of an installed package with ``python -m pipelines.profiles example > /etc/crucible/prod.yaml``.
 
 Production swaps resources and the executor, never asset code:
 
@@ -36,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 PROFILE_ENV = "CRUCIBLE_PROFILE"
 CONFIG_ENV = "CRUCIBLE_PROD_CONFIG"
 PROFILES = ("default", "prod")
-REPO = Path(__file__).resolve().parents[1]
+BUNDLED = Path(__file__).resolve().parent / "deploy"
+"""The configs shipped inside the package (wheel included): ``prod.example.yaml``, ``accelerate/*.yaml``."""
 
 GPU_OPS = ("cpt_base_models", "cpt_probe_runs", "gba_run", "rl_policy", "rollpacker_run", "rollarc_run", "sft_checkpoint", "stage2_checkpoint")
 """Steps that launch accelerate/torchrun workers (the assets that belong in ``pool="gpu"``)."""
@@ -84,7 +90,7 @@ class TeacherConfig(_Strict):
 class ComputeConfig(_Strict):
     """``compute``: GPU launches (accelerate config file, ranks, precision) and the Ray cluster."""
 
-    accelerate_config_file: str = str(REPO / "deploy" / "accelerate" / "gpu_8.yaml")
+    accelerate_config_file: str = str(BUNDLED / "accelerate" / "gpu_8.yaml")
     num_processes: int = Field(8, ge=1)
     mixed_precision: Literal["no", "fp16", "bf16"] = "bf16"
     launcher: Literal["accelerate", "torchrun"] = "accelerate"
@@ -102,12 +108,12 @@ class ComputeConfig(_Strict):
     @field_validator("accelerate_config_file")
     @classmethod
     def _relative_to_the_file(cls, value: str, info: ValidationInfo) -> str:
-        """Relative to the YAML's folder; a relative path that is not there but is in the project's
-        ``deploy/`` folder (the example's ``accelerate/gpu_8.yaml``, copied to /etc/crucible) is
-        taken from ``deploy/``."""
+        """Relative to the YAML's folder; a relative path that is not there but is among the configs
+        shipped in the package (``BUNDLED``: the example's ``accelerate/gpu_8.yaml``, when only the
+        example was copied to /etc/crucible) is taken from there."""
         resolved = _resolve(value, info)
         if value and not Path(value).expanduser().is_absolute() and not Path(resolved).exists():
-            bundled = REPO / "deploy" / value
+            bundled = BUNDLED / value
             if bundled.exists():
                 return str(bundled.resolve())
         return resolved
@@ -127,7 +133,7 @@ class K8sConfig(_Strict):
 
 class ProdConfig(_Strict):
     """The production settings: the YAML named by ``$CRUCIBLE_PROD_CONFIG``, one field per key
-    (deploy/prod.example.yaml lists every key with its default). Every key is optional.
+    (prod.example.yaml, shipped in the package, lists every key with its default). Every key is optional.
 
     Validation (pydantic, ``extra="forbid"``): an unknown section or key, a wrong type, a value
     outside its choices or range, an object-store ``lake.root`` without ``lake.work_dir``, or a missing
@@ -165,7 +171,7 @@ class ProdConfig(_Strict):
         acc = self.compute.accelerate_config_file
         if acc and not Path(acc).expanduser().exists():
             raise ValueError(f"compute.accelerate_config_file {acc} does not exist (a relative path is resolved "
-                             f"against the YAML's folder, then against {REPO / 'deploy'})")
+                             f"against the YAML's folder, then against the package's {BUNDLED})")
         return self
 
 
@@ -315,7 +321,8 @@ def prod_executor(cfg: ProdConfig) -> dg.ExecutorDefinition:
     try:
         from dagster_k8s import k8s_job_executor
     except ImportError as e:
-        raise ProfileError(f"{cfg.source}: executor 'k8s' needs dagster-k8s: pip install -e '.[prod]' ({e})") from e
+        raise ProfileError(f"{cfg.source}: executor 'k8s' needs dagster-k8s, in the prod extra: "
+                           f"pip install \"crucible[prod]\" ({e})") from e
     return k8s_job_executor.configured(k8s_executor_config(cfg), name="crucible_k8s_executor")
 
 
@@ -354,3 +361,19 @@ def load_profile(name: Optional[str] = None) -> Profile:
     cfg = load_prod_config()
     return Profile("prod", prod_resources(cfg), prod_executor(cfg), gpu_run_tags(cfg), cfg,
                    sizes=merge_sizes(PROD_SIZES, cfg.sizes))
+
+
+def _main(argv: Optional[list] = None) -> int:
+    """``python -m pipelines.profiles example``: print the shipped prod.example.yaml (works from a wheel)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["example"]:
+        print("usage: python -m pipelines.profiles example > prod.yaml   (the production config's example)", file=sys.stderr)
+        return 2
+    sys.stdout.write((BUNDLED / "prod.example.yaml").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

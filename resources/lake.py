@@ -38,7 +38,7 @@ def _object_store(root: str, endpoint_url: str, region: str, keep_versions: int,
         return lake.ObjectStoreLake(root, opts, keep_versions=keep_versions, orphan_grace_s=orphan_grace_s)
     except ImportError as e:
         raise ImportError(f"lake root {root!r} needs the fsspec backend for {scheme}:// "
-                          f"(s3: pip install -e '.[prod]', which brings s3fs): {e}") from e
+                          f"(s3: pip install \"crucible[prod]\", which brings s3fs): {e}") from e
 
 
 @describe_fields  # the attribute docstrings are the UI descriptions

@@ -12,7 +12,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-EXAMPLE = ROOT / "deploy" / "prod.example.yaml"
+EXAMPLE = ROOT / "deploy" / "prod.example.yaml"       # a link to the copy shipped in the package
+GPU_8 = str(ROOT / "pipelines" / "deploy" / "accelerate" / "gpu_8.yaml")
 
 PROBE = """
 import json, dagster as dg
@@ -49,7 +50,7 @@ def test_definitions_load_under_the_prod_profile_with_the_k8s_executor(tmp_path)
     assert got["teacher"] == ["http://crucible-teacher:8000/v1", "Qwen/Qwen2.5-Math-7B-Instruct", "TEACHER_API_KEY"]
     assert got["cpu"] is False and got["n"] == 8 and got["ray"] is None
     assert got["ray_jobs"] == "http://crucible-ray-head:8265" and got["rl_gpus"] == [1.0, 1.0]   # Ray Jobs, GPU actors
-    assert got["accelerate"] == str(ROOT / "deploy" / "accelerate" / "gpu_8.yaml")
+    assert got["accelerate"] == GPU_8                 # package data, so a wheel has it too
     assert got["executor"] == "crucible_k8s_executor"
     assert got["gpu_job_tags"] == {}            # k8s executor: the step pods hold the GPUs, not the run pod
 
@@ -57,7 +58,7 @@ def test_definitions_load_under_the_prod_profile_with_the_k8s_executor(tmp_path)
 def test_prod_profile_with_one_pod_per_run_puts_the_gpus_on_the_run_pod(tmp_path):
     cfg = tmp_path / "prod.yaml"
     cfg.write_text(EXAMPLE.read_text().replace("executor: k8s ", "executor: multiprocess ")
-                   .replace("accelerate/gpu_8.yaml", str(ROOT / "deploy" / "accelerate" / "gpu_8.yaml")))
+                   .replace("accelerate/gpu_8.yaml", GPU_8))
     got = _load(cfg, tmp_path)
     assert got["executor"] != "crucible_k8s_executor"
     tag = json.loads(got["gpu_job_tags"]["dagster-k8s/config"])
@@ -92,7 +93,7 @@ def test_gpu_launch_command_uses_the_accelerate_config_file():
     from pipelines.profiles import load_prod_config, prod_resources
 
     compute = prod_resources(load_prod_config(str(EXAMPLE)))["compute"]
-    cfg_file = str(ROOT / "deploy" / "accelerate" / "gpu_8.yaml")
+    cfg_file = GPU_8
     assert compute.launch_command("ops/mixture/probe.py", ["plan.json"], port=29500) == [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", cfg_file,
         "--main_process_ip", "127.0.0.1", "--main_process_port", "29500", "ops/mixture/probe.py", "plan.json"]

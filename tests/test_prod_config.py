@@ -73,3 +73,48 @@ def test_the_example_lists_every_key_with_its_default():
             assert set(doc[section]) == set(body), section
     example = load_prod_config(str(EXAMPLE)).model_dump()
     assert example == defaults  # (the accelerate path resolves to the same file)
+
+
+def test_the_example_copied_alone_loads_its_accelerate_config_from_the_package(tmp_path):
+    """Issue 40 item 1: copying prod.example.yaml without accelerate/ beside it works (the shipped
+    config is the fallback), and ``python -m pipelines.profiles example`` prints the shipped example."""
+    import subprocess
+    import sys
+
+    from pipelines.profiles import BUNDLED
+
+    out = subprocess.run([sys.executable, "-m", "pipelines.profiles", "example"], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == EXAMPLE.read_text()
+    copy = tmp_path / "prod.yaml"
+    copy.write_text(out.stdout)
+    cfg = load_prod_config(str(copy))
+    assert not (tmp_path / "accelerate").exists()
+    assert cfg.compute.accelerate_config_file == str(BUNDLED / "accelerate" / "gpu_8.yaml")
+    assert Path(cfg.compute.accelerate_config_file).is_file() and BUNDLED.parent.name == "pipelines"
+    # a path that is neither beside the YAML nor shipped names the key, the file and both places searched
+    copy.write_text("compute: {accelerate_config_file: accelerate/gpu_4.yaml}\n")
+    msg = _bad(tmp_path, copy.read_text())
+    assert f"compute.accelerate_config_file {tmp_path / 'accelerate' / 'gpu_4.yaml'} does not exist" in msg
+    assert str(BUNDLED) in msg
+
+
+def test_a_missing_prod_extra_names_the_package_install_not_a_checkout(monkeypatch):
+    """Issue 40 item 1: the message says pip install "crucible[prod]", not pip install -e '.[prod]'."""
+    import builtins
+
+    from pipelines.profiles import prod_executor
+
+    real_import = builtins.__import__
+
+    def no_k8s(name, *args, **kwargs):
+        if name == "dagster_k8s" or name.startswith("dagster_k8s."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_k8s)
+    with pytest.raises(ProfileError) as e:
+        prod_executor(load_prod_config(str(EXAMPLE)))
+    assert 'pip install "crucible[prod]"' in str(e.value) and "-e" not in str(e.value)
+
