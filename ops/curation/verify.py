@@ -23,8 +23,8 @@ module adds what its 0.9.0 release gets wrong on real data:
   (``verify-interval-vs-inequality``); an unsolved inequality or an equation is never read as its
   solution set (that would pay for restating the problem).
 
-Measured on 264 labelled gold/prediction pairs (``benchmarks/verify_bench.py``, docs/curation.md):
-false positives 16 -> 0, false negatives 31 -> 10.
+Measured on 270 labelled gold/prediction pairs (``benchmarks/verify_bench.py``, docs/curation.md):
+false positives 20 -> 0, false negatives 32 -> 11.
 
 math-verify uses SIGALRM, which fails outside a process's main thread: every call here runs in the
 main thread of a worker process, with an outer wall-clock timeout from Pebble.
