@@ -7,10 +7,14 @@ alike, so that switching modes changes no hyper-parameter:
   touched, the row gradient [d] and how many times the row occurred in the batch;
 - dense parameters average over the samples the update covers (the global batch G in sync and
   GBA): ``dense = sum_i w_i g_i / sum_i n_i``;
-- sparse rows average over the samples that touched them: ``row = sum_i w_i g_i,row / sum_i c_i,row``
-  (counts unweighted, so a decayed gradient moves its rows less; GBA §3.2).
+- sparse rows, by ``RunSpec.row_grad_norm`` (docs/gba.md, "Two choices"):
+  ``occurrences`` (default) average over the samples that touched them:
+  ``row = sum_i w_i g_i,row / sum_i c_i,row`` (counts unweighted, so a decayed gradient moves its
+  rows less; GBA §3.2); ``global_batch`` average over every sample of the update, as the mean batch
+  loss of conventional data-parallel training gives: ``row = sum_i w_i g_i,row / sum_i n_i``.
 
-``w_i`` is 1 except for GBA's staleness decay. Shapes: P dense parameters, U unique rows, d = row width.
+``w_i`` is 1 except for GBA's staleness decay (per gradient, or per row with
+``Policy.row_staleness = "per_row"``: ``w_i,row``). Shapes: P dense parameters, U unique rows, d = row width.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class Gradient:
     compute_s: float = 0.0
     """Wall seconds the worker spent computing it (every forward/backward pass; the step time of
     the straggler detector, ``ops.gba.switching``)."""
+    rng: torch.Tensor | None = None
+    """The worker's torch CPU RNG state after computing it (sent only by runs that write a
+    hand-over, ``RunSpec.stop_at``: the dropout stream the next trainer continues)."""
 
 
 @dataclass
@@ -65,6 +72,19 @@ def rows_mean(row_sum: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return row_sum / counts.clamp(min=1).to(row_sum.dtype)[:, None]
 
 
+def row_mean(row_sum: torch.Tensor, counts: torch.Tensor, samples: int, norm: str = "occurrences") -> torch.Tensor:
+    """Row gradients [U, d] from summed row gradients [U, d]: divided by each row's occurrences
+    (counts [U]; ``norm="occurrences"``) or by the ``samples`` of the update (``"global_batch"``).
+    Raises ValueError for another ``norm`` or samples < 1 with ``global_batch``."""
+    if norm == "occurrences":
+        return rows_mean(row_sum, counts)
+    if norm == "global_batch":
+        if samples < 1:
+            raise ValueError(f"an update must cover at least one sample, got {samples}")
+        return row_sum / samples
+    raise ValueError(f"row gradient normalisation must be 'occurrences' or 'global_batch', got {norm!r}")
+
+
 def sum_rows(keys: torch.Tensor, values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sum duplicate keys: keys [n], values [n, d], counts [n] -> (unique keys [U], sums [U, d], counts [U])."""
     ukeys, inv = torch.unique(keys, return_inverse=True)
@@ -78,8 +98,11 @@ class Aggregator:
 
     ``add(g, w)`` with 0 < w <= 1; ``take()`` returns the Update and resets. The aggregator does no
     scheduling: which gradients enter and when to take is ``ops.gba.control.Control``'s decision.
+    ``row_norm``: the rows' denominator (``row_mean``).
     """
 
+    row_norm: str = "occurrences"
+    """``occurrences`` | ``global_batch`` (``RunSpec.row_grad_norm``)."""
     dense: torch.Tensor | None = None
     """[P] weighted sum of the dense gradients added so far; None = nothing added since the last take."""
     rows: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
@@ -91,15 +114,20 @@ class Aggregator:
     loss_sum: float = 0.0
     """Sum of the added gradients' per-sample losses (unweighted)."""
 
-    def add(self, g: Gradient, weight: float = 1.0) -> None:
-        """Add one gradient with weight ``weight``. Raises ValueError for a weight outside (0, 1]
-        (a dropped gradient never reaches the aggregator)."""
+    def add(self, g: Gradient, weight: float = 1.0, row_weights: dict[str, torch.Tensor] | None = None) -> None:
+        """Add one gradient with weight ``weight`` (its dense part, and its rows unless ``row_weights``
+        gives per table a weight [U] in [0, 1] per row: GBA's per-row staleness). Raises ValueError for
+        a weight outside (0, 1] (a dropped gradient never reaches the aggregator)."""
         if not 0.0 < weight <= 1.0:
             raise ValueError(f"gradient weight must be in (0, 1], got {weight}")
         d = g.dense * weight if weight != 1.0 else g.dense
         self.dense = d.clone() if self.dense is None else self.dense.add_(d)
         for t, (ids, grads, counts) in g.sparse.items():
-            self.rows.setdefault(t, []).append((ids, grads * weight if weight != 1.0 else grads, counts))
+            if row_weights is not None and t in row_weights:
+                grads = grads * row_weights[t].to(grads.dtype)[:, None]
+            elif weight != 1.0:
+                grads = grads * weight
+            self.rows.setdefault(t, []).append((ids, grads, counts))
         self.samples += g.samples
         self.gradients += 1
         self.loss_sum += g.loss_sum
@@ -112,7 +140,7 @@ class Aggregator:
         for t, parts in self.rows.items():
             ids, sums, counts = sum_rows(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
                                          torch.cat([p[2] for p in parts]))
-            sparse[t] = (ids, rows_mean(sums, counts))
+            sparse[t] = (ids, row_mean(sums, counts, self.samples, self.row_norm))
         up = Update(dense_mean(self.dense, self.samples), sparse, self.samples, self.gradients, self.loss_sum / self.samples)
         self.dense, self.rows, self.samples, self.gradients, self.loss_sum = None, {}, 0, 0, 0.0
         return up

@@ -29,8 +29,16 @@ from .staleness import StalenessDecay
 from .switching import Switching
 from .trace import StragglerTrace
 
-__all__ = ["MODES", "GLOBAL_BATCH", "LOCAL_BATCH", "GBAConfigError", "Policy", "Cluster", "RunSpec", "RunConfig",
+__all__ = ["MODES", "ROW_GRAD_NORMS", "ROW_STALENESS", "GLOBAL_BATCH", "LOCAL_BATCH", "GBAConfigError", "Policy", "Cluster", "RunSpec", "RunConfig",
            "Switching", "hyper_parameters", "load_spec", "validate"]
+
+ROW_GRAD_NORMS = ("occurrences", "global_batch")
+"""How an embedding row's gradient is averaged (docs/gba.md, "Two choices"): ``occurrences`` = the
+row's summed gradient / the samples of the update that contain its ID (``ops.gba.aggregate``, the
+default); ``global_batch`` = / the samples of the update (G in sync and GBA: the conventional
+data-parallel mean of the batch loss)."""
+ROW_STALENESS = ("global", "per_row")
+"""How GBA's staleness is counted for embedding rows (``Policy.row_staleness``)."""
 
 MODES = ("sync", "async", "gba", "ssp", "hopbw", "auto")
 """sync: all-reduce data parallel; async: plain async PS; gba: global batch aggregation with token
@@ -58,6 +66,12 @@ class Policy:
     backup_workers: int = 1
     """Hop-BW's backup workers, in [0, W) (Chen et al. 2016, "Revisiting distributed synchronous SGD";
     Luo et al., ASPLOS 2019, Hop): each global step waits for W - backup_workers workers, drops the rest."""
+    row_staleness: str = "global"
+    """How GBA measures the staleness of an embedding row's gradient (``ROW_STALENESS``; docs/gba.md,
+    "Two choices"): ``global`` = the gradient's one staleness tau (global steps since its token) decays
+    every row it carries (the paper's token, GBA §3.2); ``per_row`` = each row is decayed by f of the
+    number of optimizer steps since the token that updated that row (a row nobody updated since the pull
+    is fresh). Dense parameters always use the global tau."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,17 @@ class RunSpec:
     """Parquet of CTR events with a ``split`` column (the ``ctr_events`` table)."""
     data_cache: str = ""
     """Folder for the encoded tensors shared by the processes of every run ("" = encode each time)."""
+    row_grad_norm: str = "occurrences"
+    """Denominator of embedding-row gradients, one of ``ROW_GRAD_NORMS``; the same rule in every mode
+    (a hyper-parameter: ``hyper_parameters`` records it)."""
+    stop_at: int = 0
+    """Stop after this many global steps and write the mode-independent hand-over to ``handover_to``
+    (``ops.gba.handover``; a switch between the all-reduce and the PS launch). 0 = train to the end."""
+    handover_to: str = ""
+    """Folder the hand-over is written to when the run stops at ``stop_at`` (required then)."""
+    handover_from: str = ""
+    """Hand-over folder to start from ("" = start fresh): dense weights, Adam state, every embedding row
+    with its SparseAdagrad state, global step, data position, per-worker RNG (``ops.gba.handover``)."""
 
     @property
     def global_batch(self) -> int:
@@ -150,9 +175,12 @@ class RunSpec:
         return RunSpec(mode=d["mode"], train=TrainConfig(**train), local_batch=d["local_batch"],
                        cluster=Cluster(**d["cluster"]),
                        policy=Policy(decay=StalenessDecay(**pol["decay"]), ssp_bound=pol["ssp_bound"],
-                                     backup_workers=pol["backup_workers"]),
+                                     backup_workers=pol["backup_workers"],
+                                     row_staleness=pol.get("row_staleness", "global")),
                        trace=StragglerTrace(**d["trace"]), switching=Switching(**sw), events_path=d["events_path"],
-                       data_cache=d.get("data_cache", ""))
+                       data_cache=d.get("data_cache", ""), row_grad_norm=d.get("row_grad_norm", "occurrences"),
+                       stop_at=d.get("stop_at", 0), handover_to=d.get("handover_to", ""),
+                       handover_from=d.get("handover_from", ""))
 
 
 def load_spec(text: str) -> RunSpec:
@@ -169,7 +197,7 @@ def hyper_parameters(spec: RunSpec) -> dict:
     return {"global_batch": t.batch_size, "local_batch": spec.local_batch, "epochs": t.epochs, "dim": t.dim,
             "hidden": list(t.hidden), "dropout": t.dropout, "sparse_optimizer": "SparseAdagrad", "sparse_lr": t.sparse_lr,
             "dense_optimizer": "Adam", "dense_lr": t.dense_lr, "emb_l2": t.emb_l2, "crosses": list(t.crosses),
-            "coalesce": t.coalesce, "seed": t.seed}
+            "coalesce": t.coalesce, "seed": t.seed, "row_grad_norm": spec.row_grad_norm}
 
 
 def validate(spec: RunSpec) -> RunSpec:
@@ -216,6 +244,17 @@ def validate(spec: RunSpec) -> RunSpec:
         raise GBAConfigError(f"cluster.checkpoint_every must be >= 0 global steps (0: no checkpoints), got {c.checkpoint_every}")
     spec.trace.check(c.workers)
     spec.policy.decay.check()
+    if spec.row_grad_norm not in ROW_GRAD_NORMS:
+        raise GBAConfigError(f"row_grad_norm must be one of {ROW_GRAD_NORMS}, got {spec.row_grad_norm!r}")
+    if spec.policy.row_staleness not in ROW_STALENESS:
+        raise GBAConfigError(f"policy.row_staleness must be one of {ROW_STALENESS}, got {spec.policy.row_staleness!r}")
+    if spec.stop_at < 0:
+        raise GBAConfigError(f"stop_at must be >= 0 global steps (0: train to the end), got {spec.stop_at}")
+    if spec.stop_at and not spec.handover_to:
+        raise GBAConfigError(f"stop_at = {spec.stop_at} needs handover_to, the folder the hand-over is written to")
+    if spec.stop_at and spec.mode == "auto":
+        raise GBAConfigError("stop_at: an auto run switches inside one launch; hand-overs are written by sync, gba, "
+                             "async, ssp or hopbw runs")
     return spec
 
 

@@ -216,6 +216,17 @@ class Control:
         self.gradients = GradientCounts(**st["gradients"])
         self.reissue = list(st["reissue"])
 
+    def start_at(self, step: int, samples: int, next_batch: int, reissue: list[int]) -> None:
+        """Continue from a hand-over (``ops.gba.handover``): ``step`` optimizer steps and ``samples``
+        applied, fresh batches from ``next_batch``, ``reissue`` handed out first. Every counter of this
+        run (gradients, staleness, batches per worker) starts at zero. Raises ProtocolError once
+        started."""
+        if self.registered or self.step or self.samples_applied:
+            raise ProtocolError("start_at: the run has already started")
+        self.step, self.phase_start, self.samples_applied = step, step, samples
+        self.next_batch_no, self.reissue = next_batch, list(reissue)
+        self.done = self.samples_applied >= self.total_samples
+
     def hello(self, w: int) -> int | Wait | str:
         """Register worker ``w``; its first batch number once every worker has registered (the
         start barrier), else Wait; STOP if the run is over or the worker was declared lost."""

@@ -164,6 +164,21 @@ class TableShard:
 
         load_state(Path(folder), name, self.ec)
 
+    def save_handover(self, folder: str, k: int, num_ps: int) -> dict:
+        """Write this shard's rows (key % num_ps == k) into a hand-over folder (``ops.gba.handover``);
+        returns the manifest entry."""
+        from ops.sparse.checkpoint import save_shard
+
+        from .handover import TABLES
+
+        return save_shard(self.ec, folder, k, num_ps, prefix=TABLES)
+
+    def load_handover(self, folder: str, k: int, num_ps: int) -> None:
+        """Load the rows key % num_ps == k of a hand-over (written at any world size)."""
+        from .handover import load_tables
+
+        load_tables(folder, self.ec, k, num_ps)
+
 
 class ServedCollection(EmbeddingCollection):
     """Evaluation-side embeddings over rows read from every shard: ``serve({table: (sorted ids [U],
@@ -267,6 +282,23 @@ class ServerModel:
         rows = self._gather(self._eval_ids, local, "read")
         self._eval.ec.serve({t: (self._eval_ids[t], rows[t]) for t in rows})
         return evaluate(self._eval, feats, labels)
+
+    def save_handover(self, folder) -> list[dict]:
+        """Every PS process writes its rows into the hand-over folder; returns the manifest entries."""
+        from ops.sparse.checkpoint import save_shard
+
+        from .handover import TABLES
+
+        entries = [save_shard(self.model.ec, folder, 0, self.num_ps, prefix=TABLES)]
+        return entries + [c.save_handover(str(folder), k + 1, self.num_ps) for k, c in enumerate(self.shards)]
+
+    def load_handover(self, folder) -> None:
+        """Every PS process loads its rows (key % num_ps == k) of a hand-over."""
+        from .handover import load_tables
+
+        load_tables(folder, self.model.ec, 0, self.num_ps)
+        for k, c in enumerate(self.shards):
+            c.load_handover(str(folder), k + 1, self.num_ps)
 
     def save_shards(self, folder) -> list[str]:
         """Each shard process writes its tables into ``folder`` (writer ``ps<k>``). Returns the writers."""

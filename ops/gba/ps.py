@@ -93,6 +93,14 @@ def _shard_load(folder: str, name: str):
     return _SHARD.load(folder, name)
 
 
+def _shard_save_handover(folder: str, k: int, num_ps: int):
+    return _SHARD.save_handover(folder, k, num_ps)
+
+
+def _shard_load_handover(folder: str, k: int, num_ps: int):
+    return _SHARD.load_handover(folder, k, num_ps)
+
+
 def _shard_stop():
     _SHARD_STOP.set()
 
@@ -123,6 +131,12 @@ class ShardClient:
 
     def load(self, folder, name):
         return self._call(_shard_load, folder, name)
+
+    def save_handover(self, folder, k, num_ps):
+        return self._call(_shard_save_handover, folder, k, num_ps)
+
+    def load_handover(self, folder, k, num_ps):
+        return self._call(_shard_load_handover, folder, k, num_ps)
 
     def stop(self):
         return self._call(_shard_stop)
@@ -376,6 +390,15 @@ def work(spec, index: int, port: int) -> None:
     data = load(spec.events_path, spec.train.crosses, spec.data_cache)
     model = WorkerModel(data.fields, spec.train, index)
     stream = SampleStream(data.n_train, spec.local_batch, spec.train.seed)
+    k = 0                                               # local batches computed (the straggler trace's counter)
+    if spec.handover_from:                              # continue the dropout stream and trace of worker = rank index
+        from .handover import read, worker_rng
+
+        rng = worker_rng(spec.handover_from, index)
+        if rng is not None:
+            torch.set_rng_state(rng)
+        tp = read(spec.handover_from)["trace_position"]
+        k = tp[index] if index < len(tp) else 0
     parent = os.getppid()
     guard = Watchdog(f"worker{index}", c.start_timeout_s,
                      lambda: "its parameter server (parent process) is gone" if os.getppid() != parent else None)
@@ -398,7 +421,7 @@ def work(spec, index: int, port: int) -> None:
             time.sleep(r[1])
             r = call(ps._hello, index)
         batch = r[1] if r[0] == "go" else None
-        version, k = -1, 0
+        version = -1
         since = None
         while batch is not None:
             idx = stream.indices(batch)
@@ -417,6 +440,8 @@ def work(spec, index: int, port: int) -> None:
             t = time.perf_counter()
             grad = model.gradient(b, y, ids, rows, dense, passes=spec.trace.passes(index, k, W))
             grad.compute_s = time.perf_counter() - t
+            if spec.stop_at:                     # the dropout stream after this batch, for the hand-over
+                grad.rng = torch.get_rng_state()
             k += 1
             r = call(ps._push, index, token, batch, grad)
             batch = r[1] if r[0] == "go" else None

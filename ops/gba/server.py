@@ -73,8 +73,10 @@ class ParameterServer:
         self.spec, self.data, self.on_eval, self.clock = spec, data, on_eval, clock
         self.checkpoints, self.on_checkpoint, self.on_progress = checkpoints, on_checkpoint, on_progress
         self.steps_target = spec.global_steps(data.n_train)
+        if spec.stop_at:
+            self.steps_target = min(self.steps_target, spec.stop_at)
         self.control = Control(spec, total_samples=self.steps_target * spec.global_batch)
-        self.agg = Aggregator()
+        self.agg = Aggregator(row_norm=spec.row_grad_norm)
         if len(shards or []) != spec.cluster.num_ps - 1:
             raise ValueError(f"cluster.num_ps = {spec.cluster.num_ps} needs {spec.cluster.num_ps - 1} shard client(s), "
                              f"got {len(shards or [])}")
@@ -106,9 +108,24 @@ class ParameterServer:
         self.before = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0}
         self.resumes: list[dict] = []
         self.resumed_from: dict | None = None
+        # hand-over (ops.gba.handover): per-worker RNG, trace counters, batches applied, in and out
+        self.worker_rng: list = [None] * W
+        self.trace_base, self.bbw0 = [0] * W, [0] * W
+        self.applied: list[int] = []
+        self._pending_batches: list[int] = []
+        self.start_samples = 0
+        self.handover_in: dict | None = None
+        self.handover_out: dict | None = None
+        # per-row staleness (Policy.row_staleness = "per_row"): (optimizer step, {table: ids updated})
+        self.row_history: list[tuple[int, dict]] = []
         rec = checkpoints.find() if checkpoints is not None and self.ckpt_every else None
         if rec is not None:
             self._restore(rec)
+        elif spec.handover_from:
+            self._from_handover()
+            self._evaluate(self.control.samples_applied)
+            if self.control.done:                       # nothing to train: pass the state on unchanged
+                self._write_handover()
         else:
             self._evaluate(0)
 
@@ -165,9 +182,13 @@ class ParameterServer:
                 self.step_time[w][1] += dt
                 if self.detector is not None:
                     self.detector.observe(w, dt)
+            if grad.rng is not None and not self.control.done:
+                self.worker_rng[w] = grad.rng
             v = self.control.push(w, token, batch, grad.samples)
             if v.weight > 0:
-                self.agg.add(grad, v.weight)
+                rw = self._row_weights(token, grad) if self._per_row() else None
+                self.agg.add(grad, v.weight, rw)
+                self._pending_batches.append(batch)
             if v.apply:
                 self._apply()
             return self._reply(w, STOP if v.next_batch is None else v.next_batch)
@@ -187,18 +208,44 @@ class ParameterServer:
             self._check_finished()
 
     # -- internals -------------------------------------------------------------------------------
+    def _per_row(self) -> bool:
+        return self.spec.policy.row_staleness == "per_row" and self.control.mode == "gba"
+
+    def _row_weights(self, token: int, grad) -> dict:
+        """Per table, f(tau_row) [U] of the gradient's rows: tau_row = the optimizer steps after
+        ``token`` whose update touched the row (0 for a row nobody updated since the pull)."""
+        import torch
+
+        out = {}
+        for t, (ids, _, _) in grad.sparse.items():
+            tau = torch.zeros(len(ids), dtype=torch.int64)
+            for step, upd in self.row_history:
+                if step > token and t in upd:
+                    tau += torch.isin(ids, upd[t]).to(torch.int64)
+            f = self.spec.policy.decay
+            out[t] = torch.tensor([f(int(x)) for x in tau.tolist()], dtype=torch.float32) if len(ids) else torch.zeros(0)
+        return out
+
     def _apply(self) -> None:
         up = self.agg.take()
         self.model.apply(up)
         self.version += 1
         self._dense = self.model.dense()
         c = self.control
+        self.applied.extend(self._pending_batches)
+        self._pending_batches = []
+        if self.spec.policy.row_staleness == "per_row":
+            self.row_history.append((c.step, {t: ids for t, (ids, _) in up.sparse.items()}))
+            oldest = min((tok for tok, _ in c.outstanding.values()), default=c.step)
+            self.row_history = [(s, u) for s, u in self.row_history if s > oldest]
         self.loss_curve.append([c.samples_applied, up.loss])
         if self.on_progress:
             self.on_progress(up.samples)
         if c.done:
             self.t_end = self.clock()
             self._evaluate(c.samples_applied)
+            if self.spec.stop_at:
+                self._write_handover()
             return
         if self.spec.mode == "auto":
             self._switch_point()
@@ -294,6 +341,61 @@ class ParameterServer:
                              "optimizer_steps": rec["optimizer_steps"], "reissued_batches": len(self.control.reissue)}
         self.resumes = list(s["resumes"]) + [self.resumed_from]
 
+    # -- hand-over (ops.gba.handover) ------------------------------------------------------------
+    def _from_handover(self) -> None:
+        """Start from ``spec.handover_from``: every PS process loads its rows (key % num_ps), PS 0
+        the dense parameters and Adam state; the token control continues at the hand-over's global
+        step and data position. Raises HandoverError."""
+        from pathlib import Path
+
+        from . import handover
+
+        folder = Path(self.spec.handover_from)
+        rec = handover.read(folder)
+        handover.check(rec, self.spec, self.data.n_train, folder)
+        m = self.model.model
+        self.model.load_handover(folder)
+        st = handover.load_state(folder)
+        m.net.load_state_dict(st["net"])
+        m.opt.load_state_dict(st["opt"])
+        W = self.spec.cluster.workers
+        self.worker_rng = [st["rng"][w] if w < len(st["rng"]) else None for w in range(W)]
+        tp = list(rec["trace_position"]) + [0] * W
+        self.trace_base = tp[:W]
+        per_global = self.spec.local_batches_per_step if self.control.mode in ("async", "ssp") else 1
+        self.control.start_at(step=int(round(rec["global_step"] * per_global)), samples=rec["samples"],
+                              next_batch=rec["next_batch"], reissue=rec["reissue"])
+        self.start_samples = rec["samples"]
+        self.next_eval = (int(rec["samples"] // (self.spec.cluster.eval_every * self.spec.global_batch)) + 1) \
+            * self.spec.cluster.eval_every * self.spec.global_batch
+        self.next_ckpt = (rec["samples"] // self.ckpt_every + 1) * self.ckpt_every if self.ckpt_every else 0
+        self.next_window = rec["samples"] + self.spec.switching.window * self.spec.global_batch
+        self._dense = self.model.dense()
+        self.handover_in = {"folder": str(folder), "from_mode": rec["from_mode"], "global_step": rec["global_step"],
+                            "next_batch": rec["next_batch"], "reissue": list(rec["reissue"])}
+
+    def _write_handover(self) -> None:
+        """Write the hand-over at the run's stop (right after its last optimizer step: nothing
+        pending): every PS process's rows, PS 0's dense state, each worker's last reported RNG, the
+        data position (batches in flight are to be handed out again)."""
+        from pathlib import Path
+
+        from ops.sparse.checkpoint import write_manifest
+
+        from . import handover
+
+        c, m = self.control, self.model.model
+        folder = Path(self.spec.handover_to)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_manifest(folder, self.model.save_handover(folder), prefix=handover.TABLES)
+        st = c.state()
+        trace = [b + n - n0 for b, n, n0 in zip(self.trace_base, c.batches_by_worker, self.bbw0)]
+        self.handover_out = handover.write(
+            folder, self.spec, net=m.net.state_dict(), opt=m.opt.state_dict(), rng=self.worker_rng,
+            global_step=c.samples_applied / self.spec.global_batch, optimizer_steps=c.step,
+            next_batch=st["next_batch_no"], reissue=st["reissue"], trace_position=trace, n_train=self.data.n_train,
+            writers=[f"ps{k}" for k in range(self.model.num_ps)])
+
     def _reply(self, w: int, r):
         if r == STOP:
             self.stopped.add(w)
@@ -346,11 +448,15 @@ class ParameterServer:
                                 "written": self.ckpt_count, "seconds": self.before["ckpt_s"] + self.ckpt_s,
                                 "resumes": self.resumes},
             }
+            res["start_global_step"] = self.start_samples / spec.global_batch
+            res["batches_applied"] = self.applied
+            res["handover"] = {"from": self.handover_in, "to": self.handover_out}
+            res["row_staleness"] = spec.policy.row_staleness
             if spec.mode == "auto":
                 res["switching"] = {"policy": _spec_dict(spec)["switching"], "events": self.events,
                                     "final_phase": c.mode, "dropped_at_switch": c.dropped_at_switch,
                                     "windows": self.detector.windows}
-            return report.finish(res, c.samples_applied, self.train_seconds(), spec.cluster.target_auc)
+            return report.finish(res, c.samples_applied - self.start_samples, self.train_seconds(), spec.cluster.target_auc)
 
 
 def _spec_dict(spec: RunSpec) -> dict:

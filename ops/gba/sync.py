@@ -39,8 +39,8 @@ import torch.distributed as dist
 from ops.sparse.shard import ShardedEmbeddingCollection
 from ops.sparse.train import CTRModel
 
-from . import report
-from .aggregate import dense_mean, rows_mean
+from . import handover, report
+from .aggregate import dense_mean, row_mean
 from .checkpoint import Checkpoints, load_state, save_state
 from .config import RunSpec, hyper_parameters, load_spec, validate
 from .control import GradientCounts
@@ -85,6 +85,11 @@ class CountingShardedCollection(ShardedEmbeddingCollection):
         super().__init__(*args, **kw)
         self.x = _TimedExchange(self.x)
 
+    row_norm = "occurrences"
+    """``RunSpec.row_grad_norm``: rows divided by their occurrences or by the global batch."""
+    global_batch = 0
+    """G, the denominator of ``row_norm = "global_batch"``."""
+
     def expect(self, counts: dict[str, torch.Tensor]) -> None:
         """Occurrences [U] of the next forward's unique ids per table (``unique_ids`` of the batch)."""
         self._counts = counts
@@ -96,7 +101,7 @@ class CountingShardedCollection(ShardedEmbeddingCollection):
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             gc = torch.cat([grad, self._counts[tname].to(grad.dtype)[:, None]], dim=1)       # [U, d + 1]
             s = torch.zeros(len(rows), table.dim + 1).index_add(0, inv, torch.cat(self.x([gc[p] for p in pos])))
-            table.apply_gradients(rows, rows_mean(s[:, :table.dim], s[:, table.dim]))
+            table.apply_gradients(rows, row_mean(s[:, :table.dim], s[:, table.dim], self.global_batch, self.row_norm))
 
 
 class SyncModel(CTRModel):
@@ -163,6 +168,13 @@ class SyncTrainer:
         if self.world != spec.cluster.workers:
             raise LaunchError(f"process group has {self.world} ranks, the run asked for cluster.workers = {spec.cluster.workers}")
         self.model = SyncModel(data.fields, spec.train)
+        self.model.ec.row_norm, self.model.ec.global_batch = spec.row_grad_norm, spec.global_batch
+        # data position this launch started from (a hand-over; fresh: batch 0): step s trains the
+        # M batches (s - base_step) * M .. of ``reissue + [next_batch, ...]`` (ops.gba.handover)
+        self.base = {"step": 0, "next_batch": 0, "reissue": [], "trace": [0] * spec.cluster.workers}
+        self.handover_in: dict | None = None
+        self.handover_out: dict | None = None
+        self.applied: list[int] = []
         self.stream = SampleStream(data.n_train, spec.local_batch, spec.train.seed)
         torch.manual_seed(spec.train.seed * 1000 + self.rank + 1)       # dropout stream of this rank (as PS worker r)
         self.curve, self.loss_curve, self.eval_s = [], [], 0.0
@@ -182,7 +194,8 @@ class SyncTrainer:
         state = {"net": self.model.net.state_dict(), "opt": self.model.opt.state_dict(), "rng": torch.get_rng_state(),
                  "step": step, "curve": self.curve, "loss_curve": self.loss_curve, "count": self.ckpt_count + 1,
                  "train_s": train_s, "eval_s": self.before["eval_s"] + eval_s, "ckpt_s": self.before["ckpt_s"] + ckpt_s,
-                 "resumes": self.resumes, "world": self.world}
+                 "resumes": self.resumes, "world": self.world, "base": self.base, "handover_in": self.handover_in,
+                 "applied": self.applied}
         save_state(folder, f"rank{self.rank}", state, self.model.ec)
         dist.barrier()
         self.ckpt_count += 1
@@ -199,7 +212,7 @@ class SyncTrainer:
         continue from (0: none)."""
         rec = self.checkpoints.find() if self.checkpoints is not None else None
         if rec is None:
-            return 0
+            return self._from_handover() if self.spec.handover_from else 0
         st = load_state(self.checkpoints.folder(rec), f"rank{self.rank}", self.model.ec)
         if st["world"] != self.world:
             raise LaunchError(f"checkpoint {self.checkpoints.folder(rec)} was written by {st['world']} ranks, this launch "
@@ -212,9 +225,66 @@ class SyncTrainer:
         resumed = {"checkpoint": rec["count"], "samples": rec["samples"], "global_step": st["step"],
                    "optimizer_steps": st["step"], "reissued_batches": 0}
         self.resumes = list(st["resumes"]) + [resumed]
+        self.base, self.handover_in = st.get("base", self.base), st.get("handover_in")
+        self.applied = list(st.get("applied", []))
         if self.rank == 0 and self.on_resume:
             self.on_resume(resumed)
         return st["step"]
+
+    def _from_handover(self) -> int:
+        """Start from ``spec.handover_from`` (``ops.gba.handover``): this rank's rows (key % W == rank)
+        with their SparseAdagrad state, dense parameters and Adam state, the RNG of worker = this rank,
+        the data position. Returns the global step to continue from. Raises HandoverError."""
+        folder = Path(self.spec.handover_from)
+        rec = handover.read(folder)
+        handover.check(rec, self.spec, self.data.n_train, folder)
+        step = rec["global_step"]
+        if step != int(step):
+            raise handover.HandoverError(f"hand-over {folder}: global step {step} is not whole; sync continues from a "
+                                         f"global-step boundary")
+        handover.load_tables(folder, self.model.ec, self.rank, self.world)
+        st = handover.load_state(folder)
+        self.model.net.load_state_dict(st["net"])
+        self.model.opt.load_state_dict(st["opt"])
+        if self.rank < len(st["rng"]) and st["rng"][self.rank] is not None:
+            torch.set_rng_state(st["rng"][self.rank])
+        tp = list(rec["trace_position"]) + [0] * self.world
+        self.base = {"step": int(step), "next_batch": rec["next_batch"], "reissue": list(rec["reissue"]),
+                     "trace": tp[:self.world]}
+        self.handover_in = {"folder": str(folder), "from_mode": rec["from_mode"], "global_step": step,
+                            "next_batch": rec["next_batch"], "reissue": list(rec["reissue"])}
+        return int(step)
+
+    def step_batches(self, s: int) -> list[int]:
+        """The M local batch numbers global step ``s`` trains (rank r takes the r-th W-th of them)."""
+        b, M = self.base, self.spec.local_batches_per_step
+        return handover.batches(b["next_batch"], b["reissue"], (s - b["step"]) * M, M)
+
+    def _write_handover(self, step: int) -> dict:
+        """Every rank writes its rows into ``spec.handover_to`` (one reshardable file per rank, rows
+        key % W == rank); rank 0 writes the manifest, the dense state with every rank's RNG and, last,
+        the record. A collective. Returns the record."""
+        from ops.sparse.checkpoint import save_shard, write_manifest
+
+        folder = Path(self.spec.handover_to)
+        if self.rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        entry = save_shard(self.model.ec, folder, self.rank, self.world, prefix=handover.TABLES)
+        got = [None] * self.world
+        dist.all_gather_object(got, (entry, torch.get_rng_state()))
+        rec = None
+        if self.rank == 0:
+            write_manifest(folder, [e for e, _ in got], prefix=handover.TABLES)
+            b, M, share = self.base, self.spec.local_batches_per_step, self.spec.local_batches_per_step // self.world
+            nb, re = handover.advance(b["next_batch"], b["reissue"], (step - b["step"]) * M)
+            rec = handover.write(folder, self.spec, net=self.model.net.state_dict(), opt=self.model.opt.state_dict(),
+                                 rng=[r for _, r in got], global_step=step, optimizer_steps=step, next_batch=nb,
+                                 reissue=re, trace_position=[t + (step - b["step"]) * share for t in b["trace"]],
+                                 n_train=self.data.n_train, writers=[f"rank{r}" for r in range(self.world)])
+        got = [rec]
+        dist.broadcast_object_list(got, src=0)
+        return got[0]
 
     def _evaluate(self, step: int, train_s: float) -> float:
         """Test metrics at global step ``step`` (every rank predicts: the lookups are collectives;
@@ -234,9 +304,11 @@ class SyncTrainer:
         G, M = spec.global_batch, spec.local_batches_per_step
         share = M // W
         steps = spec.global_steps(self.data.n_train)
+        if spec.stop_at:
+            steps = min(steps, spec.stop_at)
         start = self._restore()
-        if start == 0:
-            self._evaluate(0, 0.0)
+        if start == self.base["step"] and not self.resumes:
+            self._evaluate(start, 0.0)
         every = spec.cluster.checkpoint_every if self.checkpoints is not None else 0
         dist.barrier()
         if self.on_progress:
@@ -244,8 +316,11 @@ class SyncTrainer:
         t0, eval_s, ckpt_s = time.perf_counter(), 0.0, 0.0
         clock = lambda: self.before["train_s"] + time.perf_counter() - t0 - eval_s - ckpt_s  # noqa: E731
         for s in range(start, steps):
-            idx = self.stream.batches(s * M + r * share, share)
-            extra = [spec.trace.passes(r, s * share + j, W) - 1 for j in range(share)]
+            nums = self.step_batches(s)
+            self.applied.extend(nums)
+            idx = torch.cat([self.stream.indices(n) for n in nums[r * share:(r + 1) * share]])
+            k0 = self.base["trace"][r] + (s - self.base["step"]) * share
+            extra = [spec.trace.passes(r, k0 + j, W) - 1 for j in range(share)]
             bce = self.model.backward(take(self.data.train, idx), self.data.y_train[idx], extra, spec.local_batch)
             loss = self.model.reduce_and_apply(bce, len(idx), G)
             self.loss_curve.append([(s + 1) * G, loss])
@@ -258,19 +333,24 @@ class SyncTrainer:
                 self._checkpoint(s + 1, clock(), eval_s, ckpt_s)
                 ckpt_s += time.perf_counter() - t
         train_s = clock()
+        if spec.stop_at:
+            self.handover_out = self._write_handover(steps)
+        done = steps - self.base["step"]
         res = {
             "mode": "sync", "workers": W, "world_size": W, "trace": spec.trace.kind, "spec": json.loads(spec.to_json()),
             "hyper_parameters": hyper_parameters(spec), "global_steps_target": steps, "global_steps": steps,
-            "optimizer_steps": steps, "samples_applied": steps * G, "samples_computed": steps * G,
-            "gradients": asdict(GradientCounts(pushed=steps * M, applied=steps * M)),
-            "staleness_histogram": {0: steps * M}, "staleness_unit": "global steps",
-            "batches_by_worker": {f"worker{w}": steps * share for w in range(W)}, "lost_workers": [], "failure": None,
+            "optimizer_steps": steps, "samples_applied": steps * G, "samples_computed": done * G,
+            "gradients": asdict(GradientCounts(pushed=done * M, applied=done * M)),
+            "staleness_histogram": {0: done * M}, "staleness_unit": "global steps",
+            "batches_by_worker": {f"worker{w}": done * share for w in range(W)}, "lost_workers": [], "failure": None,
+            "start_global_step": self.base["step"], "batches_applied": self.applied,
+            "handover": {"from": self.handover_in, "to": self.handover_out},
             "curve": self.curve, "loss_curve": self.loss_curve, "final": self.curve[-1] if self.curve else None,
             "eval_seconds": self.before["eval_s"] + eval_s, "backend": dist.get_backend(), "exchange": self.model.ec.x.mode,
             "checkpoints": {"every_global_steps": every, "written": self.ckpt_count,
                             "seconds": self.before["ckpt_s"] + ckpt_s, "resumes": self.resumes},
         }
-        return report.finish(res, steps * G, train_s, spec.cluster.target_auc)
+        return report.finish(res, done * G, train_s, spec.cluster.target_auc)
 
 
 def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict | None:
