@@ -427,11 +427,15 @@ def base_losses(lake: LakeResource, size: str, inits=None) -> tuple[dict[str, fl
     return {k: sum(i["losses"][k] for i in infos) / len(infos) for k in first["losses"]}, used
 
 
-def _read_probe_runs(lake: LakeResource) -> pl.DataFrame:
-    """Every finished probe run's checkpoints in the lake (all partitions), diagonally concatenated;
-    a table written before probe runs had seeds reads as seed 0, one from before base inits as init 0."""
+def _read_probe_runs(lake: LakeResource, folders: list[str] | None = None) -> pl.DataFrame:
+    """Every finished probe run's checkpoints in the lake (all partitions; ``folders``: only these
+    partition folders), diagonally concatenated; a table written before probe runs had seeds reads
+    as seed 0, one from before base inits as init 0."""
     d = lake.base / "cpt_probe_runs"
-    frames = [pl.read_parquet(p) for p in sorted(d.glob("*/data.parquet"))] if d.exists() else []
+    paths = sorted(d.glob("*/data.parquet")) if d.exists() else []
+    if folders is not None:
+        paths = [p for p in paths if p.parent.name in set(folders)]
+    frames = [pl.read_parquet(p) for p in paths]
     frames = [f if "seed" in f.columns else f.with_columns(seed=pl.lit(0, dtype=pl.Int64)) for f in frames]
     frames = [f if "init" in f.columns else f.with_columns(init=pl.lit(0, dtype=pl.Int64)) for f in frames]
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
@@ -446,11 +450,26 @@ class LawFitConfig(fields_of(LawFitParams)):
     """The Launchpad face of ops.mixture.law.config.LawFitParams (meanings and ranges there)."""
 
 
-def _probe_points(lake: LakeResource) -> pl.DataFrame:
-    runs = _read_probe_runs(lake)
+def current_probe_folders(lake: LakeResource) -> tuple[dict[str, str], list[str]]:
+    """({lake folder: partition key} of the current ``cpt_probe_runs`` partitions that have a finished
+    table, [lake folders that are no current partition]): a folder left by an earlier probe grid
+    (another ``CRUCIBLE_CPT_RATIOS`` or size list) is not a partition the UI shows."""
+    keys = {run_dir_name(_dims(k)["size"], float(_dims(k)["ratio"])): str(k) for k in probe_partitions.get_partition_keys()}
+    d = lake.base / "cpt_probe_runs"
+    present = sorted(p.parent.name for p in d.glob("*/data.parquet")) if d.exists() else []
+    return {n: keys[n] for n in present if n in keys}, [n for n in present if n not in keys]
+
+
+def _probe_points(lake: LakeResource, log=None) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """(checkpoints of the current probe partitions, the partition keys read, the lake folders left
+    out). Raises dagster.Failure when no current partition has a finished table."""
+    used, ignored = current_probe_folders(lake)
+    if ignored and log:
+        log(f"dcpt_law_fit: ignoring {len(ignored)} probe folder(s) of no current cpt_probe_runs partition: {ignored}")
+    runs = _read_probe_runs(lake, list(used))
     if runs.is_empty():
         raise dg.Failure("dcpt_law_fit: no finished cpt_probe_runs partition in the lake; materialize cpt_probe_runs first")
-    return runs
+    return runs, sorted(used.values()), ignored
 
 
 def subdomain_points(runs: pl.DataFrame, shares: dict[str, float], min_share: float) -> pl.DataFrame:
@@ -495,7 +514,7 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     from ops.mixture import law, plots
 
     config = LawFitParams(**config.model_dump())  # ranges checked once, here
-    runs = _probe_points(lake)
+    runs, used_partitions, ignored_folders = _probe_points(lake, context.log.warning)
     pts = runs.filter(pl.col("tokens") > 0)
     forms = list(dict.fromkeys(config.forms))
     chosen = forms[0]
@@ -543,7 +562,7 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
            "probe": {"n_params": sorted(int(n) for n in pts["n_params"].unique()),
                      "ratios": sorted(float(r) for r in pts["domain_ratio"].unique()),
                      "max_tokens": int(pts["tokens"].max()), "points": pts.height, "runs": runs["size"].n_unique(),
-                     "base_losses": base_loss, "base_inits": base_inits}}
+                     "base_losses": base_loss, "base_inits": base_inits, "partitions": used_partitions}}
     text = json.dumps(doc, indent=1, default=float)
     out = lake.base / "dcpt_law_fit" / "fit.json"
     with atomic_path(out) as tmp:
@@ -554,7 +573,10 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     png = plots.loss_curves(runs, {t: chosen_fits[t].predict for t in law.TARGETS})
     meta = {"path": dg.MetadataValue.path(str(out)), "chosen_form": chosen, "probe_points": pts.height,
             "forms": md_table(pl.DataFrame(form_rows)), "generalisation": md_table(gen_table),
-            "fitted_curves": image(png, "probe points and the fitted law")}
+            "fitted_curves": image(png, "probe points and the fitted law"),
+            # the probe partitions this fit read: the current partition keys only, never every folder in the lake
+            "probe_partitions": dg.MetadataValue.json(used_partitions),
+            "ignored_probe_folders": dg.MetadataValue.json(ignored_folders)}
     for t in law.TARGETS:
         for axis in ("unseen_N", "unseen_D", "unseen_r"):
             r2 = generalisation[t][axis].get("r2")
