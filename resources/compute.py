@@ -53,9 +53,9 @@ class ComputeResource(dg.ConfigurableResource):
     driver: use a GCS address ``host:6379`` from a cluster node)."""
     ray_jobs_address: Optional[str] = None
     """The Ray Jobs API of a cluster (its dashboard, ``http://head:8265``). When set, the RL drivers are
-    submitted as Ray Jobs (``run_ray_job``): the repository travels as the job's ``runtime_env``
-    working_dir, the driver runs on the cluster and connects to it, and ``ray_address`` is ignored. The
-    lake must be a filesystem the cluster shares."""
+    submitted as Ray Jobs (``run_ray_job``): the installed crucible packages travel as the job's
+    ``runtime_env`` py_modules (``crucible_py_modules``), the driver runs on the cluster and connects to
+    it, and ``ray_address`` is ignored. The lake must be a filesystem the cluster shares."""
     ray_job_poll_s: float = 1.0
     """Seconds between Ray job status polls."""
     rl_engine_gpus: float = 0.0
@@ -136,15 +136,20 @@ class ComputeResource(dg.ConfigurableResource):
     def run_ray_job(self, context: dg.AssetExecutionContext, module: str, args: Sequence[str], *,
                     messages_path: str, extras: Optional[Mapping[str, Any]] = None,
                     env: Optional[Mapping[str, str]] = None, timeout_s: Optional[float] = None,
-                    working_dir: Optional[str] = None) -> dg.PipesClientCompletedInvocation:
+                    working_dir: Optional[str] = None,
+                    metadata: Optional[Mapping[str, str]] = None) -> dg.PipesClientCompletedInvocation:
         """Submit ``python -m module args`` as a Ray Job at ``ray_jobs_address`` inside a Pipes
         session, and wait for it.
 
         The Pipes context travels in the job's environment (``PipesEnvContextInjector``), and
         messages come back through ``messages_path`` (``PipesFileMessageReader``: a file in the run
-        folder, on the shared lake). The job's ``runtime_env`` carries ``working_dir`` (default: this
-        repository, with what .gitignore excludes left out) and the launch environment, so every
-        actor the driver starts imports the same code. The job id is
+        folder, on the shared lake). The job's ``runtime_env`` carries ``py_modules`` = the crucible
+        packages this process imports (``crucible_py_modules``: pipelines, assets, ops, resources,
+        ~3 MB, wherever they are installed: a wheel's site-packages or a checkout; never the parent
+        folder of a module, which in a wheel install is the whole site-packages), an optional
+        ``working_dir`` (a caller's own files only) and the launch environment, so the driver and every
+        actor it starts import the code this step runs; the cluster's Python must have the third-party
+        dependencies (the project's image). The job id is
         ``crucible-<first 8 chars of the run id>-r<retry>-<random>``. A head whose job agent is not up yet ("try again
         later") is retried for up to 120 s.
 
@@ -162,7 +167,9 @@ class ComputeResource(dg.ConfigurableResource):
         if not self.ray_jobs_address:
             raise ValueError("compute.ray_jobs_address is not set: no Ray Jobs API to submit to")
         limit = self.launch_timeout_s if timeout_s is None else timeout_s
-        root = working_dir or str(Path(__file__).resolve().parents[1])
+        runtime_env: dict[str, Any] = {"py_modules": crucible_py_modules(), "excludes": ["__pycache__", "*.pyc"]}
+        if working_dir:
+            runtime_env["working_dir"] = working_dir
         entrypoint = shlex.join(["python", "-m", module, *args])
         client = JobSubmissionClient(self.ray_jobs_address)
         job_id = f"crucible-{context.run.run_id[:8]}-r{context.retry_number}-{uuid.uuid4().hex[:6]}"
@@ -174,16 +181,17 @@ class ComputeResource(dg.ConfigurableResource):
             while True:     # a head that just started answers 500 "No available agent ... try again later"
                 try:
                     client.submit_job(entrypoint=entrypoint, submission_id=job_id,
-                                      runtime_env={"working_dir": root, "env_vars": env_vars},
+                                      runtime_env={**runtime_env, "env_vars": env_vars},
                                       metadata={"dagster_run_id": context.run.run_id,
-                                                "asset": context.asset_key.to_user_string()})
+                                                "asset": context.asset_key.to_user_string(), **(metadata or {})})
                     break
                 except RuntimeError as e:
                     if "try again later" not in str(e) or time.monotonic() > submit_by:
                         raise dg.Failure(f"Ray job submission to {self.ray_jobs_address} failed: {e}") from e
                     context.log.info(f"Ray Jobs API not ready ({e}); retrying")
                     time.sleep(2.0)
-            context.log.info(f"launch: Ray job {job_id} at {self.ray_jobs_address}: {entrypoint}")
+            context.log.info(f"launch: Ray job {job_id} at {self.ray_jobs_address}: {entrypoint} "
+                             f"(py_modules {', '.join(runtime_env['py_modules'])})")
             deadline = time.monotonic() + limit
             try:
                 while (status := client.get_job_status(job_id)) not in terminal:
@@ -201,6 +209,59 @@ class ComputeResource(dg.ConfigurableResource):
                 raise dg.Failure(f"Ray job {job_id} ended {status.value}: {entrypoint}\n{tail}",
                                  metadata={"ray_job_id": job_id, "ray_job_status": status.value})
         return dg.PipesClientCompletedInvocation(session)
+
+
+SHIPPED_PACKAGES = ("pipelines", "assets", "ops", "resources")
+"""The packages of the crucible distribution (pyproject.toml ``packages.find``)."""
+
+
+def crucible_py_modules() -> list[str]:
+    """The folders of the crucible packages as this interpreter imports them (``SHIPPED_PACKAGES``),
+    for a Ray job's ``runtime_env["py_modules"]``: Ray zips each folder and puts it on the driver's and
+    every worker's ``PYTHONPATH`` (ahead of whatever the cluster's Python has installed).
+
+    Raises:
+        RuntimeError: a package is not importable or is a namespace spread over several folders.
+    """
+    import importlib.util
+
+    out = []
+    for name in SHIPPED_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if len(locations) != 1 or not (Path(locations[0]) / "__init__.py").is_file():
+            raise RuntimeError(f"crucible package {name!r} is not one importable folder here ({locations}): "
+                               "install crucible (pip install crucible) before submitting Ray jobs")
+        out.append(str(Path(locations[0]).resolve()))
+    return out
+
+
+def ray_job_probe() -> None:
+    """``python -m resources.compute ray-probe``: a Ray job driver that checks what a job ships. It
+    connects to its cluster, runs one task (0 CPUs), and reports through Pipes (materialization
+    metadata) where the driver and the task imported each crucible package from and which Python ran
+    them. Used by tests/test_packaging.py and after a deployment (docs/operations.md, "Ray clusters")."""
+    import sys
+
+    import ray
+    from dagster_pipes import open_dagster_pipes
+
+    def where() -> dict:
+        import importlib
+
+        return {"python": sys.executable,
+                **{name: str(Path(importlib.import_module(name).__file__).resolve().parent) for name in SHIPPED_PACKAGES}}
+
+    with open_dagster_pipes() as pipes:
+        ray.init(address="auto")
+        try:
+            task = ray.get(ray.remote(num_cpus=0)(where).remote(), timeout=120)
+        finally:
+            ray.shutdown()
+        driver = where()
+        pipes.log.info(f"ray-probe: driver imports crucible from {driver['pipelines']}, a task from {task['pipelines']}")
+        pipes.report_asset_materialization(metadata={"driver": {"raw_value": driver, "type": "json"},
+                                                     "task": {"raw_value": task, "type": "json"}})
 
 
 def start_guarded(cmd: Sequence[str], env: Mapping[str, str]) -> "tuple[subprocess.Popen, Optional[subprocess.Popen]]":
@@ -265,3 +326,11 @@ def _stop_job(client, job_id: str, wait_s: float = 30.0) -> None:
             time.sleep(0.5)
     except Exception:  # noqa: BLE001 - best effort: the job may already be gone
         pass
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    if _sys.argv[1:] != ["ray-probe"]:
+        raise SystemExit("usage: python -m resources.compute ray-probe   (a Ray job driver; see ray_job_probe)")
+    ray_job_probe()
