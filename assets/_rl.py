@@ -150,15 +150,79 @@ def run_metadata(res: dict, model_dir: Optional[str], resumed: str) -> dict[str,
             "state_save_s": dg.MetadataValue.float(round(res.get("state_save_s", 0.0), 3))}
 
 
+SMOKE_STEPS = 20
+"""A run with fewer optimizer steps per method than this is a smoke run: its time ratios show that the
+wiring works and are labelled ``_smoke``; they are not a measurement of the method (that is the
+registered claim's job: docs/claims.md)."""
+CLAIMS_JSON = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "claims.json"
+"""The confirmatory claims' verdicts (``python -m benchmarks.claims``; docs/claims.md)."""
+
+
+def claim_verdicts(prefix: str, path: Path = CLAIMS_JSON) -> dict:
+    """The registered claims whose id starts with ``prefix`` (e.g. ``rollpacker``), as
+    ``{id: {verdict, estimate, ci95, unit, seeds, label, status}}`` from claims.json; ``{"status":
+    "claim not yet run"}`` when the file is absent (an installed package, a fresh checkout) or holds no
+    such claim. Raises nothing: an unreadable file is reported as its error text."""
+    import json
+
+    try:
+        claims = json.loads(path.read_text()).get("claims", {}) if path.exists() else {}
+    except (OSError, ValueError) as e:
+        return {"status": f"claims.json unreadable: {e}"}
+    out = {}
+    for cid, c in sorted(claims.items()):
+        if not cid.startswith(prefix):
+            continue
+        ran = (c.get("seeds") or {}).get("run", 0)
+        out[cid] = {"verdict": c.get("verdict") if ran else "claim not yet run", "status": c.get("status"),
+                    "estimate": c.get("estimate"), "ci95": c.get("ci95"), "unit": (c.get("metric") or {}).get("unit"),
+                    "seeds": c.get("seeds"), "label": c.get("label"), "statement": c.get("statement")}
+    return out or {"status": "claim not yet run", "claims_json": str(path)}
+
+
+def run_figures(step_s: dict[str, list[float]], baseline: str, seed: int, claim_prefix: str,
+                claims_path: Path = CLAIMS_JSON) -> dict[str, dg.MetadataValue]:
+    """The run's own time figures, labelled with what they measured, beside the registered claim
+    (issue 38, item 4). ``step_s``: {method: seconds of each optimizer step, in order} (evaluation
+    excluded). Every method's first step is excluded (it carries the cold start: engine and trainer
+    start-up, first compilation; it was e.g. 1.015 s of a 1.22 s baseline run), so warm-up is treated
+    identically for every arm. Keys carry the step count and ``_smoke`` below ``SMOKE_STEPS``:
+
+    * ``run_scope``: steps per method, seed, runs (1), what is excluded;
+    * ``run_train_s_<n>_steps[_smoke]``: {method: seconds of steps 2..n};
+    * ``run_speedup_<n>_steps[_smoke]``: {method: baseline's seconds / method's} over steps 2..n
+      ("n/a" text when a method has fewer than 2 steps);
+    * ``claim_verdict``: ``claim_verdicts(claim_prefix)`` (the confirmatory figure, or "claim not yet run").
+    """
+    n = max((len(v) for v in step_s.values()), default=0)
+    tag = f"{n}_steps" + ("_smoke" if n < SMOKE_STEPS else "")
+    warm = {m: sum(v[1:]) for m, v in step_s.items() if len(v) >= 2}
+    out = {"run_scope": dg.MetadataValue.text(
+        f"this run only: {n} optimizer step(s) per method, seed {seed}, 1 run; times exclude every method's first "
+        f"(cold) step{'; a smoke run: ratios show the wiring, not the method' if n < SMOKE_STEPS else ''}. "
+        f"The confirmatory figure is claim_verdict (docs/claims.md)."),
+        "claim_verdict": dg.MetadataValue.json(claim_verdicts(claim_prefix, claims_path))}
+    if warm:
+        out[f"run_train_s_{tag}"] = dg.MetadataValue.json({m: round(s, 3) for m, s in warm.items()})
+    if baseline in warm and len(warm) == len(step_s):
+        out[f"run_speedup_{tag}"] = dg.MetadataValue.json(
+            {m: round(warm[baseline] / s, 3) if s > 0 else None for m, s in warm.items()})
+    else:
+        out[f"run_speedup_{tag}"] = dg.MetadataValue.text("n/a: a method has fewer than 2 steps (the first is excluded)")
+    return out
+
+
 def learning_metadata(res: dict, baseline: str) -> dict[str, dg.MetadataValue]:
     """The result contract's metadata (docs/rl_policy.md, "How the RL runs use it"): per method the
     held-out accuracy curve (``res["eval"]``: step, training seconds without evaluation, accuracy,
-    n, policy version), the response-length distribution of the trained responses
-    (``res["response_lengths"]``: n, median, p90, max, max/median in tokens), the training seconds
-    (the last evaluation's ``train_wall_s``) and the speedup against ``baseline`` (its seconds over
-    the method's), and the weight-sync record per method (``res["weight_syncs"]``: the policy
-    version the engines end on, stale commits refused, failed syncs; ``ops.rl.weights.sync_stats``).
-    Entries the result does not hold (a curated-task run has no ``eval``) are left out."""
+    n, policy version; the held-out problems are the scratchpad ``heldout`` split, disjoint from the
+    training prompts by text), the accuracy before / after with its steps and seed
+    (``run_accuracy_before_after``), the response-length distribution of the trained responses
+    (``res["response_lengths"]``: n, median, p90, max, max/median in tokens) and the weight-sync
+    record per method (``res["weight_syncs"]``: the policy version the engines end on, stale commits
+    refused, failed syncs; ``ops.rl.weights.sync_stats``). Time ratios are ``run_figures``'. Entries
+    the result does not hold (a curated-task run has no ``eval``) are left out. ``baseline`` is unused
+    here (kept for the callers' symmetry)."""
     import polars as pl
 
     from ops.rl.warmstart import length_stats
@@ -172,13 +236,11 @@ def learning_metadata(res: dict, baseline: str) -> dict[str, dg.MetadataValue]:
                  "accuracy": round(float(e["accuracy"]), 4), "n": e["n"], "policy_version": e.get("policy_version")}
                 for m, curve in ev.items() for e in curve]
         out["accuracy_curve"] = md_table(pl.DataFrame(rows), 200)
-        secs = {m: float(c[-1]["train_wall_s"]) for m, c in ev.items() if c}
-        out["accuracy_before_after"] = dg.MetadataValue.json(
-            {m: {"before": c[0]["accuracy"], "after": c[-1]["accuracy"], "steps": c[-1]["step"]} for m, c in ev.items() if c})
-        out["method_train_s"] = dg.MetadataValue.json({m: round(s, 2) for m, s in secs.items()})
-        if baseline in secs:
-            out["method_speedup_vs_baseline"] = dg.MetadataValue.json(
-                {m: round(secs[baseline] / s, 3) if s > 0 else None for m, s in secs.items()})
+        seed = (res.get("spec") or {}).get("seed")
+        out["run_accuracy_before_after"] = dg.MetadataValue.json(
+            {m: {"before": c[0]["accuracy"], "after": c[-1]["accuracy"], "steps": c[-1]["step"], "n": c[-1]["n"],
+                 "seed": seed, "split": "scratchpad heldout (content-disjoint from training)"}
+             for m, c in ev.items() if c})
     syncs = res.get("weight_syncs") or {}
     if syncs:                      # {method: policy version(s) held, stale commits refused, failed syncs}
         out["weight_syncs"] = dg.MetadataValue.json(syncs)

@@ -63,7 +63,8 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_d
     assert min(routed) > 0 and sum(routed) >= relaunched["turns"].sum()   # + redundant / discarded ones
     assert meta["ray_address"] == "local" and meta["max_staleness"] <= 1
     assert meta["sandbox"].startswith("bwrap: kernel-enforced")           # the default: tool code under bubblewrap
-    assert set(meta["trajectories_per_s"]) == {"monolithic", "rollarc"}
+    tps = next(v for k, v in meta.items() if k.startswith("run_trajectories_per_s_") and k.endswith("_smoke"))
+    assert set(tps) == {"monolithic", "rollarc"} and "speedup_e2e" not in meta and "claim_verdict" in meta
     assert meta["pipes_messages"] == 2                                    # the relaunch ran RollArc's steps 1 and 2
     syncs = meta["weight_syncs"]                                          # every engine ends on version 3, none refused
     assert set(syncs) == {"monolithic", "rollarc"} and len(syncs["rollarc"]["policy_versions"]) == 2

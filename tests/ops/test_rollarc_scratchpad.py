@@ -123,6 +123,12 @@ def test_driver_scratchpad_run_reports_the_contract_fields(tmp_path):
         assert all(t["env"] == "checked_subtraction" for t in res["trajectories"])
         assert {int(k) for k in res["staleness_hist"]} <= set(range((res["async_ratio"] or 0) + 1))
     assert r["eval"]["monolithic"][0] == r["eval"]["async0"][0]      # same initial policy, seeded: measured once
+    # the held-out problems are the heldout split, disjoint from every training task by prompt text
+    from ops.rl.rollarc.driver import load_tasks
+
+    held = spec.eval_problems()
+    assert {sp.split_of(a, n) for _, a, n in held} == {"heldout"} and len(held) == 8
+    assert not {(a, n) for _, a, n in held} & {(t.spec["a"], t.spec["n"]) for t in load_tasks(spec)}
     assert set(r["speedup_vs_monolithic"]) == {"async0", "rollarc_a1"}
     with pytest.raises(ValueError, match="rollarc.env_latency"):
         RunSpec(problems_path="", tokenizer_dir=str(tok_dir), task="scratchpad", roles={"env_latency": "heavy"}).validate()

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ops.rl import scratchpad as sp
-from ops.rl.rollpacker.driver import RunSpec, RunState, fingerprint, load_prompts, result_fields, run_methods
+from ops.rl.rollpacker.driver import (RunSpec, RunState, fingerprint, heldout_problems, load_prompts, result_fields,
+                                     run_methods)
 from tests.conftest import RecordingPipes
 
 POLICY = os.environ.get("CRUCIBLE_SCRATCHPAD_POLICY")
@@ -70,8 +71,10 @@ def test_scratchpad_run_records_eval_lengths_and_trains_every_prompt_once(policy
         actors.kill()
     res = result_fields(spec, rows, state.evals)
     assert res["task"] == "scratchpad"
-    heldout = {q.uid for q in sp.problems(7 + 1000, n_eval)}
-    assert not heldout & {p.uid for p in prompts}                       # held-out set disjoint from the epoch
+    held = heldout_problems(spec)
+    assert [q.prompt for q in held] == [q.prompt for q in sp.problems(7 + 1000, n_eval, split="heldout")]
+    assert not {q.prompt for q in held} & {p.text for p in prompts}     # disjoint from the epoch by prompt text
+    assert {sp.split_of(q.a, q.n) for q in held} == {"heldout"} and {sp.split_of(q.a, q.n) for q in epoch} == {"train"}
     for m in spec.methods:
         mr = [r for r in rows if r["method"] == m]
         assert len(mr) == steps
