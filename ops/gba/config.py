@@ -312,6 +312,12 @@ class RunConfig:
     """GBA: f(tau) = staleness_decay ** (tau - threshold) above the threshold."""
     drop_after: int | None = StalenessDecay.drop_after
     """GBA: drop gradients staler than this (None: never drop, only decay)."""
+    row_staleness: str = Policy.row_staleness
+    """GBA: staleness of an embedding row's gradient: global (the gradient's tau decays every row) | per_row
+    (the updates that row received since the pull; docs/gba.md, "Two choices")."""
+    row_grad_norm: str = "occurrences"
+    """Embedding-row gradient denominator in every mode: occurrences (the samples holding the row's ID) |
+    global_batch (the update's samples, the conventional data-parallel mean)."""
     ssp_bound: int = Policy.ssp_bound
     """SSP: bound s, the local batches a worker may run ahead of the slowest live worker (>= 0)."""
     backup_workers: int = Policy.backup_workers
@@ -360,7 +366,9 @@ class RunConfig:
                             eval_every=self.eval_every, target_auc=self.target_auc,
                             checkpoint_every=self.checkpoint_every, num_ps=self.num_ps),
             policy=Policy(decay=StalenessDecay(self.staleness_threshold, self.staleness_decay, self.drop_after),
-                          ssp_bound=self.ssp_bound, backup_workers=self.backup_workers),
+                          ssp_bound=self.ssp_bound, backup_workers=self.backup_workers,
+                          row_staleness=self.row_staleness),
+            row_grad_norm=self.row_grad_norm,
             trace=StragglerTrace(kind=self.straggler, slowdown=self.slowdown, slow_worker=self.slow_worker,
                                  distribution=self.delay_distribution, mean_extra=self.mean_extra,
                                  onset=self.slow_onset, recovery=self.slow_recovery, seed=self.trace_seed),

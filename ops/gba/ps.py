@@ -271,7 +271,7 @@ def serve(spec, spec_path: str, out: Path, pipes) -> dict:
                                f"{resumed['global_step']:.1f} ({resumed['samples']} of {total} samples applied, "
                                f"{resumed['reissued_batches']} batch(es) handed out again) on Dagster retry "
                                f"{getattr(pipes, 'retry_number', 'n/a')}")
-            done = resumed["samples"] if resumed else 0
+            done = resumed["samples"] if resumed else _SERVER.start_samples      # a hand-over's start
             label = f"{spec.mode}: training" + (f" (resumed at global step {resumed['global_step']:.1f})" if resumed else "")
             with _SERVER.lock:
                 prog["line"] = Progress(total - done, label, pipes.log.info, unit="samples")

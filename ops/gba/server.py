@@ -27,6 +27,12 @@ and the torch RNG. A server built over a run directory that holds a checkpoint o
 spec resumes from it instead of starting at step 0 (``resumed_from``). The checkpoint is written
 under the server lock (workers' calls wait; its time is excluded from training seconds and
 reported as ``checkpoints.seconds``). Work done after the last checkpoint by a killed run is lost.
+
+Hand-over (``ops.gba.handover``): with ``spec.handover_from`` (and no checkpoint of its own) the
+server starts from a hand-over written by the all-reduce trainer or another PS run; with
+``spec.stop_at`` it stops after that global step and writes one (rows from every PS process, the
+workers' last reported RNG, batches in flight to be handed out again). ``Policy.row_staleness =
+"per_row"`` weighs each row of a GBA gradient by f(updates of that row since the token).
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ commits. A launch with the same ``--out``, spec and world size resumes from the 
 checkpoint: the sample stream is a function of the global step and the trace of (rank, local
 batch), so the resumed run applies exactly the updates of an uninterrupted one. A finished launch
 removes its checkpoints (its ``result.json`` is the record).
+
+Hand-over (``ops.gba.handover``; the all-reduce <-> PS switch of GBA §1, §3): with ``spec.stop_at``
+the run stops after that global step and every rank writes its rows into ``spec.handover_to`` (rank
+0: the manifest, dense state, every rank's RNG, the record); with ``spec.handover_from`` it starts
+from one (written by W ranks or by a PS with any num_ps), training the hand-over's ``reissue``
+batches first. Row gradients are divided per ``spec.row_grad_norm`` (``aggregate.row_mean``).
 """
 
 from __future__ import annotations
@@ -78,8 +84,9 @@ class _TimedExchange:
 
 
 class CountingShardedCollection(ShardedEmbeddingCollection):
-    """Sharded tables whose row gradients are averaged over the samples that touched each row in
-    the whole global batch: each rank sends [grad sum | occurrences] to the row's owner."""
+    """Sharded tables whose row gradients are averaged over the whole global batch by ``row_norm``
+    (the samples that touched each row, or G): each rank sends [grad sum | occurrences] to the row's
+    owner."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -382,8 +389,14 @@ def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict | None:
         data = load(spec.events_path, spec.train.crosses, spec.data_cache)
         ckpts = Checkpoints(out, fingerprint(spec))
         retry = getattr(pipes, "retry_number", "n/a")
-        total = spec.global_steps(data.n_train) * spec.global_batch
-        prog: dict = {"line": None, "done": 0, "label": "sync: training"}
+        steps = spec.global_steps(data.n_train)
+        total = (min(steps, spec.stop_at) if spec.stop_at else steps) * spec.global_batch
+        start = 0
+        if spec.handover_from:                            # the hand-over's samples are not this launch's
+            from .handover import read
+
+            start = int(read(spec.handover_from)["samples"])
+        prog: dict = {"line": None, "done": start, "label": "sync: training"}
 
         def on_progress(n: int) -> None:                  # 0 once when the training loop starts
             if prog["line"] is None:

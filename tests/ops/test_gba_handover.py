@@ -4,7 +4,7 @@ on the parameter server, and back, without changing a hyper-parameter.
 
 Real launches: sync is 2 gloo ranks started by ``accelerate launch`` (``ops.launcher.Launcher``, the
 command ``ComputeResource`` builds), the PS run is ``ops/gba/launch_ps.py`` (PS + 2 worker
-processes over RPC). One module-scoped chain of 5 launches (about 1 min on 2 shared cores) serves
+processes over RPC). One module-scoped chain of 5 launches (1-3 min on 2 shared cores) serves
 the three hand-over tests: A sync 0 -> 4, B gba 4 -> 8 from A, C sync 8 -> 12 from B, the
 unswitched sync 0 -> 12, and Z sync from a zero-training PS hand-over of A (the round trip)."""
 
@@ -29,6 +29,8 @@ from ops.gba.server import ParameterServer
 from ops.gba.trace import StragglerTrace
 from ops.sparse.config import TrainConfig
 from ops.sparse.train import CTRModel
+
+pytestmark = pytest.mark.slow      # 5 real launches, ~1-3 min on 2 shared cores (the chain is shared)
 
 ROOT = Path(__file__).resolve().parents[2]
 G, B, W = 512, 256, 2

@@ -5,7 +5,12 @@ hyper-parameters for every arm, a persistent straggler of real compute (no sleep
 
 Arms (names of the ``switching`` section of gba_bench): ``sync`` (never switched, all-reduce),
 ``sync_to_gba`` and ``sync_to_async`` (mode ``auto`` switched at ``switch_at`` of the run's global
-steps); also the plain modes ``gba`` and ``async``. The seed is the training seed and the straggler
+steps: lock-step sync on the PS, then the target, inside one PS launch); also the plain modes ``gba``
+and ``async``. ``sync_handover_gba`` is the switch the paper means (issue 38 item 3b): an all-reduce
+``sync`` launch stops at ``switch_at`` of the global steps and writes the hand-over
+(``ops.gba.handover``: dense weights, Adam state, every embedding row with its SparseAdagrad state,
+global step, data position, RNG), then a ``gba`` PS launch continues from it to the end, with the
+same hyper-parameters; its ``train_s`` and ``launch_wall_s`` are the two launches' sums. The seed is the training seed and the straggler
 trace's seed of every arm. Returned per arm: ``final_auc`` (test AUC after training, unitless),
 ``final_logloss``, ``samples_per_s``, ``train_s`` and ``launch_wall_s`` (seconds, process start-up
 included)."""
@@ -17,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-ARMS = ("sync", "sync_to_gba", "sync_to_async", "gba", "async")
+ARMS = ("sync", "sync_to_gba", "sync_to_async", "gba", "async", "sync_handover_gba")
 
 
 def run_seed(seed: int, arm_order: list[str], workdir: Path, workers: int = 16, local_batch: int = 128,
@@ -51,6 +56,19 @@ def run_seed(seed: int, arm_order: list[str], workdir: Path, workers: int = 16, 
     at = max(1, int(round(switch_at * base.global_steps(gb._n_train(events, workdir)))))
     out = {}
     for arm in arm_order:
+        if arm == "sync_handover_gba":
+            ho = workdir / f"handover-seed{seed}"
+            first = gb.launch(dataclasses.replace(base.with_mode("sync"), stop_at=at, handover_to=str(ho)), workdir,
+                              timeout_s=timeout_minutes * 60, name=f"{arm}-sync-seed{seed}")
+            res = gb.launch(dataclasses.replace(base.with_mode("gba"), handover_from=str(ho)), workdir,
+                            timeout_s=timeout_minutes * 60, name=f"{arm}-gba-seed{seed}")
+            s0, s = summarize(first), summarize(res)
+            out[arm] = {"final_auc": res["final"]["auc"], "final_logloss": res["final"]["logloss"],
+                        "samples_per_s": res["samples_applied"] / (s0["train_s"] + s["train_s"]),
+                        "train_s": s0["train_s"] + s["train_s"],
+                        "launch_wall_s": first["launch_wall_s"] + res["launch_wall_s"], "switch_at_global_step": at,
+                        "handover_global_step": res["start_global_step"]}
+            continue
         if arm in ("sync", "gba", "async"):
             spec = base.with_mode(arm)
         else:
