@@ -15,7 +15,8 @@ labelled with the device (GPU name and memory from ``torch.cuda``, CPU cores, ho
 - ``gba``: GBA's throughput at W = 8 and 16 workers on the machine's cores, measured over ideal
   (``benchmarks/gba_bench.py --sections throughput``).
 - ``rollarc`` (only with budget left): RollArc against the monolithic baseline at equal resources
-  (``benchmarks/rollarc_bench.py --real``).
+  (``benchmarks/rollarc_bench.py --real``; needs ``--rollarc-problems``, a problems file, and the
+  tokenizer the ``rollpacker`` section trains; without them its JSON says it was skipped).
 
     .venv/bin/python benchmarks/gpu_suite.py --out $OUT/gpu_suite.json               # on the device machine
     .venv/bin/python benchmarks/gpu_suite.py --dry-run                               # the plan, no run
@@ -56,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rl-hidden", type=int, default=768, help="hidden width of the RL policy (rollpacker, vllm_smoke)")
     ap.add_argument("--rl-steps", type=int, default=3, help="RL steps per method (rollpacker)")
     ap.add_argument("--gba-workers", default="8,16", help="W values of the GBA throughput section")
+    ap.add_argument("--rollarc-problems", default="", help="rollarc section: a problems file for "
+                    "ops.rl.rollarc.driver.run_benchmark (empty: the section records that it was skipped)")
     ap.add_argument("--allow-cpu", action="store_true", help="run the sections without a CUDA device (labelled cpu)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (sections, budgets, commands); run nothing")
     ap.add_argument("--no-device-note", default="", help="recorded with the reason when no CUDA device is found "
@@ -106,8 +109,9 @@ def section_command(name: str, a: argparse.Namespace, out: Path) -> list[str]:
     if name == "gba":
         return [py, str(ROOT / "benchmarks" / "gba_bench.py"), "--sections", "throughput", "--throughput-workers",
                 ",".join(map(str, a.gba_workers)), "--throughput-epochs", "0.25", "--out", str(out)]
-    if name == "rollarc":
-        return [py, str(ROOT / "benchmarks" / "rollarc_bench.py"), "--real", "--seeds", "0", "--steps", "2",
+    if name == "rollarc":       # the tokenizer: the one the rollpacker section trained (same parts folder)
+        return [py, str(ROOT / "benchmarks" / "rollarc_bench.py"), "--real", "--real-problems", a.rollarc_problems,
+                "--real-tokenizer", str(out.parent / "rollpacker_work" / "policy"), "--seeds", "0", "--steps", "2",
                 "--out", str(out)]
     return [py, str(Path(__file__).resolve()), "--section", name, "--section-out", str(out),
             "--rl-hidden", str(a.rl_hidden), "--rl-steps", str(a.rl_steps), "--allow-cpu"]
@@ -143,9 +147,8 @@ def run_child(cmd: list[str], limit_s: float, log: Path) -> dict:
 # ------------------------------------------------------------------------------- in-process sections
 
 
-def _policy_dir(work: Path, hidden: int) -> Path:
-    """A tokenizer (the scratchpad task's, trained offline by a 1-step warm start) and a randomly
-    initialised Llama policy of width ``hidden`` saved beside it (HF format, loadable by vLLM)."""
+def _tokenizer_dir(work: Path) -> Path:
+    """The scratchpad task's tokenizer (and a tiny policy), trained offline by a 1-step warm start."""
     from ops.rl.warmstart import WarmStartSpec, train
     from tests.conftest import RecordingPipes
 
@@ -154,6 +157,13 @@ def _policy_dir(work: Path, hidden: int) -> Path:
         spec = WarmStartSpec(out_dir=str(pol), max_steps=1, batch_problems=4, eval_every=1, eval_size=2,
                              final_eval_size=2, n_embd=64, n_layer=2, checkpoint_every=1).validate()
         train(spec, work / "ws", RecordingPipes(0))
+    return pol
+
+
+def _policy_dir(work: Path, hidden: int) -> Path:
+    """A randomly initialised 12-layer Llama policy of width ``hidden`` with the scratchpad tokenizer
+    (HF format, loadable by vLLM)."""
+    pol = _tokenizer_dir(work)
     big = work / f"llama_{hidden}"
     if not (big / "config.json").exists():
         import torch
@@ -201,8 +211,7 @@ def section_rollpacker(a: argparse.Namespace, work: Path) -> dict:
     from ops.rl.rollpacker.driver import RunSpec, RunState, fingerprint, load_prompts, result_fields, run_methods
     from tests.conftest import RecordingPipes
 
-    pol = work / "policy"
-    _policy_dir(work, 64)                              # the tokenizer only; the policy is random of width rl_hidden
+    pol = _tokenizer_dir(work)                         # the policy itself is random, of width rl_hidden
     gpus = 1.0 if torch.cuda.is_available() else 0.0
     out = {"hidden": a.rl_hidden, "gpus_per_actor": gpus, "methods": {}}
     ray.init(num_cpus=4, num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
