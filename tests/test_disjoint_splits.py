@@ -115,6 +115,25 @@ def test_grpo_gain_stream_and_its_heldout_sets_are_disjoint():
         _assert_disjoint(train, {k: {p.prompt for p in v} for k, v in sets.items()}, f"GRPO seed {seed}")
 
 
+def test_grpo_gain_refuses_a_warm_start_that_trained_on_the_heldout_prompts(tmp_path):
+    """A warm start of recipe 1 drew its rows from the whole space (held-out prompts included):
+    benchmarks/rl_gain.py (and the grpo-gain claim's run_seed) refuse it before any run."""
+    import json
+
+    from benchmarks.rl_gain import check_policy, run_seed
+    from ops.rl.warmstart import RECIPE_VERSION
+
+    with pytest.raises(FileNotFoundError, match="materialize rl_policy"):
+        check_policy(str(tmp_path))
+    (tmp_path / "metrics.json").write_text(json.dumps({"fingerprint": "old", "recipe_version": 1, "steps": 525}))
+    with pytest.raises(ValueError, match="recipe_version 1 < 2"):
+        run_seed(1000, ["grpo", "warm_start"], tmp_path / "work", policy=str(tmp_path))
+    (tmp_path / "metrics.json").write_text(json.dumps({"fingerprint": "new", "recipe_version": RECIPE_VERSION, "steps": 500}))
+    assert check_policy(str(tmp_path)) == {"fingerprint": "new", "recipe_version": 2, "steps": 500}
+    with pytest.raises(ValueError, match="grpo-gain arms"):
+        run_seed(1000, ["grpo", "baseline"], tmp_path / "work", policy=str(tmp_path))
+
+
 def test_rollpacker_streams_and_heldout_sets_are_disjoint(tmp_path):
     """The rollpacker_run asset's default scratchpad run and benchmarks/rl_real.py's 12-step runs
     (54 of 256 held-out prompts were training prompts before the split)."""
