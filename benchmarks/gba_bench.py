@@ -13,7 +13,9 @@ Sections (``--sections``, merged into the output file, other sections kept):
 - ``modes``: the five modes once each (samples/s, time to target AUC, final AUC, staleness, ...).
 - ``switching``: per seed, never-switched ``sync`` (all-reduce), ``sync_to_gba`` and
   ``sync_to_async`` (mode ``auto`` with ``switch_at: [{step: S, to: gba|async}]``, S = the middle
-  of the run), same hyper-parameters, a persistent straggler; final test AUC mean and 95% CI
+  of the run), and with ``--switch-kinds ...,sync_handover_gba`` the all-reduce -> PS switch (a sync
+  launch to S writes the hand-over, a GBA launch continues from it: ``ops.gba.handover``), same
+  hyper-parameters, a persistent straggler; final test AUC mean and 95% CI
   (Student t over seeds) per run kind, and every switch event.
 - ``tune_lr``: the synchronous baseline's learning rates chosen as a practitioner would before
   switching anything: never-switched ``sync`` at W for each (dense, sparse) pair of ``--tune-lrs``
@@ -123,7 +125,8 @@ def paired_differences(aucs: dict[str, list[float]]) -> dict:
     (same seed order). Returns ``{"sync_to_gba_minus_sync": ci95, "sync_to_gba_minus_sync_to_async":
     ci95}`` (each with ``values`` and ``n``)."""
     pairs = {"sync_to_gba_minus_sync": ("sync_to_gba", "sync"),
-             "sync_to_gba_minus_sync_to_async": ("sync_to_gba", "sync_to_async")}
+             "sync_to_gba_minus_sync_to_async": ("sync_to_gba", "sync_to_async"),
+             "sync_handover_gba_minus_sync": ("sync_handover_gba", "sync")}
     return {name: ci95([x - y for x, y in zip(aucs[a], aucs[b])]) for name, (a, b) in pairs.items()
             if a in aucs and b in aucs}
 
@@ -179,6 +182,10 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0,
                     help="switching section: seeds first-seed .. first-seed + seeds - 1 (a replication on new seeds)")
     ap.add_argument("--switch-at", type=float, default=0.5, help="switch point as a fraction of the run's global steps")
+    ap.add_argument("--switch-kinds", default="sync_to_gba,sync_to_async",
+                    help="switching section: run kinds beside never-switched sync; sync_to_gba / sync_to_async (auto, "
+                         "in one PS launch), sync_handover_gba (all-reduce launch to the switch point, hand-over, GBA "
+                         "PS launch from it: ops.gba.handover)")
     ap.add_argument("--tune-lrs", default="3e-4:3e-3,1e-3:1e-2,3e-3:3e-2,1e-2:1e-1",
                     help="tune_lr section: comma-separated dense_lr:sparse_lr pairs")
     ap.add_argument("--tune-seeds", type=int, default=2, help="tune_lr section: seeds per pair")
@@ -282,7 +289,11 @@ def main(argv=None) -> int:
                             for m, r in results.items()}
 
         if "switching" in sections:
-            kinds = {"sync": None, "sync_to_gba": "gba", "sync_to_async": "async"}
+            known = {"sync_to_gba": "gba", "sync_to_async": "async", "sync_handover_gba": "handover"}
+            asked = [k for k in a.switch_kinds.split(",") if k]
+            if [k for k in asked if k not in known]:
+                raise SystemExit(f"--switch-kinds: unknown {[k for k in asked if k not in known]}; known {list(known)}")
+            kinds = {"sync": None, **{k: known[k] for k in asked}}
             aucs = {k: [] for k in kinds}
             evs, runs = [], []
             n_train = _n_train(events, work)
@@ -291,9 +302,22 @@ def main(argv=None) -> int:
                 steps = base.global_steps(n_train)
                 at = max(1, int(round(a.switch_at * steps)))
                 for kind, to in kinds.items():
-                    sp = base.with_mode("sync") if to is None else dataclasses.replace(
-                        base.with_mode("auto"), switching=Switching(schedule=((at, to),)))
-                    res = launch(sp, work, timeout_s=1800, name=f"{kind}-seed{seed}")
+                    if to == "handover":           # the all-reduce <-> PS switch: two launches
+                        ho = work / f"{kind}-seed{seed}-handover"
+                        first = launch(dataclasses.replace(base.with_mode("sync"), stop_at=at, handover_to=str(ho)), work,
+                                       timeout_s=1800, name=f"{kind}-seed{seed}-sync")
+                        res = launch(dataclasses.replace(base.with_mode("gba"), handover_from=str(ho)), work,
+                                     timeout_s=1800, name=f"{kind}-seed{seed}-gba")
+                        res["launch_wall_s"] += first["launch_wall_s"]
+                        res["train_seconds"] += first["train_seconds"]
+                        res["samples_per_s"] = res["samples_applied"] / res["train_seconds"]
+                        res["curve"] = first["curve"] + res["curve"][1:]
+                        evs.append({"run": kind, "seed": seed, "global_step": at, "from": "sync (all-reduce)",
+                                    "to": "gba (PS)", "reason": "hand-over at switch_at"})
+                    else:
+                        sp = base.with_mode("sync") if to is None else dataclasses.replace(
+                            base.with_mode("auto"), switching=Switching(schedule=((at, to),)))
+                        res = launch(sp, work, timeout_s=1800, name=f"{kind}-seed{seed}")
                     show(f"{kind} seed {seed}", res)
                     aucs[kind].append(res["final"]["auc"])
                     for e in res.get("switching", {}).get("events", []):
@@ -307,8 +331,10 @@ def main(argv=None) -> int:
                 "lr_source": "tune_lr section of this run" if "tune_lr" in sections else "--dense-lr / --sparse-lr", "num_ps": a.num_ps, "global_batch": G, "local_batch": a.local_batch,
                 "epochs": a.epochs, "switch_at_fraction": a.switch_at, "trace": {"kind": a.trace, "slowdown": a.slowdown},
                 "auc": auc, "events": evs, "runs": runs,
-                "sync_to_gba_minus_sync": round(auc["sync_to_gba"]["mean"] - auc["sync"]["mean"], 5),
-                "sync_to_gba_minus_sync_to_async": round(auc["sync_to_gba"]["mean"] - auc["sync_to_async"]["mean"], 5),
+                **{name: round(auc[x]["mean"] - auc[y]["mean"], 5) for name, x, y in (
+                    ("sync_to_gba_minus_sync", "sync_to_gba", "sync"),
+                    ("sync_to_gba_minus_sync_to_async", "sync_to_gba", "sync_to_async"),
+                    ("sync_handover_gba_minus_sync", "sync_handover_gba", "sync")) if x in auc and y in auc},
                 "paired": paired_differences(aucs),
             }
 

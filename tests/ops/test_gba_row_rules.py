@@ -49,15 +49,13 @@ def test_row_mean_divides_by_occurrences_or_by_the_global_batch():
         validate(RunSpec(policy=Policy(row_staleness="rows")))
 
 
-@pytest.mark.parametrize("norm", ["occurrences", "global_batch"])
-def test_sync_and_the_lockstep_ps_apply_the_same_row_rule(ctr_events_file, norm):
-    """Both trainers read ``row_grad_norm``: 3 lock-step global steps on the PS (2 workers, zero
-    staleness) leave the same rows as 3 all-reduce steps; the two rules give different rows."""
+def _rows_after_3_steps(ctr_events_file, norm: str) -> dict:
+    """{table: (PS rows, sync rows)} after 3 lock-step PS steps (2 in-process workers) and 3
+    all-reduce steps (one rank) of the same spec with ``row_grad_norm = norm``."""
     import torch.distributed as dist
 
     from ops.gba.sync import SyncTrainer
 
-    torch.set_num_threads(1)
     events_path, cache = ctr_events_file
     data = load(events_path, [*TrainConfig().crosses], cache)
     spec = RunSpec(mode="auto", train=TrainConfig(batch_size=G, epochs=3.5 * G / data.n_train, dropout=0.0),
@@ -79,20 +77,26 @@ def test_sync_and_the_lockstep_ps_apply_the_same_row_rule(ctr_events_file, norm)
         trainer.run()
     finally:
         dist.destroy_process_group()
-    other = {}
+    out = {}
     for t, tab in ps.model.model.ec.tables.items():
         ids, rows, _ = tab.live()
         ids2, rows2, _ = trainer.model.ec.tables[t].live()
-        assert torch.equal(ids, ids2)
-        assert torch.allclose(rows, rows2, atol=1e-6), t
-        other[t] = rows
-    test_sync_and_the_lockstep_ps_apply_the_same_row_rule.rows[norm] = other
-    if len(test_sync_and_the_lockstep_ps_apply_the_same_row_rule.rows) == 2:
-        a, b = test_sync_and_the_lockstep_ps_apply_the_same_row_rule.rows.values()
-        assert any(not torch.allclose(a[t], b[t], atol=1e-4) for t in a)
+        assert torch.equal(ids, ids2), t
+        out[t] = (rows, rows2)
+    return out
 
 
-test_sync_and_the_lockstep_ps_apply_the_same_row_rule.rows = {}
+def test_sync_and_the_lockstep_ps_apply_the_same_row_rule(ctr_events_file):
+    """Both trainers read ``row_grad_norm``: for each value, 3 lock-step global steps on the PS (2
+    workers, zero staleness, no dropout) leave the same rows as 3 all-reduce steps; the two values
+    give different rows (so neither trainer ignores the setting)."""
+    torch.set_num_threads(1)
+    got = {norm: _rows_after_3_steps(ctr_events_file, norm) for norm in ("occurrences", "global_batch")}
+    for norm, tables in got.items():
+        for t, (ps_rows, sync_rows) in tables.items():
+            assert torch.allclose(ps_rows, sync_rows, atol=1e-6), (norm, t)
+    occ, glob = got["occurrences"], got["global_batch"]
+    assert all(not torch.allclose(occ[t][0], glob[t][0], atol=1e-4) for t in occ)
 
 
 @pytest.mark.parametrize("rule", ["global", "per_row"])
