@@ -380,6 +380,11 @@ class _Problem:
                 out.append(self._theta_from(self._revive(np.concatenate([floors, coef]), cols, y), v))
         return out
 
+    def _values(self, theta: np.ndarray) -> dict[str, float]:
+        """The nonlinear parameters (natural names) of optimiser coordinates ``theta``."""
+        t = dict(zip(self.names, theta))
+        return {k: (math.exp(t[_OPT[k]]) if k in _OPT else float(t[k])) for k in _nonlinear(self.form)}
+
     def _theta_from(self, coef: np.ndarray, v: Mapping[str, float]) -> np.ndarray:
         G = self.n_groups
         logc = np.log(np.maximum(coef, 1e-300))
@@ -448,9 +453,9 @@ class _Problem:
         optimum with a floor on its lower bound is confirmed from starts with the floors inside
         their range (``floor_starts`` at the best grid points' exponents): an interior floor
         that fits better replaces it."""
-        if n_grid < 1 or n_starts < 1:
-            raise ValueError(f"n_grid and n_starts must be >= 1, got {n_grid}, {n_starts}")
-        grid = self._grid(n_grid)[:n_starts]
+        if n_grid < 1 or n_starts < 0 or (n_starts == 0 and not len(extra)):
+            raise ValueError(f"n_grid must be >= 1 and n_starts >= 1 (0 only with an extra start), got {n_grid}, {n_starts}")
+        grid = self._grid(n_grid)[:n_starts] if n_starts else []
         best_val, best = math.inf, None
         for x0 in list(extra) + [th for _, th, _ in grid]:
             out = self._refine(x0)
@@ -459,7 +464,7 @@ class _Problem:
         G = self.n_groups
         lo = np.array([b[0] for b in self.bounds[:G]])
         if np.any(best[:G] - lo <= 1e-6 + 1e-4 * np.abs(lo)):
-            for x0 in self.floor_starts([v for _, _, v in grid[:2]]):
+            for x0 in self.floor_starts([v for _, _, v in grid[:2]] or [self._values(best)]):
                 out = self._refine(x0)
                 if out.fun < best_val:
                     best_val, best = float(out.fun), out.x

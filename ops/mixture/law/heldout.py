@@ -139,24 +139,44 @@ def generalisation(points, target: str, form: str = "L3", huber_delta: float = H
 # Bootstrap uncertainty
 
 
+BOOT_UNITS = ("auto", "runs", "residuals")
+"""What ``bootstrap`` resamples: whole runs within each model size, log-loss residuals of the full
+fit, or 'auto' (runs when every size has >= 2 runs, else residuals)."""
+
+
 @dataclass(frozen=True)
 class Bootstrap:
-    """Refits of one law on resampled runs."""
+    """Refits of one law on resampled data (``unit``: whole runs or residuals)."""
 
     fit: LawFit
     """The fit on all points."""
     fits: tuple[LawFit, ...]
-    """The refits, one per bootstrap resample of whole runs (stratified by model size)."""
+    """The refits, one per bootstrap resample (of whole runs stratified by model size, or of residuals)."""
     seed: int
     """Seed of the resampling (same seed and points: the domain and general bootstraps draw the same runs)."""
+    unit: str = "runs"
+    """The resampled unit: 'runs' (whole runs, stratified by model size) or 'residuals' (the full fit's
+    log-loss residuals, centred and rescaled by sqrt(n / (n - p)), added back to its predictions)."""
 
     def params(self) -> dict[str, np.ndarray]:
         """Parameter samples: {name: array of shape (len(fits),)}."""
         return {k: np.array([f.params[k] for f in self.fits]) for k in self.fit.params}
 
+    @property
+    def identified(self) -> bool | None:
+        """The full fit's identification (``LawFit.identified``): False when a parameter sits on a bound."""
+        return self.fit.identified
+
+    def not_identified(self) -> dict[str, str]:
+        """{parameter: 'lower' | 'upper'} for every parameter of the full fit on a bound (empty when
+        identified or not recorded)."""
+        return {k: v for k, v in (self.fit.at_bound or {}).items() if v}
+
     def intervals(self, level: float = 95.0) -> dict[str, tuple[float, float]]:
         """Percentile intervals per parameter: {name: (lo, hi)} at ``level`` percent (central;
         95 -> 2.5th and 97.5th percentiles of the refits). Empty when there are no refits.
+        These are confidence intervals only when the fit is identified (``identified``): with a
+        parameter on a bound they are the refits' range, not an interval (``summary`` says which).
         Raises ValueError for level outside (0, 100)."""
         if not 0.0 < level < 100.0:
             raise ValueError(f"level must be in (0, 100), got {level!r}")
@@ -174,45 +194,99 @@ class Bootstrap:
 
     def summary(self, level: float = 95.0) -> dict[str, Any]:
         """JSON-ready per-parameter report: {name: {value, lo, hi, at_bound, refits_at_bound}}
-        plus ``n_boot`` and ``level``: what the fit found, its bootstrap interval, and whether it
-        is identified (not on a bound, in the fit and in the refits)."""
+        plus ``n_boot``, ``level``, ``unit``, ``identified`` and ``not_identified`` (the parameters
+        on a bound). When the fit is not identified, ``lo``/``hi`` are None and the refits' range is
+        under ``refit_range`` instead: an optimum on a bound would lie beyond it, so the percentiles
+        of the refits are not a confidence interval of anything."""
         iv = self.intervals(level)
         share = self.at_bound_share()
         at = self.fit.at_bound or {}
-        out: dict[str, Any] = {"n_boot": len(self.fits), "level": level, "params": {}}
+        ident = self.identified is not False
+        out: dict[str, Any] = {"n_boot": len(self.fits), "level": level, "unit": self.unit,
+                               "identified": self.identified, "not_identified": self.not_identified(),
+                               "params": {}}
         for k, v in self.fit.params.items():
             lo, hi = iv.get(k, (float("nan"), float("nan")))
-            out["params"][k] = {"value": float(v), "lo": lo, "hi": hi, "at_bound": at.get(k),
-                                "refits_at_bound": share[k]}
+            row = {"value": float(v), "at_bound": at.get(k), "refits_at_bound": share[k]}
+            if ident:
+                row.update(lo=lo, hi=hi)
+            else:
+                row.update(lo=None, hi=None, refit_range=[lo, hi])
+            out["params"][k] = row
         return out
+
+
+def _boot_unit(unit: str, strata: Sequence[Sequence]) -> str:
+    if unit not in BOOT_UNITS:
+        raise ValueError(f"bootstrap: unit must be one of {BOOT_UNITS}, got {unit!r}")
+    single = [i for i, s in enumerate(strata) if len(s) < 2]
+    if unit == "auto":
+        return "residuals" if single else "runs"
+    if unit == "runs" and len(single) == len(strata):
+        raise ValueError(
+            "bootstrap: unit 'runs' cannot vary here: every model size has exactly one run, so resampling whole runs "
+            "within each size draws the same points every time and the intervals would have zero width; "
+            "use unit='residuals' (or 'auto'), or train >= 2 runs per size (ratios or seeds)")
+    return unit
 
 
 @_one_blas_thread
 def bootstrap(points, target: str, form: str = "L3", n_boot: int = N_BOOT, seed: int = 0,
               huber_delta: float = HUBER_DELTA, n_grid: int = 2, n_starts: int = 2,
-              bounds: Mapping[str, tuple[float, float]] | None = None) -> Bootstrap:
-    """Bootstrap the fit by resampling whole runs (n_params, domain_ratio[, seed]) with
-    replacement, stratified by model size (each size keeps its number of runs, so every refit
-    still sees all sizes). Each refit starts from the full fit's optimum plus the ``n_starts``
-    best points of a coarse (``n_grid``) grid: ~0.1-0.3 s per refit, so the default 20 refits
-    take a few seconds. ``Bootstrap.intervals`` gives percentile intervals per parameter.
+              bounds: Mapping[str, tuple[float, float]] | None = None, unit: str = "auto") -> Bootstrap:
+    """Bootstrap the fit (``n_boot`` refits) by resampling a unit that varies (``unit``):
 
-    With the same ``points`` and ``seed`` the domain and general bootstraps draw the same runs,
-    so ``zip(boot_general.fits, boot_domain.fits)`` pairs fits of one resample. A resample that
-    fails the fit's checks is redrawn (at most 10 times per refit). ``bounds`` as in ``fit_law``.
-    Raises as ``fit_law``.
+    - 'runs': whole runs (n_params, domain_ratio[, seed]) with replacement, stratified by model
+      size (each size keeps its number of runs, so every refit still sees all sizes). Refused
+      (ValueError) when every size has one run: each resample would be the full data again.
+    - 'residuals': the full fit's log-loss residuals, centred and rescaled by sqrt(n / (n - p))
+      (p fitted parameters; Davison & Hinkley 1997, §6.2.3), drawn with replacement and added to
+      its log predictions. Refused when the residuals are all zero (an exact fit: nothing varies).
+    - 'auto' (default): 'runs' when every size has >= 2 runs, else 'residuals' (with one run at
+      some size, its points would never vary between resamples).
+
+    Each refit starts from the full fit's optimum plus the ``n_starts`` best points of a coarse
+    (``n_grid``) grid: ~0.03-0.3 s per refit. ``Bootstrap.intervals`` gives percentile intervals
+    per parameter; they are confidence intervals only when the fit is identified (no parameter on
+    a bound; ``Bootstrap.summary``). Coverage, measured by tests/ops/test_mixture_law_identified.py:
+    95% residual-bootstrap intervals on 25 synthetic Chinchilla points (1% noise) cover every true
+    parameter in >= 90% of 100 simulated fits.
+
+    With the same ``points`` and ``seed`` the domain and general bootstraps draw the same runs
+    (and residual indices), so ``zip(boot_general.fits, boot_domain.fits)`` pairs fits of one
+    resample. A run resample that fails the fit's checks is redrawn (at most 10 times per refit).
+    ``bounds`` as in ``fit_law``. Raises as ``fit_law``, and ValueError for an unknown ``unit`` or
+    a unit that cannot vary (message names it).
     """
     _check_target(target)
     f = _form(form)
     data = _load(points, LOSS_COLUMN[target])
-    full = _fit_data(data, target, f, huber_delta, N_GRID, N_STARTS, bounds=bounds)
     runs = data.runs()
     run_ids = np.unique(runs)
     run_size = {r: data.N[runs == r][0] for r in run_ids}
     strata = [[r for r in run_ids if run_size[r] == s] for s in np.unique(data.N)]
-    members = {r: np.flatnonzero(runs == r) for r in run_ids}
+    unit = _boot_unit(unit, strata)
+    full = _fit_data(data, target, f, huber_delta, N_GRID, N_STARTS, bounds=bounds)
     rng = np.random.default_rng(seed)
     fits = []
+    if unit == "residuals":
+        log_pred = np.log(full.predict(data.N, data.D, data.r_d))
+        res = np.log(data.loss) - log_pred
+        res = res - res.mean()
+        p = len(full.params)
+        if data.n <= p:
+            raise ValueError(f"bootstrap: residuals need more points than parameters ({data.n} <= {p})")
+        res = res * np.sqrt(data.n / (data.n - p))
+        if not np.any(np.abs(res) > 1e-12):
+            raise ValueError("bootstrap: the fit's residuals are all zero (an exact fit), so a residual "
+                             "bootstrap cannot vary; there is no sampling noise to estimate from these points")
+        for _ in range(n_boot):
+            boot = data.take(np.arange(data.n))
+            boot.loss[:] = np.exp(log_pred + rng.choice(res, size=data.n, replace=True))
+            fits.append(_fit_data(boot, target, f, huber_delta, n_grid, n_starts,
+                                  init=full.params, bounds=bounds))
+        return Bootstrap(full, tuple(fits), seed, unit)
+    members = {r: np.flatnonzero(runs == r) for r in run_ids}
     for _ in range(n_boot):
         for _attempt in range(10):
             chosen = [r for s in strata for r in rng.choice(s, size=len(s), replace=True)]
@@ -223,7 +297,7 @@ def bootstrap(points, target: str, form: str = "L3", n_boot: int = N_BOOT, seed:
                 break
             except ValueError:
                 continue
-    return Bootstrap(full, tuple(fits), seed)
+    return Bootstrap(full, tuple(fits), seed, unit)
 
 
 @_one_blas_thread
