@@ -41,6 +41,11 @@ def _object_store(root: str, endpoint_url: str, region: str, keep_versions: int,
                           f"(s3: pip install \"crucible[prod]\", which brings s3fs): {e}") from e
 
 
+@functools.lru_cache(maxsize=16)
+def _delta_tables(root: str, endpoint_url: str, region: str) -> "lake.DeltaTables":
+    return lake.DeltaTables(root, lake.delta_storage_options(root, endpoint_url, region))
+
+
 @describe_fields  # the attribute docstrings are the UI descriptions
 class LakeResource(dg.ConfigurableResource):
     """Parquet tables under ``root`` (one folder per asset and partition) and a DuckDB catalog with
@@ -52,10 +57,12 @@ class LakeResource(dg.ConfigurableResource):
       ``<root>/<asset>[/<partition>]/<name>``, written to a temporary file and renamed
       (``ops.lake.atomic_path``); the catalog is ``<root>/catalog.duckdb``; ``base`` and ``path`` are
       in the lake.
-    - an object store (``s3://bucket/prefix``; any fsspec URL): tables, JSON files and datasets are
-      committed without rename (``ops.lake.ObjectStoreLake``: the new version's objects under a
-      version-unique key, then the manifest ``_latest/<name>.json``); readers resolve through the
-      manifest. ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
+    - an object store (``s3://bucket/prefix``): tables are Delta Lake tables
+      ``<root>/<asset>[/<partition>]/<name>.delta`` (``ops.lake.DeltaTables``: an open format that
+      Polars, DuckDB, Spark and Trino read; a concurrent commit conflicts with
+      ``ops.lake.LakeConflictError``; earlier versions readable by ``read(..., version=n)``); JSON
+      files and dataset folders are committed without rename (``ops.lake.ObjectStoreLake``: the new
+      version's objects under a version-unique key, then the manifest ``_latest/<name>.json``). ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
       folders, checkpoints: files that need rename, SQLite or mmap), and the catalog is
       ``<work_dir>/catalog.duckdb`` (never on the object store).
     """
@@ -96,6 +103,13 @@ class LakeResource(dg.ConfigurableResource):
         return _object_store(self.root.rstrip("/"), self.endpoint_url, self.region, self.keep_versions, self.orphan_grace_s)
 
     @property
+    def tables(self) -> "lake.DeltaTables":
+        """The Delta tables of an object-store root. Raises ValueError for a local root."""
+        if not self.remote:
+            raise ValueError(f"lake root {self.root or default_root()!r} is a local folder, not an object store")
+        return _delta_tables(self.root.rstrip("/"), self.endpoint_url, self.region)
+
+    @property
     def base(self) -> Path:
         """The local lake root; for an object-store root, the POSIX working folder ``work_dir``."""
         if self.remote:
@@ -118,16 +132,29 @@ class LakeResource(dg.ConfigurableResource):
         return f"{asset}/{partition}/{name}" if partition else f"{asset}/{name}"
 
     def location(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> str:
-        """Where a table is, for messages and metadata: its path, or its logical URL on an object store."""
-        return self.store.location(self._key(asset, partition, name)) if self.remote else str(self.path(asset, partition, name))
+        """Where a table is, for messages and metadata: its path, or on an object store its Delta
+        table's URL (a ``*.parquet`` name) or its logical URL (other files)."""
+        if not self.remote:
+            return str(self.path(asset, partition, name))
+        key = self._key(asset, partition, name)
+        return self.tables.uri(key) if name.endswith(".parquet") else self.store.location(key)
 
     # -- tables ----------------------------------------------------------------------------------
     def write(self, df: pl.DataFrame, asset: str, partition: str | None = None, name: str = "data.parquet",
-              refresh: bool = True) -> tuple[Path | str, str]:
+              refresh: bool = True, read_version: int | None = None) -> tuple[Path | str, str]:
         """Atomically write a table; make sure the asset's catalog view exists. Returns (path,
-        data_version); on an object store the path is the URL of the committed object."""
+        data_version); on an object store the path is the URL of the Delta table.
+
+        ``read_version`` (object store only): the table version this write is based on; the commit
+        conflicts when another one landed since. Without it a commit still conflicts with one that
+        lands between this writer's read of the log and its own commit.
+
+        Raises:
+            ops.lake.LakeConflictError: object store, a concurrent commit won (nothing of this
+                write is visible).
+        """
         if self.remote:
-            target, version = self.store.write_parquet(df, self._key(asset, partition, name), staging=self._staging())
+            target, version = self.tables.write(df, self._key(asset, partition, name), read_version=read_version)
         else:
             target = self.path(asset, partition, name)
             version = lake.write_parquet_atomic(df, target)
@@ -135,14 +162,19 @@ class LakeResource(dg.ConfigurableResource):
             self.refresh_view(asset, partitioned=partition is not None)
         return target, version
 
-    def read(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> pl.DataFrame:
-        """Read a table. Raises FileNotFoundError naming the asset when it was never materialized."""
+    def read(self, asset: str, partition: str | None = None, name: str = "data.parquet",
+             version: int | None = None) -> pl.DataFrame:
+        """Read a table (object store: its current version, or Delta table version ``version``).
+        Raises FileNotFoundError naming the asset when it was never materialized."""
         what = f"{asset}[{partition}]" if partition else asset
         if self.remote:
             key = self._key(asset, partition, name)
-            if not self.store.exists(key):
-                raise FileNotFoundError(f"{what} has no committed table at {self.store.location(key)}: materialize {what} first")
-            return self.store.read_parquet(key)
+            try:
+                return self.tables.read(key, version)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{what} has no committed table at {self.tables.uri(key)}: materialize {what} first") from None
+        if version is not None:
+            raise ValueError(f"read({what!r}, version={version}): versions are kept on object-store (Delta) roots only")
         p = self.path(asset, partition, name)
         if not p.exists():
             raise FileNotFoundError(f"{what} has no table at {p}: materialize {what} first")
@@ -151,13 +183,15 @@ class LakeResource(dg.ConfigurableResource):
     def exists(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> bool:
         """True when the table (or file) has been written (object store: committed)."""
         if self.remote:
-            return self.store.exists(self._key(asset, partition, name))
+            key = self._key(asset, partition, name)
+            return self.tables.exists(key) if name.endswith(".parquet") else self.store.exists(key)
         return self.path(asset, partition, name).exists()
 
     def partitions(self, asset: str) -> list[str]:
         """Partition keys that have a table (object store: a committed one)."""
         if self.remote:
-            return sorted(k for k in self.store.children(asset) if self.store.exists(self._key(asset, k)))
+            return sorted(k for k in self.store.children(asset)
+                          if not k.endswith(".delta") and self.tables.exists(self._key(asset, k)))
         d = self.base / asset
         if not d.exists():
             return []
@@ -167,13 +201,11 @@ class LakeResource(dg.ConfigurableResource):
         """``{"data_version", "rows"}`` of a written table (the version ``write`` returned). Raises
         FileNotFoundError naming the table when it was never written."""
         if self.remote:
-            doc = self.store.manifest(self._key(asset, partition, name))
-            if doc is None:
-                raise FileNotFoundError(f"{self.location(asset, partition, name)} has no committed table")
-            rows = doc.get("rows")
-            if rows is None:
-                rows = self.read(asset, partition, name).height
-            return {"data_version": doc["version"], "rows": rows}
+            try:
+                info = self.tables.info(self._key(asset, partition, name))
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.location(asset, partition, name)} has no committed table") from None
+            return {"data_version": info["data_version"], "rows": info["rows"]}
         p = self.path(asset, partition, name)
         return {"data_version": lake.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
 
@@ -272,14 +304,14 @@ class LakeResource(dg.ConfigurableResource):
 
         if partitions is not None:
             files = [self.location(asset, k) for k in partitions] if not self.remote else \
-                [self.store.resolve(self._key(asset, k))[0] for k in partitions]
+                [u for k in partitions for u in self.tables.file_uris(self._key(asset, k))]
         elif self.remote and files is None:
             if pattern is not None:
                 raise ValueError(f"refresh_view({asset!r}): a glob pattern needs a local lake root; pass partitions or files")
             if partitioned:
-                files = [self.store.resolve(self._key(asset, k))[0] for k in self.partitions(asset)]
-            elif self.store.exists(self._key(asset)):
-                files = self.store.resolve(self._key(asset))
+                files = [u for k in self.partitions(asset) for u in self.tables.file_uris(self._key(asset, k))]
+            elif self.tables.exists(self._key(asset)):
+                files = self.tables.file_uris(self._key(asset))
             else:
                 files = []
         if files is not None:

@@ -32,25 +32,18 @@ BUCKET = "crucible-test"
 
 @pytest.fixture(scope="module")
 def s3():
-    """A moto S3 server on 127.0.0.1 (random port) with one bucket; yields its endpoint URL."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+    """A moto S3 server on 127.0.0.1 (random port, its own process) with one bucket; yields its endpoint URL."""
+    from tests.moto_s3 import moto_s3_server
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)    # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
     mp = pytest.MonkeyPatch()
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
                  "AWS_DEFAULT_REGION": "us-east-1"}.items():
         mp.setenv(k, v)
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
     try:
-        yield endpoint
+        with moto_s3_server(BUCKET) as endpoint:
+            yield endpoint
     finally:
         mp.undo()
-        server.stop()
 
 
 def _lake(s3, tmp_path, prefix, **kw):
@@ -102,14 +95,17 @@ def test_curation_group_into_s3_and_back(s3, tmp_path):
     assert s3lake.read("raw_problems_quarantine", "user_bad").height == 6
     kept = s3lake.read("near_deduped_problems")
     assert kept.filter(pl.col("source") == "user_nodup").height == 100
-    # the tables are in the bucket, committed: a manifest per table, the object under _v/
+    # the tables are Delta tables in the bucket; the commit info carries the data version and rows
     keys = _keys(s3, "lake/")
-    assert "lake/annotated_problems/_latest/data.parquet.json" in keys
-    assert "lake/exact_deduped_problems/_latest/clusters.parquet.json" in keys
-    assert "lake/raw_problems/user_nodup/_latest/data.parquet.json" in keys
-    man = json.loads(s3lake.store.fs.cat_file(f"{BUCKET}/lake/near_deduped_problems/_latest/data.parquet.json"))
-    assert man["version"] == got["near_deduped_problems"] and man["rows"] == kept.height
-    assert f"lake/near_deduped_problems/_v/data.parquet/{man['id']}/data.parquet" in keys
+    first = "_delta_log/00000000000000000000.json"
+    assert f"lake/annotated_problems/data.delta/{first}" in keys
+    assert f"lake/exact_deduped_problems/clusters.delta/{first}" in keys
+    assert f"lake/raw_problems/user_nodup/data.delta/{first}" in keys
+    log = [json.loads(line) for line in s3lake.store.fs.cat_file(f"{BUCKET}/lake/near_deduped_problems/data.delta/{first}").splitlines()]
+    info = next(a["commitInfo"] for a in log if "commitInfo" in a)
+    assert info["crucible.data_version"] == got["near_deduped_problems"] and info["crucible.rows"] == str(kept.height)
+    assert [a["add"]["path"] for a in log if "add" in a] and all(k.startswith("lake/near_deduped_problems/data.delta/")
+                                                                 for k in _keys(s3, "lake/near_deduped_problems/"))
     # no table or JSON on local disk: only the catalog
     local_files = [p for p in (tmp_path / "work").rglob("*") if p.is_file()]
     assert not [p for p in local_files if p.suffix in (".parquet", ".json")], local_files
@@ -177,21 +173,18 @@ def test_a_write_failing_half_way_leaves_the_previous_version(s3, tmp_path, monk
 
 
 KILLED_WRITER = """
-import sys, time
 import polars as pl
 from resources.lake import LakeResource
 lake = LakeResource(root={root!r}, endpoint_url={endpoint!r}, region="us-east-1", work_dir={work!r})
-fs = lake.store.fs
-def hang(path, data, **kw):              # the manifest PUT: never reached before the kill
-    print("uploaded", flush=True)
-    time.sleep(120)
-fs.pipe_file = hang
-lake.write(pl.DataFrame({{"x": [9, 9, 9]}}), "t", {partition!r})
+big = pl.DataFrame({{"x": pl.int_range(0, 3_000_000, eager=True) % 7}})
+print("writing", flush=True)
+lake.write(big, "t", {partition!r})
 """
 
 
 def _killed_write(s3, lake, partition):
-    """Run a writer process for ``t[partition]`` and SIGKILL it once its object is uploaded."""
+    """Run a writer process of a 3M-row version of ``t[partition]`` and SIGKILL it as it starts
+    writing (encoding and uploading take far longer than the kill)."""
     code = KILLED_WRITER.format(root=lake.root, endpoint=s3, work=lake.work_dir, partition=partition)
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -200,7 +193,8 @@ def _killed_write(s3, lake, partition):
         reader = threading.Thread(target=lambda: line.__setitem__(0, proc.stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout=120)
-        assert line[0] == "uploaded\n", proc.stderr.read() if proc.poll() is not None else "writer did not upload in 120 s"
+        assert line[0] == "writing\n", proc.stderr.read() if proc.poll() is not None else "writer did not start in 120 s"
+        time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -208,30 +202,24 @@ def _killed_write(s3, lake, partition):
     assert proc.returncode == -signal.SIGKILL
 
 
-def test_a_killed_writer_leaves_the_manifest_and_previous_version(s3, tmp_path):
+def test_a_killed_writer_leaves_a_whole_committed_version(s3, tmp_path):
     lake = _lake(s3, tmp_path, "killed")
     lake.write(pl.DataFrame({"x": [1, 2]}), "t", "k1")
-    man = lake.store.fs.cat_file(f"{BUCKET}/killed/t/k1/_latest/data.parquet.json")
+    files = lake.tables.file_uris("t/k1/data.parquet")
     _killed_write(s3, lake, "k1")                # a new version of k1, killed before its commit
     _killed_write(s3, lake, "k2")                # a first version of k2, killed likewise
-    assert lake.store.fs.cat_file(f"{BUCKET}/killed/t/k1/_latest/data.parquet.json") == man
+    assert lake.tables.file_uris("t/k1/data.parquet") == files       # the log names only the committed file
     assert lake.read("t", "k1")["x"].to_list() == [1, 2]
+    assert lake.tables.info("t/k1/data.parquet")["table_version"] == 0
     assert lake.partitions("t") == ["k1"] and not lake.exists("t", "k2")      # k2 was never committed
     with pytest.raises(FileNotFoundError, match=r"t\[k2\] has no committed table"):
         lake.read("t", "k2")
     assert lake.refresh_view("t", partitioned=True)
     with lake.connect_catalog() as con:
         assert con.execute("select sum(x) from t").fetchone() == (3,)
-    # the killed upload is an orphan: kept within orphan_grace_s, collected by the next commit after it
-    objs = lambda: _keys(s3, "killed/t/k1/_v/")  # noqa: E731
-    assert len(objs()) == 2
-    lake.write(pl.DataFrame({"x": [5]}), "t", "k1", refresh=False)
-    assert len(objs()) == 3                      # v1 (previous), v2 (current), the orphan (young)
-    eager = _lake(s3, tmp_path, "killed", orphan_grace_s=0.0)
-    eager.write(pl.DataFrame({"x": [6]}), "t", "k1", refresh=False)
-    ids = json.loads(lake.store.fs.cat_file(f"{BUCKET}/killed/t/k1/_latest/data.parquet.json"))["history"]
-    assert len(ids) == 2 and sorted(k.split("/")[5] for k in objs()) == sorted(ids)   # previous and current only
-    assert lake.read("t", "k1")["x"].to_list() == [6]
+    lake.write(pl.DataFrame({"x": [5]}), "t", "k1", refresh=False)   # the next commit is version 1: no gap, no loss
+    assert lake.tables.info("t/k1/data.parquet")["table_version"] == 1 and lake.read("t", "k1")["x"].to_list() == [5]
+    assert lake.read("t", "k1", version=0)["x"].to_list() == [1, 2]  # time travel
 
 
 def test_readers_never_see_an_uncommitted_version(s3, tmp_path):
@@ -251,7 +239,7 @@ def test_readers_never_see_an_uncommitted_version(s3, tmp_path):
     def frame(i):
         return pl.DataFrame({"v": [i] * i, "k": list(range(i))})
 
-    lake.write(frame(1), "t", refresh=False)
+    lake.write(frame(1), "t", refresh=False)           # a Delta table: its commit is atomic in delta-rs
     lake.write_hf_dataset(frame(1), "ds", "version 1\n")
     announced["t/data.parquet"].add(1)
     announced["ds"].add(1)
@@ -289,6 +277,7 @@ def test_readers_never_see_an_uncommitted_version(s3, tmp_path):
         t = threading.Thread(target=reader, daemon=True)
         t.start()
         for i in range(2, n_versions + 1):
+            announced["t/data.parquet"].add(i)        # before: a reader must still see only whole versions
             lake.write(frame(i), "t", refresh=False)
             lake.write_hf_dataset(frame(i), "ds", f"version {i}\n")
         time.sleep(0.5)
@@ -304,10 +293,11 @@ def test_readers_never_see_an_uncommitted_version(s3, tmp_path):
 
 def test_a_bad_manifest_is_an_error_naming_it(s3, tmp_path):
     lake = _lake(s3, tmp_path, "badman")
-    lake.write(pl.DataFrame({"x": [1]}), "t", refresh=False)
-    lake.store.fs.pipe_file(f"{BUCKET}/badman/t/_latest/data.parquet.json", b'{"format": "other"}')
-    with pytest.raises(ValueError, match=rf"s3://{BUCKET}/badman/t/_latest/data.parquet.json: field 'format'"):
-        lake.read("t")
+    lake.write_json({"x": 1}, "t/config.json")        # JSON files and dataset folders keep the manifest commit
+    assert lake.read_json("t/config.json") == {"x": 1}
+    lake.store.fs.pipe_file(f"{BUCKET}/badman/t/_latest/config.json.json", b'{"format": "other"}')
+    with pytest.raises(ValueError, match=rf"s3://{BUCKET}/badman/t/_latest/config.json.json: field 'format'"):
+        lake.read_json("t/config.json")
 
 
 def test_prod_profile_s3_root_with_a_configurable_endpoint(s3, tmp_path):
@@ -322,4 +312,107 @@ def test_prod_profile_s3_root_with_a_configurable_endpoint(s3, tmp_path):
     _, version = lake.write(pl.DataFrame({"a": [1, 2, 3]}), "benchmark_problems")
     assert lake.read("benchmark_problems")["a"].to_list() == [1, 2, 3]
     assert lake.table_info("benchmark_problems") == {"data_version": version, "rows": 3}
-    assert "prod/benchmark_problems/_latest/data.parquet.json" in _keys(s3, "prod/")
+    assert "prod/benchmark_problems/data.delta/_delta_log/00000000000000000000.json" in _keys(s3, "prod/")
+
+
+# -- Delta Lake: conflicts, versions, a second engine (issue 40 item 4) ------------------------------
+
+def test_a_stale_writer_conflicts_loudly_and_nothing_is_lost(s3, tmp_path):
+    """Two writers read version 0 of a table; the first commit wins, the second gets
+    LakeConflictError naming the table (the old manifest format let the last manifest win silently)."""
+    from ops.lake import LakeConflictError
+
+    lake = _lake(s3, tmp_path, "conflict")
+    lake.write(pl.DataFrame({"x": [0]}), "t", refresh=False)
+    base = lake.tables.info("t/data.parquet")["table_version"]
+    lake.write(pl.DataFrame({"x": [1, 1]}), "t", refresh=False, read_version=base)          # writer A
+    with pytest.raises(LakeConflictError, match=rf"s3://{BUCKET}/conflict/t/data.delta \(based on version 0\)"):
+        lake.write(pl.DataFrame({"x": [2, 2, 2]}), "t", refresh=False, read_version=base)   # writer B, stale
+    assert lake.read("t")["x"].to_list() == [1, 1]
+    assert lake.tables.info("t/data.parquet")["table_version"] == 1                      # B left no commit
+    assert lake.read("t", version=0)["x"].to_list() == [0]
+
+
+RACING_WRITER = """
+import json, sys
+import polars as pl
+from ops.lake import LakeConflictError
+from resources.lake import LakeResource
+lake = LakeResource(root={root!r}, endpoint_url={endpoint!r}, region="us-east-1", work_dir={work!r})
+won, lost = [], 0
+for i in range({n}):
+    df = pl.DataFrame({{"writer": [{w}] * 50, "i": [i] * 50}})
+    try:
+        won.append(lake.write(df, "t", refresh=False)[1])
+    except LakeConflictError:
+        lost += 1
+print(json.dumps({{"won": won, "lost": lost}}))
+"""
+
+
+def test_two_racing_writer_processes_lose_nothing_silently(s3, tmp_path):
+    """Two processes overwrite one table 15 times each at once: every write either committed (its
+    data version is in the Delta log, in its own commit) or raised LakeConflictError."""
+    lake = _lake(s3, tmp_path, "race")
+    lake.write(pl.DataFrame({"writer": [0], "i": [0]}), "t", refresh=False)
+    n = 15
+    procs = [subprocess.Popen([sys.executable, "-c", RACING_WRITER.format(root=lake.root, endpoint=s3, work=lake.work_dir, n=n, w=w)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}) for w in (1, 2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    won = [v for r in results for v in r["won"]]
+    assert len(won) + sum(r["lost"] for r in results) == 2 * n
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(lake.tables.uri("t/data.parquet"), storage_options=lake.tables.storage_options)
+    committed = [h["crucible.data_version"] for h in dt.history() if h["version"] > 0]
+    assert dt.version() == len(won) and sorted(committed) == sorted(won)   # one commit per win, none lost or doubled
+
+
+SECOND_ENGINE = """
+import json, sys
+import polars as pl
+from deltalake import DeltaTable
+opts = {opts!r}
+uri = {uri!r}
+now = pl.read_delta(uri, storage_options=opts)
+first = pl.read_delta(uri, version=0, storage_options=opts)
+files = DeltaTable(uri, storage_options=opts).file_uris()
+print(json.dumps({{"rows": now.height, "sum": int(now["x"].sum()), "rows_v0": first.height,
+                  "files": len(files), "crucible_loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("ops", "resources", "assets"))}}))
+"""
+
+
+def test_a_second_engine_reads_the_tables_without_crucible(s3, tmp_path):
+    """Polars' own Delta reader (current version and time travel) reads a table the lake wrote, in
+    an isolated interpreter (``-I``: no repo on sys.path) that imports nothing of Crucible."""
+    lake = _lake(s3, tmp_path, "engine")
+    lake.write(pl.DataFrame({"x": [1, 2, 3]}), "t", refresh=False)
+    lake.write(pl.DataFrame({"x": [10, 20, 30, 40]}), "t", refresh=False)
+    code = SECOND_ENGINE.format(opts=lake.tables.storage_options, uri=lake.tables.uri("t/data.parquet"))
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ""}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got == {"rows": 4, "sum": 100, "rows_v0": 3, "files": 1, "crucible_loaded": []}
+
+
+def test_data_versions_and_dtypes_match_a_local_lake(s3, tmp_path):
+    """The Delta table's data version equals the local Parquet file's content hash for the same
+    rows; unsigned (UInt64 beyond 2**63 too) and Categorical columns read back with their dtypes."""
+    from resources.lake import LakeResource
+
+    df = pl.DataFrame({"h": pl.Series([1, 2**64 - 1], dtype=pl.UInt64), "n": pl.Series([3, 4], dtype=pl.UInt32),
+                       "c": pl.Series(["a", "b"], dtype=pl.Categorical), "s": ["x", None],
+                       "l": [[{"k": 1}], []]})
+    remote, local = _lake(s3, tmp_path, "dtypes"), LakeResource(root=str(tmp_path / "local"))
+    _, v_remote = remote.write(df, "t", "p", refresh=False)
+    _, v_local = local.write(df, "t", "p", refresh=False)
+    assert v_remote == v_local and remote.table_info("t", "p") == local.table_info("t", "p") == {"data_version": v_local, "rows": 2}
+    back = remote.read("t", "p")
+    assert back.schema == df.schema and back.equals(df)
+    assert remote.write(df.reverse(), "t", "p", refresh=False)[1] != v_remote
