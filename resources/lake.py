@@ -180,6 +180,40 @@ class LakeResource(dg.ConfigurableResource):
             raise FileNotFoundError(f"{what} has no table at {p}: materialize {what} first")
         return pl.read_parquet(p)
 
+    def table_path(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> Path:
+        """A local Parquet file of the table's current version, for a worker process that opens a
+        path (a ``torchrun`` / Ray worker, a subprocess). Local root: the table itself
+        (``path``). Object store: a copy of the committed Delta version under ``work_dir``,
+        ``<work_dir>/.lake-tables/<asset>[/<partition>]/<stem>.<data version>.parquet``, written once
+        per version (the same Parquet bytes as a local table, so its SHA-256 prefix is the data
+        version: checked) and reused while the version is current.
+
+        Raises:
+            FileNotFoundError: the table was never materialized (names it).
+            OSError: the copy's content hash differs from the committed data version.
+        """
+        what = f"{asset}[{partition}]" if partition else asset
+        if not self.remote:
+            p = self.path(asset, partition, name)
+            if not p.exists():
+                raise FileNotFoundError(f"{what} has no table at {p}: materialize {what} first")
+            return p
+        key = self._key(asset, partition, name)
+        try:
+            info = self.tables.info(key)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{what} has no committed table at {self.tables.uri(key)}: materialize {what} first") from None
+        stem = name[: -len(".parquet")] if name.endswith(".parquet") else name
+        dest = self.base / ".lake-tables" / asset / (partition or "") / f"{stem}.{info['data_version']}.parquet"
+        if dest.exists():
+            return dest
+        version = lake.write_parquet_atomic(self.tables.read(key, info["table_version"]), dest)
+        if version != info["data_version"]:
+            dest.unlink(missing_ok=True)
+            raise OSError(f"{self.tables.uri(key)} version {info['table_version']}: the local copy hashes to {version}, "
+                          f"the commit says {info['data_version']}")
+        return dest
+
     def exists(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> bool:
         """True when the table (or file) has been written (object store: committed)."""
         if self.remote:

@@ -416,3 +416,27 @@ def test_data_versions_and_dtypes_match_a_local_lake(s3, tmp_path):
     back = remote.read("t", "p")
     assert back.schema == df.schema and back.equals(df)
     assert remote.write(df.reverse(), "t", "p", refresh=False)[1] != v_remote
+
+
+def test_table_path_gives_workers_a_local_copy_of_the_committed_version(s3, tmp_path):
+    """Workers that open a path get a local Parquet file of the current Delta version under
+    work_dir, whose content hash is the data version; a new commit gives a new file."""
+    from ops.lake import file_sha256
+    from resources.lake import LakeResource
+
+    lake = _lake(s3, tmp_path, "workers")
+    df = pl.DataFrame({"problem_id": ["a", "b", "c"], "n": pl.Series([1, 2, 3], dtype=pl.UInt32)})
+    _, v1 = lake.write(df, "decontaminated_problems", refresh=False)
+    p1 = lake.table_path("decontaminated_problems")
+    assert p1 == tmp_path / "work" / ".lake-tables" / "decontaminated_problems" / f"data.{v1}.parquet"
+    assert file_sha256(p1)[:16] == v1 and pl.read_parquet(p1).equals(df) and pl.read_parquet(p1).schema == df.schema
+    mtime = p1.stat().st_mtime_ns
+    assert lake.table_path("decontaminated_problems") == p1 and p1.stat().st_mtime_ns == mtime   # reused
+    _, v2 = lake.write(df.head(1), "decontaminated_problems", refresh=False)
+    p2 = lake.table_path("decontaminated_problems")
+    assert p2 != p1 and pl.read_parquet(p2).height == 1 and file_sha256(p2)[:16] == v2
+    with pytest.raises(FileNotFoundError, match=r"gba_run\[sync\] has no committed table"):
+        lake.table_path("gba_run", "sync")
+    local = LakeResource(root=str(tmp_path / "local"))
+    local.write(df, "decontaminated_problems", refresh=False)
+    assert local.table_path("decontaminated_problems") == local.path("decontaminated_problems")
