@@ -172,6 +172,20 @@ def test_identity_and_namespaces(kernel):
      "ValueError: not allowed to raise maximum limit"),
     ("memory-bomb", "x = bytearray(8 * 1024**3)", "MemoryError"),
     ("memory-creep", "x = []\nwhile True:\n    x.append(bytearray(10**6))", "MemoryError"),
+    # issue 42 review: calls that reach the supervisor without kill()/ptrace()
+    ("pidfd-getfd-supervisor", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+     "if libc.syscall(438, libc.syscall(434, os.getppid(), 0), 1, 0) < 0:\n"
+     "    raise OSError(ctypes.get_errno(), 'pidfd refused')", "PermissionError: [Errno 1] pidfd refused"),
+    ("sigio-to-supervisor", "import fcntl, os\nfcntl.fcntl(1, fcntl.F_SETOWN, os.getppid())",
+     "PermissionError: [Errno 1] Operation not permitted"),
+    ("sigio-signal-choice", "import fcntl, signal\nfcntl.fcntl(1, 10, signal.SIGKILL)",
+     "PermissionError: [Errno 1] Operation not permitted"),
+    ("prlimit-supervisor", "import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_AS, (1 << 20, 1 << 20))",
+     "PermissionError: [Errno 1] Operation not permitted"),
+    ("renice-supervisor", "import os\nos.setpriority(os.PRIO_PROCESS, os.getppid(), 19)",
+     "PermissionError: [Errno 1] Operation not permitted"),
+    ("affinity-supervisor", "import os\nos.sched_setaffinity(os.getppid(), {0})",
+     "PermissionError: [Errno 1] Operation not permitted"),
 ])
 def test_escape_battery_is_contained(kernel, name, code, error):
     """Each attempt fails inside the sandbox with the kernel's error, and the supervisor still
@@ -179,6 +193,35 @@ def test_escape_battery_is_contained(kernel, name, code, error):
     r = attack(code, mem_mb=256)
     assert r.output.startswith("hook off") and not r.ok, (name, r)
     assert r.error.startswith(error), (name, r)
+
+
+def test_forged_report_on_the_supervisors_stdout_with_the_supervisor_killed(kernel):
+    """Issue 42 review: the child copied the supervisor's stdout (pidfd_getfd), wrote a forged report
+    there and had the supervisor SIGKILLed through SIGIO (fcntl F_SETOWN + F_SETSIG), so the forged
+    report was the only one the host read: before the fix the result was ok=True, output 'FORGED'.
+    Now each call fails inside (EPERM) and the host trusts only a sandbox that exited 0 in time."""
+    forged = json.dumps({"ok": True, "output": "FORGED", "error": "", "cpu_s": 0.0, "rc": 0, "timed_out": False})
+    r = attack("import os, ctypes, fcntl, signal\n"
+               "libc = ctypes.CDLL(None, use_errno=True)\n"
+               "fd = libc.syscall(438, libc.syscall(434, os.getppid(), 0), 1, 0)\n"
+               f"print('stolen fd', fd)\n"
+               f"if fd >= 0:\n    os.write(fd, {forged!r}.encode())\n"
+               "fcntl.fcntl(1, fcntl.F_SETOWN, os.getppid())\n"
+               "fcntl.fcntl(1, 10, signal.SIGKILL)\n"
+               "fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_ASYNC)\n"
+               "while True:\n    os.write(1, b'x' * 4096)\n")
+    assert "FORGED" not in r.output
+    assert (r.ok, r.output, r.error) == (False, "hook off\nstolen fd -1\n",
+                                         "PermissionError: [Errno 1] Operation not permitted"), r
+
+
+def test_worker_secrets_in_the_environment_do_not_reach_the_code(kernel, monkeypatch):
+    """An API key in the worker's environment is not in the sandbox's environment (bwrap --clearenv,
+    the host passes env={}, the supervisor clears its child's)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-crucible-review-secret")
+    r = attack("import os\nprint(sorted(os.environ.items()))")
+    assert r.ok and "sk-crucible" not in r.output and "OPENAI" not in r.output
+    assert r.output.splitlines()[1] == "[('LC_CTYPE', 'C.UTF-8')]"
 
 
 def test_cpu_limit_holds_after_the_timer_is_disarmed(kernel):

@@ -29,7 +29,8 @@ Inside either mode, from the outside in:
   builds the result JSON itself from the child's exit status, CPU rusage and captured output. The
   result travels on the supervisor's stdout, which the child never holds: the child can only
   print (its output is what it printed) and exit — forged result JSON written to any descriptor
-  is at most printed text;
+  is at most printed text. The host trusts a report only from a sandbox that exited 0 within its
+  time (a supervisor killed or stopped after a forged report cannot pass one on);
 * the child (``python -I -S -B``, empty environment, its own session) lowers its own rlimits before
   any untrusted code runs: ``RLIMIT_CPU`` (backstop, ``ceil(cpu_s) + 1`` s), ``RLIMIT_AS``
   (``mem_mb``), ``RLIMIT_FSIZE = 0``, ``RLIMIT_NOFILE = 16``, ``RLIMIT_NPROC = 0``,
@@ -39,8 +40,12 @@ Inside either mode, from the outside in:
   with EPERM: ``fork``/``vfork``/``clone``/``clone3`` (no processes or threads: fork bombs end at
   the first fork), ``execve``/``execveat``, ``kill``/``tkill``/``tgkill``/``rt_(tg)sigqueueinfo``/
   ``pidfd_send_signal`` (no signals to the supervisor), ``ptrace``, ``process_vm_readv/writev``,
-  ``socket``/``socketpair``, ``unshare``/``setns``/``mount``, ``bpf``, ``userfaultfd``,
-  ``perf_event_open``, ``io_uring_setup``, the key-ring calls and every x32-ABI call. ``RLIMIT_NPROC``
+  ``pidfd_open``/``pidfd_getfd`` (a copy of the supervisor's result descriptor), ``process_madvise``,
+  ``kcmp``, ``move_pages``/``migrate_pages``, ``socket``/``socketpair``, ``unshare``/``setns``/``mount``,
+  ``bpf``, ``userfaultfd``, ``perf_event_open``, ``io_uring_*``, the key-ring calls and every x32-ABI
+  call; ``prlimit64``, ``setpriority``, ``sched_set{param,scheduler,affinity,attr}`` and ``ioprio_set``
+  only on the caller itself (pid argument 0); ``fcntl`` ``F_SETOWN``/``F_SETSIG``/``F_SETOWN_EX`` and
+  ``ioctl`` ``FIOSETOWN``/``SIOCSPGRP`` (SIGIO, with any signal, aimed at the supervisor). ``RLIMIT_NPROC``
   alone would not do: under bwrap as root the sandbox uid maps onto root, which the kernel exempts;
 * last, a PEP 578 **audit hook** (``sys.addaudithook``) refuses sockets, writes, reads outside the
   standard library, process creation, file-system mutation, ``ctypes`` and imports of ``socket``,
@@ -139,17 +144,43 @@ def _seccomp():
     if os.uname().machine != "x86_64":
         return False
     import ctypes, struct
-    deny = (41, 53, 56, 57, 58, 59, 62, 101, 129, 165, 200, 234, 248, 249, 250, 272, 297, 298,
-            308, 310, 311, 321, 322, 323, 424, 425, 435)
+    deny = (41, 53, 56, 57, 58, 59, 62, 101, 129, 165, 200, 234, 248, 249, 250, 256, 272, 279, 297, 298,
+            308, 310, 311, 312, 321, 322, 323, 424, 425, 426, 427, 434, 435, 438, 440)
+    # calls that may target another process: allowed only on the caller itself (that argument == 0)
+    self_only = {302: 0, 141: 1, 142: 0, 144: 0, 203: 0, 251: 1, 314: 0}  # prlimit64 setpriority sched_* ioprio_set
+    # fcntl F_SETOWN / F_SETSIG / F_SETOWN_EX and ioctl FIOSETOWN / SIOCSPGRP: SIGIO aimed at another process
+    cmds = {72: (8, 10, 15), 16: (0x8901, 0x8902)}
     LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
     ALLOW, EPERM = 0x7FFF0000, 0x00050000 | 1
-    n = len(deny)
-    # 0: arch; 1: x86-64? ; 2: ret EPERM ; 3: nr ; 4: x32 -> deny ; 5..5+n-1: denied -> deny ; allow ; deny
-    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, EPERM), (LD, 0, 0, 0),
-            (JGE, n + 1, 0, 0x40000000)]
-    for i, nr in enumerate(deny):
-        prog.append((JEQ, n - i, 0, nr))
-    prog += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
+    prog, at = [], {}
+    def op(code, k, jt=None, jf=None, label=None):
+        if label:
+            at[label] = len(prog)
+        prog.append([code, jt, jf, k])
+    op(LD, 4)
+    op(JEQ, 0xC000003E, jf="deny")                 # not x86-64: deny
+    op(LD, 0)
+    op(JGE, 0x40000000, jt="deny")                 # x32 ABI: deny
+    for nr in deny:
+        op(JEQ, nr, jt="deny")
+    for nr in self_only:
+        op(JEQ, nr, jt=f"self{nr}")
+    for nr in cmds:
+        op(JEQ, nr, jt=f"cmd{nr}")
+    op(RET, ALLOW)
+    for nr, arg in self_only.items():
+        op(LD, 16 + 8 * arg, label=f"self{nr}")    # low 32 bits of the pid argument (pid_t)
+        op(JEQ, 0, jt="allow", jf="deny")
+    for nr, bad in cmds.items():
+        op(LD, 24, label=f"cmd{nr}")               # the command (unsigned int, 2nd argument)
+        for c in bad:
+            op(JEQ, c, jt="deny")
+        op(RET, ALLOW)
+    op(RET, ALLOW, label="allow")
+    op(RET, EPERM, label="deny")
+    for i, ins in enumerate(prog):
+        for j in (1, 2):
+            ins[j] = 0 if ins[j] is None else at[ins[j]] - i - 1
     raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
     class Prog(ctypes.Structure):
@@ -464,6 +495,8 @@ def run_python(expr_or_code: str, cpu_s: float = 1.0, wall_s: float = 2.0, mem_m
     wall = time.monotonic() - t0
     host_cpu = ru.ru_utime + ru.ru_stime if ru is not None else 0.0
     try:
+        if rc != 0 or timed_out:  # the supervisor exits 0 right after its report: a report from a sandbox that
+            raise ValueError("no clean exit")  # was killed or ran out its time is not trusted (it may be forged)
         rep = json.loads(out.decode("utf-8"))
         ok, output, error, cpu = bool(rep["ok"]), str(rep["output"]), str(rep["error"]), float(rep["cpu_s"])
         child_rc, child_timed_out = int(rep["rc"]), bool(rep["timed_out"])
