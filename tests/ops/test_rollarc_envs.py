@@ -94,9 +94,10 @@ def test_sandbox_evaluates_arithmetic_math_and_statements(sb):
 def test_sandbox_infinite_loop_is_stopped_by_cpu_limit_before_wall_limit(sb):
     r = run_python("while True: pass", cpu_s=0.3, wall_s=20.0, sandbox=sb)
     assert not r.ok and r.error == "CPU time limit exceeded (0.3 s)"
-    # stopped at the limit, not before: ITIMER_PROF and wait4's rusage account CPU time separately,
-    # so the reported time may sit a scheduler tick below 0.3 s (measured once: 0.299023 s)
-    assert 0.3 - 0.02 <= r.cpu_s < 1.5 and r.wall_s < 10.0
+    # stopped at the limit, not before: ITIMER_PROF and wait4's rusage account CPU time separately
+    # (rusage's utime + stime are tick samples scaled to the run time), so the reported time may sit
+    # below 0.3 s: measured 0.2555-0.3606 s over 36 runs at load 9-10 (issue 42 review)
+    assert 0.2 <= r.cpu_s < 1.5 and r.wall_s < 10.0
 
 
 def test_sandbox_sleep_is_stopped_by_wall_limit(sb):
