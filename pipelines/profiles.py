@@ -11,7 +11,8 @@ out of an installed package with ``python -m pipelines.profiles example > /etc/c
 Production swaps resources and the executor, never asset code:
 
 - lake: an object-store root (``s3://bucket/prefix``, an S3-compatible ``endpoint_url``): tables
-  are committed as versioned objects plus a manifest, no rename (``ops.lake.ObjectStoreLake``); the
+  are Delta Lake tables (``ops.lake.DeltaTables``), JSON files and dataset folders versioned objects
+  plus a manifest (``ops.lake.ObjectStoreLake``); the
   files that need POSIX (caches, run folders, checkpoints, the DuckDB catalog) go to ``lake.work_dir``,
   a volume every pod mounts;
 - teacher: an OpenAI-compatible endpoint (vLLM, SGLang, a provider): ``base_url``, ``model``, and the
