@@ -11,6 +11,7 @@ torch/transformers/scipy load inside the functions.
 """
 
 import json
+import math
 import os
 import shutil
 import warnings
@@ -533,13 +534,17 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     tasks += [(("fit", t, f), law.fit_law, (pts, t, f), {"huber_delta": config.huber_delta})
               for t in law.TARGETS for f in forms]
     done = _run_tasks(tasks, config.workers)
-    fits, form_rows = {}, []
+    fits, form_rows, identification = {}, [], {}
     for target in law.TARGETS:
         for f in forms:
             fit = done[("fit", target, f)]
             fits.setdefault(target, {})[f] = fit.to_dict()
+            on_bound = {k: v for k, v in (fit.at_bound or {}).items() if v}
             form_rows.append({"target": target, "form": f, "huber": fit.huber, "r2": round(fit.r2, 5),
-                              "params": ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())})
+                              "params": ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items()),
+                              "identified": "yes" if not on_bound else "NO",
+                              "on_bound": ", ".join(f"{k} ({v})" for k, v in on_bound.items()) or "-"})
+            identification.setdefault(target, {})[f] = on_bound
     gen_rows, generalisation = [], {}
     for target in law.TARGETS:
         g = generalisation[target] = done[("gen", target)]
@@ -557,7 +562,11 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
         n = str(int(mine["n_params"][0]))
         base_loss[n], base_inits[n] = base_losses(lake, s, mine["init"].unique().to_list())
     doc = {"chosen_form": chosen, "huber_delta": config.huber_delta, "fits": fits,
+           # every parameter on a bound, per target and form: such a fit is not identified, and its bootstrap
+           # percentiles are the refits' range, not a confidence interval (docs/mixture.md, "Identification")
+           "identification": identification,
            "bootstrap": {t: [f.to_dict() for f in b.fits] for t, b in boots.items()},
+           "bootstrap_summary": {t: b.summary() for t, b in boots.items()},
            "generalisation": generalisation, "cross_domain": cross_rows,
            "probe": {"n_params": sorted(int(n) for n in pts["n_params"].unique()),
                      "ratios": sorted(float(r) for r in pts["domain_ratio"].unique()),
@@ -574,6 +583,11 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     meta = {"path": dg.MetadataValue.path(str(out)), "chosen_form": chosen, "probe_points": pts.height,
             "forms": md_table(pl.DataFrame(form_rows)), "generalisation": md_table(gen_table),
             "fitted_curves": image(png, "probe points and the fitted law"),
+            "params_on_bound": dg.MetadataValue.md("\n".join(
+                f"- {t}/{f}: " + (", ".join(f"{k} ({v})" for k, v in ob.items()) + " -> not identified" if ob else "none")
+                for t, per in identification.items() for f, ob in per.items())),
+            "chosen_form_identified": all(not identification[t][chosen] for t in law.TARGETS),
+            "bootstrap_unit": ", ".join(f"{t}: {b.unit}" for t, b in boots.items()),
             # the probe partitions this fit read: the current partition keys only, never every folder in the lake
             "probe_partitions": dg.MetadataValue.json(used_partitions),
             "ignored_probe_folders": dg.MetadataValue.json(ignored_folders)}
@@ -652,6 +666,31 @@ class MixturePlanConfig(fields_of(MixturePlanParams)):
     The Launchpad face of ops.mixture.law.config.MixturePlanParams (meanings and ranges there)."""
 
 
+def paper_departures(L_g0_measured: bool, limited, limited_paper) -> list[dict]:
+    """Where the plan departs on purpose from the D-CPT paper (arXiv 2406.01375 §3 usages, §3.2 Cross-Domain
+    law), each {what, paper, crucible, effect}: written into plan.json and the plan's metadata."""
+    out = [{"what": "usage 2 (limited domain data) carries the general-loss constraint",
+            "paper": "minimises the domain loss at fixed domain tokens D_d = r_d D; no general-loss constraint is stated",
+            "crucible": "the same minimisation subject to the trade-off's constraint (L_g - L_g0) / L_g0 <= T; the "
+                        "unconstrained answer is reported beside it (limited_domain_unconstrained)",
+            "effect": f"r_d {limited.r_d:.4g} constrained vs {limited_paper.r_d:.4g} unconstrained"},
+           {"what": "Cross-Domain coefficient K",
+            "paper": "K of a new domain from its initial loss and early rate of decline, combined with weights learned "
+                     "across domains; the law adds F / K^mu",
+            "crucible": "K = F / Phi per domain (E = 0, mu = 1, geometric mean of K over training domains = 1), Phi of an "
+                        "unseen domain fitted to its first early_checkpoints checkpoints with the shared terms frozen "
+                        "(ops.mixture.law.crossdomain)",
+            "effect": "not the paper's estimator; with as many training points as domains (six) a learned map would be "
+                      "fitted on six points"}]
+    if not L_g0_measured:
+        out.append({"what": "L_g0 of an unprobed target size",
+                    "paper": "the base model's general loss before CPT",
+                    "crucible": "the general law at r_d = 0 with the same N and D (general-only CPT of the same budget): "
+                                "the law has no D = 0 point, and no base of this size was trained",
+                    "effect": "a stricter baseline than the base model whenever general-only CPT lowers the general loss"})
+    return out
+
+
 def _spread_fmt(x) -> str:
     return "-" if not x else f"[{x[0]:.4g}, {x[1]:.4g}]"
 
@@ -693,6 +732,7 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
     plan1 = law.tradeoff_ratio(fg, fd, N, D, T, L_g0=L_g0, boot=(bg, bd), q=q)
     Dd = config.domain_tokens or 0.25 * D
     plan2 = law.limited_domain(fg, fd, N, Dd, T, L_g0=L_g0, boot=(bg, bd), q=q)
+    plan2_paper = law.limited_domain(fg, fd, N, Dd, math.inf)   # usage 2 without the general-loss constraint
     C = config.compute_flops or 6.0 * N * D
     # Usage 3 at the trade-off ratio: the general-loss budget is already spent by choosing r_d, so
     # N is chosen for the domain loss alone. The law is only trusted up to max_extrapolation x the
@@ -741,9 +781,14 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
                      "loss_domain_spread": _spread_fmt(sp.get("loss_domain")), "loss_general": _fmt(lg),
                      "L_g0": _fmt(p.loss_general_base), "status": status})
     table = pl.DataFrame(rows)
+    departures = paper_departures(L_g0_measured=base is not None, limited=plan2, limited_paper=plan2_paper)
+    identification = {t: {"form": chosen, "identified": f.identified, "not_identified": {k: v for k, v in (f.at_bound or {}).items() if v}}
+                      for t, f in (("general", fg), ("domain", fd))}
     result = {"target": {"n_params": N, "tokens": D, "T": T, "L_g0": L_g0, "L_g0_source":
-                         "measured base model" if base else "law at r_d=0"},
+                         "measured base model" if base else "law at r_d=0 (general-only CPT at the same N and D)"},
               "tradeoff": plan1.to_dict(), "limited_domain": plan2.to_dict(),
+              "limited_domain_unconstrained": {**plan2_paper.to_dict(), "max_rel_increase": None}, "paper_departures": departures,
+              "identification": identification,
               "allocate_compute": {**plan3.to_dict(), "loss_general": plan3_general, "n_at_search_bound": plan3_at_bound,
                                    "n_search_range": [n_lo, n_hi]},
               "probe_grid": {"n_params": n_max, "tokens": probe["max_tokens"],
@@ -765,6 +810,12 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
             "target_tokens": dg.MetadataValue.float(D), "T": dg.MetadataValue.float(T),
             "probe_grid_best_r_d": dg.MetadataValue.text(str(result["probe_grid"]["best_ratio"])),
             "law_r_d_at_probe_grid": dg.MetadataValue.float(law_at_grid.r_d),
+            "limited_domain_r_d_unconstrained": dg.MetadataValue.float(plan2_paper.r_d),
+            "paper_departures": dg.MetadataValue.md("\n".join(f"- **{d['what']}**: {d['crucible']} (paper: {d['paper']})"
+                                                              for d in departures)),
+            "identified": dg.MetadataValue.text(", ".join(f"{t}: " + ("yes" if i["identified"] else "NO, on a bound: " + ", ".join(
+                f"{k} ({v})" for k, v in i["not_identified"].items())) for t, i in identification.items())),
+            "spread_is_interval": all(i["identified"] for i in identification.values()),
             "predicted_losses_vs_ratio": image(png, "predicted losses vs domain ratio")}
     if L_g0 is not None:
         meta["L_g0"] = dg.MetadataValue.float(L_g0)
@@ -862,7 +913,9 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
     (limited domain data) and usage 3 (resource allocation, at the nearest real size, D = C / 6N)
     are each trained once; every run is reported with the law's prediction next to it. The
     blocking check ``mixture_plan_holds`` accepts the plan only if the measured rise at the law's
-    r_d is <= T; otherwise the corrected choice is reported."""
+    r_d is <= T and within the tolerance (``rise_tolerance``, widened to ``noise_multiple`` x the probes'
+    seed noise) of the law's predicted rise, and the regime is 'ok' (``regime_status``: plateaued bases,
+    a measurable rise at high r_d); otherwise the corrected choice is reported (none outside the regime)."""
     import numpy as np
 
     from ops.lake import write_json_atomic
@@ -940,8 +993,6 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
                          "wall_s": info.get("wall_s")})
         T = float(plan["target"]["T"])
         target_rows = [x for x in rows if _TRADEOFF & set(x["usages"].split(","))]
-        verdict = closed_loop_verdict(T, asks["tradeoff_law"]["ratio"],
-                                      asks["tradeoff_grid"]["ratio"] if "tradeoff_grid" in asks else None, target_rows)
         # context for the verdict: the seed spread of the rise among the probes of the target size
         probes = _read_probe_runs(lake)
         lg0_t = float(val_base_losses[target_size]["general"])
@@ -949,6 +1000,13 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
         spread = (at.group_by("domain_ratio").agg(sd=pl.col("general_rise").std(), n=pl.len())
                   .filter((pl.col("n") >= 2) & pl.col("sd").is_not_null())) if at.height else at
         noise = float(np.sqrt((spread["sd"] ** 2).mean())) if spread.height else None
+        regime = _regime(lake, base_dir, target_size, at, target_rows, noise, params)
+        law_rows = [x for x in target_rows if x["r_d"] == asks["tradeoff_law"]["ratio"]]
+        tolerance = max(params.rise_tolerance, params.noise_multiple * noise if noise is not None else 0.0)
+        verdict = closed_loop_verdict(T, asks["tradeoff_law"]["ratio"],
+                                      asks["tradeoff_grid"]["ratio"] if "tradeoff_grid" in asks else None, target_rows,
+                                      predicted_rise=float(np.mean([x["predicted_general_rise"] for x in law_rows])),
+                                      rise_tolerance=tolerance, regime=regime)
         usages = {}
         for usage, a in asks.items():
             mine = [x for x in rows if usage in x["usages"].split(",") and x["r_d"] == a["ratio"] and x["size"] == a["size"]]
@@ -990,7 +1048,10 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
                           for x in rows])
     meta = {"path": dg.MetadataValue.path(str(out_dir / "validation.json")), "verdict": verdict.describe(),
             "holds": verdict.holds, "T": T, "law_r_d": verdict.law_r_d, "measured_rise": verdict.measured_rise,
-            "grid_best_r_d": dg.MetadataValue.text(str(verdict.grid_best_r_d)), "accepted_r_d": verdict.accepted_r_d,
+            "predicted_rise": verdict.predicted_rise, "rise_tolerance": verdict.rise_tolerance,
+            "regime": verdict.regime["regime"],
+            "grid_best_r_d": dg.MetadataValue.text(str(verdict.grid_best_r_d)),
+            "accepted_r_d": dg.MetadataValue.text(str(verdict.accepted_r_d)),
             "target_size": target_size, "runs": md_table(table), "world_size": run.result["world_size"],
             "rise_vs_ratio": image(png, "general-loss rise: law vs measured"), **base_meta, **run.metadata()}
     if noise is not None:
@@ -998,8 +1059,32 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
     return dg.MaterializeResult(metadata=meta)
 
 
-@dg.asset_check(asset="mixture_validation", blocking=True, description="The plan holds in training: the general-loss "
-                "rise measured at the law's trade-off r_d (target model, target D) is at most the plan's T.")
+def _regime(lake: LakeResource, base_dir: Path, size: str, probe_rises: pl.DataFrame, target_rows: list[dict],
+            noise, params) -> dict:
+    """``ops.mixture.validation.regime_status`` for the target size: its base models' plateau records (the
+    validation's copy of init 0 and the committed inits > 0) and the general-loss rise at the highest r_d
+    measured at it (the probes' seed mean at their largest ratio and D; without probes of the size, the
+    validation's highest trained ratio)."""
+    from ops.mixture.validation import regime_status
+
+    paths = [base_dir / size / "base.json"] + sorted((lake.base / "cpt_base_models").glob(f"{size}_i*/base.json"))
+    bases = [json.loads(p.read_text()) for p in paths if p.exists()]
+    high_r, high = None, None
+    if probe_rises.height and probe_rises["general_rise"].is_not_null().any():
+        top = float(probe_rises["domain_ratio"].max())
+        high_r = top
+        high = float(probe_rises.filter(pl.col("domain_ratio") == top)["general_rise"].mean())
+    elif target_rows:
+        high_r = max(x["r_d"] for x in target_rows)
+        high = float(sum(x["general_rise"] for x in target_rows if x["r_d"] == high_r)
+                     / sum(1 for x in target_rows if x["r_d"] == high_r))
+    return regime_status(bases, high_r, high, noise, params.noise_multiple, params.plateau_tolerance)
+
+
+@dg.asset_check(asset="mixture_validation", blocking=True, description="The plan holds in training, judged both ways: "
+                "at the law's trade-off r_d (target model, target D) the measured general-loss rise is at most the plan's "
+                "T and within the stated tolerance of the law's own predicted rise, and the loop is in the paper's regime "
+                "(plateaued base models; the general loss rises measurably at high r_d).")
 def mixture_plan_holds(lake: LakeResource) -> dg.AssetCheckResult:
     from ops.mixture.validation import closed_loop_verdict
 
@@ -1007,8 +1092,16 @@ def mixture_plan_holds(lake: LakeResource) -> dg.AssetCheckResult:
     cl = doc["closed_loop"]
     size, D = doc["target"]["size"], doc["target"]["tokens"]
     runs = [r for r in doc["runs"] if _TRADEOFF & set(r["usages"].split(","))]
-    v = closed_loop_verdict(doc["target"]["T"], cl["law_r_d"], cl["grid_best_r_d"], runs)
-    meta = {"T": v.T, "law_r_d": v.law_r_d, "measured_rise": v.measured_rise, "accepted_r_d": v.accepted_r_d,
+    v = closed_loop_verdict(doc["target"]["T"], cl["law_r_d"], cl["grid_best_r_d"], runs,
+                            predicted_rise=cl.get("predicted_rise"),
+                            rise_tolerance=cl["rise_tolerance"] if cl.get("rise_tolerance") is not None else 0.0,
+                            regime=cl.get("regime"))
+    meta = {"T": v.T, "law_r_d": v.law_r_d, "measured_rise": v.measured_rise,
+            "predicted_rise": dg.MetadataValue.text("-" if v.predicted_rise is None else f"{v.predicted_rise:.5f}"),
+            "rise_tolerance": dg.MetadataValue.text("-" if v.rise_tolerance is None else f"{v.rise_tolerance:.5f}"),
+            "regime": (v.regime or {}).get("regime", "not checked"),
+            "regime_reasons": "; ".join((v.regime or {}).get("reasons", [])) or "-",
+            "accepted_r_d": dg.MetadataValue.text(str(v.accepted_r_d)),
             "grid_best_r_d": dg.MetadataValue.text(str(v.grid_best_r_d)),
             "grid_best_measured_rise": dg.MetadataValue.text("-" if v.grid_best_measured_rise is None
                                                              else f"{v.grid_best_measured_rise:.5f}"),

@@ -390,6 +390,7 @@ class _Probe:
         from ops.lm.checkpoint import published
         from ops.lm.model import save_model
         from ops.lm.train import Trainer, adamw, lambda_lr, token_mean_loss, warmup_constant
+        from ops.mixture.validation import PLATEAU_FRACTION, plateau_record
 
         plan, size, init, t0 = self.plan, run["size"], int(run.get("init", 0)), time.monotonic()
         name = base_dir_name(size, init)
@@ -401,11 +402,19 @@ class _Probe:
         steps = max(1, math.ceil(plan.base_tokens / self.per_step))
         trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.warmup_steps)), self.batches(0, 0.0, init=init),
                           token_mean_loss, name=f"base {name}", log=self.log)
+        # The plateau criterion (ops.mixture.validation.plateau_record): the general validation loss at 80% of
+        # the steps and at the end. Evaluation draws no random numbers and leaves the training unchanged.
+        at80 = max(1, int(round((1.0 - PLATEAU_FRACTION) * steps))) if steps > 1 else None
+        if at80 is not None and at80 < steps:
+            trainer.train(at80)
+            loss80 = trainer.evaluate(self.losses)["general"]
         trainer.train(steps)
         losses = trainer.evaluate(self.losses)
+        plateau = (plateau_record(loss80, losses["general"]) | {"step_at_80pct": at80, "steps": steps}
+                   if at80 is not None and at80 < steps else None)
         info = {"fingerprint": fp, "size": size, "init": init, "settings": plan.base_settings(), "n_params": n_params,
                 "n_params_total": n_total, "tokens": steps * self.per_step, "steps": steps, "lr": plan.lr_for(size, plan.base_lr),
-                "losses": losses,
+                "losses": losses, "plateau": plateau,
                 "wall_s": round(time.monotonic() - t0, 2), "world_size": self.dp.world}
         if self.dp.rank == 0:
             # the optimizer too: CPT continues training (Adam moments included)

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .fit import LawFit, _fit_data, _one_blas_thread
+from .fit import LawFit, _fit_data, _one_blas_thread, _Problem
 from .forms import (
     FORMS,
     HUBER_DELTA,
@@ -156,7 +156,7 @@ class Bootstrap:
     """Seed of the resampling (same seed and points: the domain and general bootstraps draw the same runs)."""
     unit: str = "runs"
     """The resampled unit: 'runs' (whole runs, stratified by model size) or 'residuals' (the full fit's
-    log-loss residuals, centred and rescaled by sqrt(n / (n - p)), added back to its predictions)."""
+    log-loss residuals, leverage-modified and centred, added back to its predictions)."""
 
     def params(self) -> dict[str, np.ndarray]:
         """Parameter samples: {name: array of shape (len(fits),)}."""
@@ -183,7 +183,10 @@ class Bootstrap:
         if not self.fits:
             return {}
         q = (50.0 - level / 2.0, 50.0 + level / 2.0)
-        return {k: tuple(float(x) for x in np.percentile(v, q)) for k, v in self.params().items()}
+        # Weibull plotting positions (Hyndman & Fan type 6: the q-quantile sits at order statistic q (B + 1),
+        # Efron & Tibshirani 1993, §13.3): numpy's default (type 7) pulls both ends inwards, to ~93% nominal
+        # at B = 100 refits for a 95% interval
+        return {k: tuple(float(x) for x in np.percentile(v, q, method="weibull")) for k, v in self.params().items()}
 
     def at_bound_share(self) -> dict[str, float]:
         """Per parameter, the share of refits whose optimum sits on a bound (0 without refits or
@@ -239,9 +242,9 @@ def bootstrap(points, target: str, form: str = "L3", n_boot: int = N_BOOT, seed:
     - 'runs': whole runs (n_params, domain_ratio[, seed]) with replacement, stratified by model
       size (each size keeps its number of runs, so every refit still sees all sizes). Refused
       (ValueError) when every size has one run: each resample would be the full data again.
-    - 'residuals': the full fit's log-loss residuals, centred and rescaled by sqrt(n / (n - p))
-      (p fitted parameters; Davison & Hinkley 1997, §6.2.3), drawn with replacement and added to
-      its log predictions. Refused when the residuals are all zero (an exact fit: nothing varies).
+    - 'residuals': the full fit's log-loss residuals, modified by their leverage (r_i / sqrt(1 - h_i),
+      h from the Jacobian of log L at the optimum; Davison & Hinkley 1997, Alg. 6.1) and centred,
+      drawn with replacement and added to its log predictions. Refused when the residuals are all zero (an exact fit: nothing varies).
     - 'auto' (default): 'runs' when every size has >= 2 runs, else 'residuals' (with one run at
       some size, its points would never vary between resamples).
 
@@ -271,13 +274,17 @@ def bootstrap(points, target: str, form: str = "L3", n_boot: int = N_BOOT, seed:
     fits = []
     if unit == "residuals":
         log_pred = np.log(full.predict(data.N, data.D, data.r_d))
-        res = np.log(data.loss) - log_pred
-        res = res - res.mean()
         p = len(full.params)
         if data.n <= p:
             raise ValueError(f"bootstrap: residuals need more points than parameters ({data.n} <= {p})")
-        res = res * np.sqrt(data.n / (data.n - p))
-        if not np.any(np.abs(res) > 1e-12):
+        # modified residuals (Davison & Hinkley 1997, Alg. 6.1): r_i / sqrt(1 - h_i) with h the leverages of
+        # the log-loss Jacobian at the optimum (a point the fit leans on leaves a shrunken residual), centred
+        prob = _Problem.build(f, data, target, huber_delta, bounds=bounds)
+        J = prob.log_pred(prob.theta_from_params(full.params), grad=True)[1].copy()
+        h = np.clip(np.sum(np.linalg.qr(J)[0] ** 2, axis=1), 0.0, 0.99)
+        res = (np.log(data.loss) - log_pred) / np.sqrt(1.0 - h)
+        res = res - res.mean()
+        if not np.any(np.abs(res) > 1e-9):   # log residuals: below 1e-9 is the optimiser's precision, not noise
             raise ValueError("bootstrap: the fit's residuals are all zero (an exact fit), so a residual "
                              "bootstrap cannot vary; there is no sampling noise to estimate from these points")
         for _ in range(n_boot):
