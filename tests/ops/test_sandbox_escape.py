@@ -303,3 +303,30 @@ def test_bwrap_works_inside_a_ray_actor(kernel):
         assert r.observation.startswith(f"Result: ({SANDBOX_UID}, [") and "'etc'" not in r.observation
     finally:
         ray.shutdown()
+
+
+def _landlock_abi() -> int:
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _landlock_abi() < 1, reason="kernel without Landlock")
+def test_rlimits_mode_cannot_write_into_the_workers_memory(tmp_path):
+    """Issue 42 review: in the weaker ``rlimits`` mode (host /proc visible, same uid) the code opened
+    /proc/<worker pid>/mem read-write (code injection into the Ray/Dagster worker) and created files;
+    the child's Landlock domain now makes the kernel refuse both (EACCES)."""
+    target = tmp_path / "made"
+    r = run_python(DISABLE_HOOK + f"import os\n"
+                   f"try:\n    open('/proc/{os.getpid()}/mem', 'rb+')\n    print('mem: opened')\n"
+                   f"except OSError as e:\n    print('mem:', e.errno)\n"
+                   f"try:\n    os.mkdir({str(target)!r})\n    print('mkdir: made')\n"
+                   f"except OSError as e:\n    print('mkdir:', e.errno)\n", sandbox="rlimits", wall_s=5.0)
+    assert (r.ok, r.output) == (True, "mem: 13\nmkdir: 13\n"), r
+    assert not target.exists()
+
+
+def test_no_files_are_made_on_the_sandbox_tmpfs(kernel):
+    """/dev/shm (bwrap's --dev tmpfs) was writable: a FIFO could be made there (RLIMIT_FSIZE stops only
+    data); Landlock now refuses every file creation."""
+    r = attack("import os\nos.mkfifo('/dev/shm/f')")
+    assert (r.ok, r.error) == (False, "PermissionError: [Errno 13] Permission denied"), r
