@@ -95,11 +95,10 @@ def rl_policy_dir(lake: LakeResource, config: "PolicyRunConfig", asset: str) -> 
 
 
 def problems_table(lake: LakeResource) -> Path:
-    """The ``decontaminated_problems`` table an RL run trains on. Raises FileNotFoundError when it
-    has not been materialized."""
-    problems = lake.path("decontaminated_problems")
-    if not problems.exists():
-        raise FileNotFoundError(f"decontaminated_problems has no table at {problems}: materialize it first")
+    """The ``decontaminated_problems`` table an RL run trains on, as a local Parquet file (an
+    object-store root: a copy of the committed version under ``work_dir``; ``LakeResource.table_path``).
+    Raises FileNotFoundError when it has not been materialized."""
+    problems = lake.table_path("decontaminated_problems")
     return problems
 
 

@@ -97,9 +97,7 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
     the comparison across every mode materialized so far (table and AUC-vs-time plot). A retried
     launch resumes from its last checkpoint (see the module docstring)."""
     mode = context.partition_key
-    events = lake.path("ctr_events")
-    if not events.exists():
-        raise FileNotFoundError(f"ctr_events has no table at {events}: materialize ctr_events first")
+    events = lake.table_path("ctr_events")      # object-store root: a local copy under work_dir
     spec = config.spec(mode, compute.num_processes, str(events), str(lake.path("gba_run", name="cache")))
     fp = fingerprint(spec)
     # TensorPipe logs a warning per closed pipe when the RPC world shuts down without a barrier (which a

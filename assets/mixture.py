@@ -432,11 +432,10 @@ def _read_probe_runs(lake: LakeResource, folders: list[str] | None = None) -> pl
     """Every finished probe run's checkpoints in the lake (all partitions; ``folders``: only these
     partition folders), diagonally concatenated; a table written before probe runs had seeds reads
     as seed 0, one from before base inits as init 0."""
-    d = lake.base / "cpt_probe_runs"
-    paths = sorted(d.glob("*/data.parquet")) if d.exists() else []
+    names = lake.partitions("cpt_probe_runs")     # through the lake: local folders or object-store tables
     if folders is not None:
-        paths = [p for p in paths if p.parent.name in set(folders)]
-    frames = [pl.read_parquet(p) for p in paths]
+        names = [n for n in names if n in set(folders)]
+    frames = [lake.read("cpt_probe_runs", n) for n in names]
     frames = [f if "seed" in f.columns else f.with_columns(seed=pl.lit(0, dtype=pl.Int64)) for f in frames]
     frames = [f if "init" in f.columns else f.with_columns(init=pl.lit(0, dtype=pl.Int64)) for f in frames]
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
@@ -456,8 +455,7 @@ def current_probe_folders(lake: LakeResource) -> tuple[dict[str, str], list[str]
     table, [lake folders that are no current partition]): a folder left by an earlier probe grid
     (another ``CRUCIBLE_CPT_RATIOS`` or size list) is not a partition the UI shows."""
     keys = {run_dir_name(_dims(k)["size"], float(_dims(k)["ratio"])): str(k) for k in probe_partitions.get_partition_keys()}
-    d = lake.base / "cpt_probe_runs"
-    present = sorted(p.parent.name for p in d.glob("*/data.parquet")) if d.exists() else []
+    present = lake.partitions("cpt_probe_runs")
     return {n: keys[n] for n in present if n in keys}, [n for n in present if n not in keys]
 
 
