@@ -440,3 +440,25 @@ def test_table_path_gives_workers_a_local_copy_of_the_committed_version(s3, tmp_
     local = LakeResource(root=str(tmp_path / "local"))
     local.write(df, "decontaminated_problems", refresh=False)
     assert local.table_path("decontaminated_problems") == local.path("decontaminated_problems")
+
+
+def test_an_rl_run_reads_its_problems_through_the_lake_on_s3(s3, tmp_path):
+    """rollarc_run on an s3 root: the driver's spec reads decontaminated_problems from the lake's
+    local copy of the committed Delta version (before the issue: FileNotFoundError, the table was
+    looked for under work_dir); here the table has no numeric problem, so the run fails on its
+    content before any launch."""
+    from assets import rollarc
+    from resources.compute import ComputeResource
+    from tests.assets.test_rollarc_assets import TINY
+    from tests.conftest import materialize_logged
+
+    lake = _lake(s3, tmp_path, "rl")
+    _, version = lake.write(pl.DataFrame({"problem_id": ["p0"], "problem": ["Which is a prime? (A) 4 (B) 5"], "answer": ["B"],
+                                          "answer_type": ["multiple_choice"]}), "decontaminated_problems", refresh=False)
+    res, _, _, _ = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": ComputeResource()},
+                                      {"ops": {"rollarc_run": {"config": TINY}}}, raise_on_error=False)
+    assert not res.success
+    [failure] = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
+    err = failure.step_failure_data.error
+    assert "has no numeric problem for the tool_math environment (1 rows)" in (err.cause or err).message
+    assert (tmp_path / "work" / ".lake-tables" / "decontaminated_problems" / f"data.{version}.parquet").is_file()
