@@ -186,6 +186,26 @@ _FORMAT = {"left", "right", "displaystyle", "textstyle", "quad", "qquad", "big",
 spellings (``\\dfrac`` -> ``\\frac``, ``a/b`` -> ``\\frac{a}{b}``): not counted as content."""
 
 
+_APPROX = re.compile(r"\\(?:approx|thickapprox|simeq|sim|doteq)(?![A-Za-z])|\u2248")
+_TEXT_WORDS = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mbox|mathbf|operatorname)\s*\{([^{}]*)\}")
+_QUALIFIERS = frozenset(
+    "more less least most approx approximately about around roughly nearly almost over under above below "
+    "than between not no none if otherwise except unless plus minus half twice double triple hundred "
+    "hundreds thousand thousands million millions billion billions trillion trillions dozen dozens".split())
+"""Words that change what a number means when written beside it (``6\\text{ thousand}``, ``3\\text{ or more}``,
+``3 \\text{ (approx.)}``): a text group holding one is not a unit and may not be dropped. ("or"/"and" between
+values or relations are not in it: math-verify reads ``5 \\text{ or } 7`` as the set {5, 7} and
+``x \\le -2 \\text{ or } x \\ge 5`` as a union.)"""
+
+
+def _qualifier(latex: str) -> str | None:
+    """The first text/unit group of ``latex`` that holds a qualifier word (``_QUALIFIERS``), else None."""
+    for m in _TEXT_WORDS.finditer(latex):
+        if any(w.lower() in _QUALIFIERS for w in re.findall(r"[A-Za-z]+", m.group(1))):
+            return m.group(0)
+    return None
+
+
 def _content(latex: str) -> "collections.Counter":
     """The numbers, letters and value commands of ``latex`` (a multiset), outside text/unit groups."""
     import collections
@@ -252,6 +272,12 @@ def read_answer(latex: str) -> Reading:
         return Reading([], "empty answer")
     if _ELLIPSIS.search(s):
         return Reading([], f"elided list or sum (\\ldots/\\cdots/...) in {s!r}: not comparable symbolically")
+    if _APPROX.search(s):
+        return Reading([], f"approximate value (\\approx/\\sim) in {s!r}: not an exact answer")
+    qualifier = _qualifier(s)
+    if qualifier:
+        return Reading([], f"the text {qualifier!r} in {s!r} qualifies or changes the value (a multiplier, an "
+                           "alternative, a bound): it is not a unit that may be dropped")
     parsed = parse(f"${s}$", extraction_config=[LatexExtractionConfig()])
     exprs = [p for p in parsed if not isinstance(p, str)]
     if not exprs:
@@ -348,6 +374,9 @@ def read_prediction(prediction: str) -> Reading:
     from math_verify import parse
 
     text = prediction or ""
+    why = _boxed_ambiguity(text)
+    if why:
+        return Reading([], why)
     if last_boxed(text) is not None or _math_segments(text):
         r = _read_delimited(text)
         if r.parsed or last_boxed(text) is not None:
@@ -361,6 +390,36 @@ def read_prediction(prediction: str) -> Reading:
     read = next((p for p in parsed if isinstance(p, str)), "")
     why = _plain_fragment(text, read)
     return Reading([], why) if why else Reading(parsed)
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every ``\\boxed{...}``/``\\fbox{...}`` of ``text`` with balanced braces, in order."""
+    out = []
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth = 0
+        for j in range(m.end() - 1, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                out.append((m.start(), j + 1, text[m.end():j].strip()))
+                break
+    return out
+
+
+def _boxed_ambiguity(text: str) -> str | None:
+    """Why the boxed final answer of a response is ambiguous, else None: two or more ``\\boxed{}`` with
+    different contents (``\\boxed{3} or \\boxed{4}``: a hedge, and which one is final is unclear), or the
+    response going on after its last ``\\boxed{}`` with a number or an operator (``\\boxed{4}^2``,
+    ``\\boxed{5} ... but the answer is 7``). Issue 42 review: each verified a wrong answer before."""
+    spans = _boxed_spans(text)
+    if not spans:
+        return None
+    distinct = dict.fromkeys(re.sub(r"\s+", "", c) for _, _, c in spans if c.strip())
+    if len(distinct) > 1:
+        return f"{len(distinct)} different \\boxed{{}} answers ({', '.join(list(distinct)[:4])}): which one is final is unclear"
+    after = text[spans[-1][1]:]
+    if re.search(r"\d", after) or re.match(r"\s*(?:[\^_*/+\-!=<>]|\\(?:times|cdot|pm|mp|div|approx)(?![A-Za-z]))", after):
+        return f"the response goes on after its last \\boxed{{}} with a number or an operator: {after.strip()[:80]!r}"
+    return None
 
 
 def _plain_fragment(text: str, read: str) -> str | None:
@@ -434,6 +493,34 @@ def _solved_inequality(expr) -> bool:
     return True
 
 
+_SUBSCRIPTED_NUMBER = re.compile(r"(?<![A-Za-z\\])[0-9A-F]*\d[0-9A-F]*\s*_")
+_BASE_NUMBER = re.compile(r"([0-9A-Za-z]+)\s*_\s*(?:\{\s*(\d{1,2})\s*\}|(\d))")
+
+
+def _read_text(parsed: list) -> str:
+    """The text math-verify read (the first string of a parsed list), without ``$``, ``\\boxed`` or spaces."""
+    t = next((p for p in parsed if isinstance(p, str)), "")
+    t = re.sub(r"\$|\\boxed|\s", "", t)
+    return t[1:-1] if t.startswith("{") and t.endswith("}") else t
+
+
+def _base_value(text: str) -> int | None:
+    """The integer a numeral in a base names (``1001_2`` -> 9, ``A3_{16}`` -> 163), a plain integer's
+    value (``9``), else None (a base outside 2-36, a digit not of the base, any other text)."""
+    m = _BASE_NUMBER.fullmatch(text)
+    if m:
+        base = int(m.group(2) or m.group(3))
+        try:
+            return int(m.group(1), base) if 2 <= base <= 36 else None
+        except ValueError:
+            return None
+    return int(text) if re.fullmatch(r"[+-]?\d+", text) else None
+
+
+def _braced(text: str) -> bool:
+    return "\\{" in text or "\\lbrace" in text
+
+
 def verify_parsed(gold_parsed: list, pred_parsed: list) -> bool:
     """True when two readings are equal (math-verify + guards). An interval (or union of intervals)
     gold equals an inequality prediction in solved form in one variable when their sets are equal,
@@ -445,6 +532,13 @@ def verify_parsed(gold_parsed: list, pred_parsed: list) -> bool:
     if not gold_parsed or not pred_parsed:
         return False
     g, p = _first_expr(gold_parsed), _first_expr(pred_parsed)
+    gs, ps = _read_text(gold_parsed), _read_text(pred_parsed)
+    if _SUBSCRIPTED_NUMBER.search(gs) or _SUBSCRIPTED_NUMBER.search(ps):
+        gv, pv = _base_value(gs), _base_value(ps)  # math-verify reads 1001_2 as 1001
+        return gv is not None and gv == pv
+    if (isinstance(g, sympy.Interval) and isinstance(p, sympy.FiniteSet) and _braced(ps)) \
+            or (isinstance(p, sympy.Interval) and isinstance(g, sympy.FiniteSet) and _braced(gs)):
+        return False  # a set {1, 2} is neither the pair (1, 2) nor an interval, which math-verify equates
     if isinstance(g, sympy.Set) and isinstance(p, sympy.FiniteSet) and len(p) > 1 \
             and all(isinstance(a, sympy.core.relational.Relational) for a in p.args):
         either = sympy.Or(*p.args)  # "x \le -2 \text{ or } x \ge 5", read as a set of two inequalities

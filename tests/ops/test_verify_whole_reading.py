@@ -177,3 +177,37 @@ def test_a_plain_text_prediction_that_stands_alone_still_verifies():
     assert status("42", "After simplifying, the answer is 42.")["status"] == "verified"
     assert status("3", "The answer is 3 apples.")["status"] == "verified"
     assert status("3", "The answer is 4.")["status"] == "wrong"
+
+
+@pytest.mark.parametrize("pair", [p for p in _report_pairs() if p["equivalent"] and "review" in p["source"]],
+                         ids=lambda p: p["id"])
+def test_review_pairs_that_are_right_still_verify(pair):
+    """The issue 42 review's equivalent pairs (a numeral in a base against its value, a mixed number, a
+    repeated box, a self-correction) verify: except p273, whose two different boxes are refused
+    (unparseable_prediction, a reported false negative: which box is final is not decided)."""
+    res = V.verify_one(V.VerifyItem(pair["id"], pair["gold"], pair.get("solution"), pair["pred"]))
+    expected = "unparseable_prediction" if pair["id"] == "p273" else "verified"
+    assert res["status"] == expected, (pair, res)
+
+
+@pytest.mark.parametrize("gold, pred, reason", [
+    ("4", r"$\boxed{3}$ or $\boxed{4}$", "2 different \\boxed{} answers"),
+    ("5", r"$\boxed{5}$, but the answer is 7", "goes on after its last \\boxed{}"),
+    ("4", r"$\boxed{4}^2$", "goes on after its last \\boxed{}"),
+    ("6", boxed("6\\text{ thousand}"), "qualifies or changes the value"),
+    ("5", boxed("5 \\approx 5.1"), "approximate value"),
+])
+def test_ambiguous_predictions_are_refused_with_the_reason(gold, pred, reason):
+    """Issue 42 review: each of these verified a wrong answer before (a false positive); now refused."""
+    res = status(gold, pred)
+    assert res["status"] == "unparseable_prediction" and reason in res["reason"], res
+
+
+def test_numerals_in_a_base_are_compared_by_value():
+    """math-verify reads 1001_2 as 1001: 10_{2} verified against 10 and 1001_2 against 1001 before."""
+    assert status("10", boxed("10_{2}"))["status"] == "wrong"
+    assert status("1001_2", boxed("1001"))["status"] == "wrong"
+    assert status("9", boxed("1001_2"))["status"] == "verified"
+    assert status("163", boxed("A3_{16}"))["status"] == "verified"
+    assert status("(1, 2)", boxed("\\{1, 2\\}"))["status"] == "wrong"
+    assert status("\\{1, 2\\}", boxed("\\{2, 1\\}"))["status"] == "verified"
