@@ -278,13 +278,16 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
 
     import numpy as np
 
-    from ops.curation.decontam import DecontamConfig, Decontaminator, MiniLMEmbedder, ground_truth_scores, layer_counts
+    from ops.curation.decontam import (DecontamConfig, Decontaminator, MiniLMEmbedder, default_cache_dir,
+                                       ground_truth_scores, layer_counts)
     from ops.curation.text import normalize
 
     params = DecontamConfig(**config.model_dump())  # ranges checked once, here
     df = lake.read("near_deduped_problems")
     bench = lake.read("benchmark_problems")
-    embedder = MiniLMEmbedder(params.semantic_max_tokens, cache_path=lake.base / "decontam" / "embeddings.parquet")
+    # training-corpus texts: the lake's own cache; benchmark texts: the shared cache outside the lake ($CRUCIBLE_CACHE)
+    embedder = MiniLMEmbedder(params.semantic_max_tokens, cache_path=lake.base / "decontam" / "embeddings.parquet",
+                              shared_dir=default_cache_dir())
     judge = _teacher_judge(context, lake, teacher) if params.judge else None
     det = Decontaminator(bench.to_dicts(), params, embedder=embedder, judge=judge)
     t0 = time.perf_counter()
@@ -321,6 +324,8 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
                                               for k, v in det.stats.get("semantic", {}).items()}),
         seconds_per_layer=dg.MetadataValue.json({k: round(v, 3) for k, v in det.stats["seconds"].items()}),
         detector_wall_s=dg.MetadataValue.float(round(wall, 3)),
+        embedding_cache=dg.MetadataValue.json({"encoded": embedder.encoded, "encoded_benchmark": embedder.encoded_benchmark,
+                                               "benchmark_cache_files": embedder.benchmark_cache_paths}),
         math500_recall=dg.MetadataValue.float(scores["recall"]),
         math500_precision=dg.MetadataValue.float(scores["precision"]),
         math500_ground_truth=dg.MetadataValue.json(scores),

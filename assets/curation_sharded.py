@@ -133,13 +133,15 @@ def _saved_config(lake: LakeResource):
 
 def _detector(params, lake: LakeResource, key: str | None = None, judge=None):
     """The shard's detector: the benchmark, the run's settings, MiniLM reading the single-process embedding cache
-    and writing the shard's own file (shards run at once), no judge (the judge runs in the merge)."""
-    from ops.curation.decontam import Decontaminator, MiniLMEmbedder
+    and writing the shard's own file (shards run at once) for the training rows, and the shared benchmark cache
+    outside the lake for the benchmark items (its writes are locked), no judge (the judge runs in the merge)."""
+    from ops.curation.decontam import Decontaminator, MiniLMEmbedder, default_cache_dir
 
     bench = lake.read("benchmark_problems")
     folder = lake.base / "decontam"
     embedder = MiniLMEmbedder(params.semantic_max_tokens, cache_path=folder / "embeddings" / f"shard-{key}.parquet",
-                              read_paths=[folder / "embeddings.parquet"]) if key is not None else None
+                              read_paths=[folder / "embeddings.parquet"], shared_dir=default_cache_dir()) \
+        if key is not None else None
     return Decontaminator(bench.to_dicts(), params, embedder=embedder, judge=judge)
 
 

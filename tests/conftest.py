@@ -40,6 +40,14 @@ MARBLES = [json.dumps({"q": f"A box holds {n} red and {n + 2} blue marbles. How 
 )
 os.environ["CRUCIBLE_SOURCES"] = str(USER_DIR / "sources.yaml")
 
+# One shared benchmark-embedding cache (ops.curation.decontam.BenchmarkEmbeddingCache) for the whole session, so the
+# suite embeds each benchmark text at most once however many lakes its tests build; xdist workers inherit the
+# controller's folder, which is removed when the controller exits.
+if "PYTEST_XDIST_WORKER" not in os.environ or "CRUCIBLE_CACHE" not in os.environ:
+    EMBED_CACHE_DIR = Path(tempfile.mkdtemp(prefix="crucible-test-cache-"))
+    atexit.register(shutil.rmtree, EMBED_CACHE_DIR, ignore_errors=True)
+    os.environ["CRUCIBLE_CACHE"] = str(EMBED_CACHE_DIR)
+
 # Every process this test session starts inherits this marker (a Ray node started by a test as well),
 # so the session's last teardown finds what the tests left running (no_ray_left_behind).
 SESSION_MARK = f"CRUCIBLE_TEST_SESSION={os.getpid()}-{os.urandom(4).hex()}"

