@@ -110,6 +110,11 @@ def _domain_ratio(context, lake: LakeResource, configured: float) -> tuple[float
 
 
 def _read_optional(lake: LakeResource, asset: str, pattern: str | None = None) -> pl.DataFrame | None:
+    if lake.remote:                                # object store: committed tables / dataset folders only
+        try:
+            return lake.read_dataset(asset) if pattern else lake.read(asset)
+        except FileNotFoundError:
+            return None
     if pattern:
         files = sorted((lake.base / asset).glob(pattern))
         return pl.concat([pl.read_parquet(f) for f in files], how="vertical_relaxed") if files else None
@@ -175,8 +180,11 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     folder.mkdir(parents=True, exist_ok=True)
     lake.write(train, "sft_checkpoint", name="train.parquet")
     lake.write(ev, "sft_checkpoint", name="eval.parquet")
-    plan = SftPlan(data_dir=str(tok_dir), eval_path=str(folder / "eval.parquet"), domain_ratio=ratio,
-                   runs=[{"key": "stage1", "init_dir": str(init), "train_path": str(folder / "train.parquet"),
+    # workers open paths: the tables' own files, or on an object store local copies under work_dir
+    plan = SftPlan(data_dir=str(tok_dir), eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
+                   domain_ratio=ratio,
+                   runs=[{"key": "stage1", "init_dir": str(init),
+                          "train_path": str(lake.table_path("sft_checkpoint", name="train.parquet")),
                           "out_dir": str(folder / "model"), "eval_init": True}],
                    **config.model_dump(exclude=set(_SFT_OWN))).validate(compute.num_processes)
     with _sft_launch(context, compute, lake, "sft_checkpoint", plan, config.timeout_s) as run:
@@ -219,10 +227,10 @@ def sft_checkpoint_learned(lake: LakeResource) -> dg.AssetCheckResult:
 
     folder = lake.base / "sft_checkpoint"
     m = json.loads((folder / "model" / "metrics.json").read_text())
-    ev = pl.read_parquet(folder / "eval.parquet")
-    saved = folder / "scored_base.parquet"
-    base = pl.read_parquet(saved) if saved.exists() else score(ev, pl.read_parquet(folder / "model" / "predictions_init.parquet"))
-    s1 = pl.read_parquet(lake.path("sft_checkpoint"))
+    ev = lake.read("sft_checkpoint", name="eval.parquet")
+    base = lake.read("sft_checkpoint", name="scored_base.parquet") if lake.exists("sft_checkpoint", name="scored_base.parquet") \
+        else score(ev, pl.read_parquet(folder / "model" / "predictions_init.parquet"))
+    s1 = lake.read("sft_checkpoint")
     prog = pl.col("slice") == "programmatic"
     a0, a1 = float(base.filter(prog)["correct"].mean()), float(s1.filter(prog)["correct"].mean())
     finite = all(math.isfinite(p["loss"]) for p in m["curve"])
@@ -309,9 +317,9 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
 
     config = SynthesisParams(**config.model_dump())  # ranges checked once, here
     targets = json.loads(lake.path("failure_regions", name="targets.json").read_text())["targets"]
-    items = pl.read_parquet(lake.path("failure_regions", name="items.parquet"))
-    train = pl.read_parquet(lake.path("sft_checkpoint", name="train.parquet"))
-    ev = pl.read_parquet(lake.path("sft_checkpoint", name="eval.parquet"))
+    items = lake.read("failure_regions", name="items.parquet")
+    train = lake.read("sft_checkpoint", name="train.parquet")
+    ev = lake.read("sft_checkpoint", name="eval.parquet")
     curated = _read_optional(lake, "decontaminated_problems")
     bench = _read_optional(lake, "benchmark_problems")
     modules = sorted(set(ev.filter(pl.col("module").is_not_null())["module"].to_list()))
@@ -424,13 +432,13 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
     s1 = lake.base / "sft_checkpoint"
     s1_metrics = json.loads((s1 / "model" / "metrics.json").read_text())
     s1_plan = json.loads((s1 / "plan.json").read_text())
-    arms = pl.read_parquet(lake.path("targeted_synthesis"))
-    train1 = pl.read_parquet(s1 / "train.parquet")
+    arms = lake.read("targeted_synthesis")
+    train1 = lake.read("sft_checkpoint", name="train.parquet")
     sets = stage2_sets({a: arms.filter(pl.col("arm") == a) for a in ("targeted", "random")}, train1,
                        config.replay_fraction, config.seed)
     folder = lake.base / "stage2_checkpoint"
     folder.mkdir(parents=True, exist_ok=True)
-    ev = pl.read_parquet(s1 / "eval.parquet").filter(pl.col("split") == "test")
+    ev = lake.read("sft_checkpoint", name="eval.parquet").filter(pl.col("split") == "test")
     lake.write(ev, "stage2_checkpoint", name="eval_test.parquet", refresh=False)
     seeds = [config.seed + k for k in range(config.seeds)]
     runs = []
@@ -439,9 +447,11 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
         for k, sd in enumerate(seeds):
             runs.append({"key": f"stage2_{arm}_s{k}", "init_dir": str(s1 / "model"),
                          "init_optimizer": str(s1 / "model" / "optimizer.pt"), "seed": sd,
-                         "train_path": str(folder / f"train_{arm}.parquet"), "out_dir": str(folder / arm / f"s{k}"),
-                         "eval_path": str(folder / "eval_test.parquet")})
-    plan = Stage2Plan(data_dir=s1_plan["data_dir"], eval_path=str(s1 / "eval.parquet"), eot_token=s1_plan["eot_token"],
+                         "train_path": str(lake.table_path("stage2_checkpoint", name=f"train_{arm}.parquet")),
+                         "out_dir": str(folder / arm / f"s{k}"),
+                         "eval_path": str(lake.table_path("stage2_checkpoint", name="eval_test.parquet"))})
+    plan = Stage2Plan(data_dir=s1_plan["data_dir"], eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
+                      eot_token=s1_plan["eot_token"],
                       domain_ratio=float(s1_metrics["domain_ratio"]), runs=runs,
                       **config.model_dump(exclude=set(_STAGE2_OWN))).validate(compute.num_processes)
     with _sft_launch(context, compute, lake, "stage2_checkpoint", plan, config.timeout_s) as run:
@@ -501,9 +511,9 @@ def failure_driven_comparison(context: dg.AssetExecutionContext, config: Compari
 
     targets = json.loads(lake.path("failure_regions", name="targets.json").read_text())["targets"]
     scored = {"stage1": lake.read("sft_checkpoint"),
-              "stage2_targeted": pl.read_parquet(lake.path("stage2_checkpoint", name="scored_targeted.parquet")),
-              "stage2_random": pl.read_parquet(lake.path("stage2_checkpoint", name="scored_random.parquet"))}
-    per_seed = pl.read_parquet(lake.path("stage2_checkpoint", name="scored_seeds.parquet"))
+              "stage2_targeted": lake.read("stage2_checkpoint", name="scored_targeted.parquet"),
+              "stage2_random": lake.read("stage2_checkpoint", name="scored_random.parquet")}
+    per_seed = lake.read("stage2_checkpoint", name="scored_seeds.parquet")
     params = ComparisonParams(**config.model_dump())  # range checked once, here
     table, verdict = compare(scored, targets, params.n_boot, params.seed, per_seed=per_seed)
     path, version = lake.write(table, "failure_driven_comparison")
