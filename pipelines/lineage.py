@@ -89,7 +89,8 @@ def lineage_report(instance: dg.DagsterInstance, graph, asset: str, storage_id: 
             pointer = row["inputs"].get(parent.to_user_string())
             node = graph.get(parent)
             if node.partitions_def is not None:
-                for part in node.partitions_def.get_partition_keys():
+                # the instance holds dynamic partitions (raw_problems' sources: assets/sources.py)
+                for part in node.partitions_def.get_partition_keys(dynamic_partitions_store=instance):
                     got = instance.fetch_materializations(
                         dg.AssetRecordsFilter(asset_key=parent, asset_partitions=[part], before_storage_id=rec.storage_id), limit=1
                     ).records
