@@ -19,7 +19,7 @@ KEY_FIGURES = ("rows_in", "rows_out", "removed", "math500_recall", "math500_prec
                "tradeoff_r_d", "mixture_ratio", "chosen_form", "probe_points",
                # training runs
                "rows", "loss_general", "loss_domain",
-               "final_auc", "samples_per_s", "world_size", "speedup_e2e", "max_staleness")
+               "final_auc", "samples_per_s", "world_size", "run_scope", "claim_verdict", "max_staleness")
 POINTER = "dagster/input_event_pointer/"
 
 
