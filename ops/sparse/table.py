@@ -65,7 +65,8 @@ class AdmitAfter:
 
 @dataclass(frozen=True)
 class ReadOnly:
-    """No ID is ever admitted: unseen IDs read zeros (a frozen table; serving)."""
+    """No ID is ever admitted: unseen IDs read zeros (a frozen table; serving). Its sightings are not
+    counted (``DynamicTable.pending`` stays empty: counters nothing can use would grow without bound)."""
 
     def admit(self, count: int) -> bool:
         return False
@@ -576,6 +577,8 @@ class DynamicTable:
             if len(missing):
                 if type(self.admission) is AdmitAll:      # every unseen id is admitted: no sighting counts
                     new = missing
+                elif type(self.admission) is ReadOnly:    # never admitted: counting would only grow `pending`
+                    new = missing[:0]
                 else:
                     c = np.ones(len(missing), dtype=np.int64) if counts is None else _int64s(counts)[missing]
                     total = self.pending.add(u[missing], c, self.step)

@@ -81,3 +81,54 @@ def test_pending_counters_and_their_last_sighting_survive_a_checkpoint(tmp_path)
     for e in (ec, back):
         e.end_step()                                            # step 3: the counters of step 0 expire
     assert dict(tb.sightings) == dict(ec.tables["table0"].sightings) == {3: 1}
+
+
+def test_pending_counters_match_a_reference_over_long_random_tails():
+    """Issue 42 review, property check: 12 random streams (150 steps each; a repeated head, signed 62-bit
+    one-off ids and small ids, several occurrences per batch) against a plain-dict model of the rule
+    (every occurrence counts, admitted at the k-th, rows and counters unseen for more than n steps
+    dropped): pending counts and admitted ids equal the model's after every step, and every pending
+    counter was sighted within the last n + 1 steps (bounded by the tail's recent ids)."""
+    import random
+
+    import numpy as np
+
+    from ops.sparse.table import DynamicTable
+
+    for trial in range(12):
+        rng = random.Random(trial)
+        k, n = rng.randint(1, 4), rng.randint(0, 5)
+        t = DynamicTable(2, SparseAdagrad(lr=0.1), admission=AdmitAfter(k), eviction=EvictUnseen(n), block_rows=64)
+        pend, rows = {}, {}
+        for step in range(150):
+            ids = [rng.choice([1, 2, 3, -5]) for _ in range(rng.randint(0, 4))] + \
+                  [rng.randint(-2**62, 2**62) if rng.random() < 0.5 else rng.randint(0, 300) for _ in range(rng.randint(0, 30))]
+            u, c = np.unique(np.array(ids, dtype=np.int64), return_counts=True)
+            t.rows_for(torch.from_numpy(u), train=True, counts=torch.from_numpy(c.astype(np.int64)))
+            for x, cc in zip(u.tolist(), c.tolist()):
+                if x in rows:
+                    rows[x] = step
+                elif pend.get(x, (0, 0))[0] + cc >= k:
+                    rows[x] = step
+                    pend.pop(x, None)
+                else:
+                    pend[x] = (pend.get(x, (0, 0))[0] + cc, step)
+            t.end_step()
+            rows = {x: v for x, v in rows.items() if v >= step + 1 - n}
+            pend = {x: v for x, v in pend.items() if v[1] >= step + 1 - n}
+            assert dict(t.pending.items()) == {x: v[0] for x, v in pend.items()}, (trial, step)
+            assert set(t.row_of) == set(rows), (trial, step)
+            assert all(v >= step + 1 - n for v in t.pending.last_sighted().values())
+
+
+def test_a_read_only_table_keeps_no_counters():
+    """Issue 42 review: a ReadOnly table looked up with train=True counted every unseen id it would never
+    admit (10,000 pending counters after 10 steps of 1,000 fresh ids, growing without bound)."""
+    from ops.sparse import ReadOnly
+    from ops.sparse.table import DynamicTable
+
+    t = DynamicTable(2, SparseAdagrad(lr=0.1), admission=ReadOnly())
+    for s in range(10):
+        assert (t.rows_for(torch.arange(1000) + 1000 * s, train=True) == -1).all()
+        t.end_step()
+    assert len(t.pending) == 0 and len(t) == 0
