@@ -509,7 +509,8 @@ class DeltaTables:
         uri = self.uri(key)
         target = self._table(key, read_version) if read_version is not None else uri
         try:
-            write_deltalake(target, df.to_arrow(), mode="overwrite", schema_mode="overwrite",
+            # one chunk: delta-rs 1.6.6 writes the record batches of a multi-chunk frame out of order
+            write_deltalake(target, df.rechunk().to_arrow(), mode="overwrite", schema_mode="overwrite",
                             storage_options=None if read_version is not None else self.storage_options,
                             commit_properties=CommitProperties(custom_metadata=meta))
         except CommitFailedError as e:

@@ -416,6 +416,11 @@ def test_data_versions_and_dtypes_match_a_local_lake(s3, tmp_path):
     back = remote.read("t", "p")
     assert back.schema == df.schema and back.equals(df)
     assert remote.write(df.reverse(), "t", "p", refresh=False)[1] != v_remote
+    # a frame of several chunks keeps its row order (delta-rs 1.6.6 reorders record batches otherwise)
+    chunks = pl.concat([pl.DataFrame({"i": range(k * 100, k * 100 + n)}) for k, n in enumerate([48, 10, 1, 1, 3])], rechunk=False)
+    assert chunks.n_chunks() == 5
+    _, v = remote.write(chunks, "chunks", refresh=False)
+    assert remote.read("chunks").equals(chunks) and v == local.write(chunks, "chunks", refresh=False)[1]
 
 
 def test_table_path_gives_workers_a_local_copy_of_the_committed_version(s3, tmp_path):
@@ -462,3 +467,49 @@ def test_an_rl_run_reads_its_problems_through_the_lake_on_s3(s3, tmp_path):
     err = failure.step_failure_data.error
     assert "has no numeric problem for the tool_math environment (1 rows)" in (err.cause or err).message
     assert (tmp_path / "work" / ".lake-tables" / "decontaminated_problems" / f"data.{version}.parquet").is_file()
+
+
+@pytest.mark.slow
+def test_post_training_group_materializes_on_an_s3_root(s3, tmp_path):
+    """The whole post-training chain (stage-1 SFT on 2 gloo ranks, failure regions, targeted
+    synthesis, stage 2 with three seeds per arm, the comparison) on an s3:// root: its input tables
+    only in the bucket, its tables committed as Delta tables, workers reading local copies, run
+    folders and checkpoints under work_dir. About 2 min on the shared 2-core machine."""
+    import shutil
+
+    from assets import posttrain
+    from resources.compute import ComputeResource
+    from resources.lake import LakeResource
+    from resources.teacher import TeacherResource
+    from tests.assets.test_posttrain_assets import RUN_CONFIG
+    from tests.assets.test_posttrain_assets import _lake as posttrain_inputs
+
+    local = posttrain_inputs(tmp_path)          # tokenizer, student, plan.json under tmp/lake; tables there too
+    work = tmp_path / "lake"
+    lake = LakeResource(root=f"s3://{BUCKET}/post", endpoint_url=s3, region="us-east-1", work_dir=str(work))
+    for t in ("benchmark_problems", "decontaminated_problems"):
+        lake.write(local.read(t), t, refresh=False)
+        shutil.rmtree(work / t)                 # the inputs are in the bucket only
+    lake.write_hf_dataset(pl.read_parquet(work / "sft_dataset" / "data" / "*.parquet"), "sft_dataset", "# sft\n")
+    shutil.rmtree(work / "sft_dataset")
+    res = {"lake": lake, "compute": ComputeResource(num_processes=2, launch_timeout_s=300), "teacher": TeacherResource()}
+    r = dg.materialize(posttrain.POSTTRAIN_ASSETS, resources=res, run_config=RUN_CONFIG)
+    assert r.success
+    meta = r.asset_materializations_for_node("sft_checkpoint")[0].metadata
+    assert meta["world_size"].value == 2
+    ev = lake.read("sft_checkpoint", name="eval.parquet")
+    assert {"programmatic", "curated_heldout", "benchmark:gsm8k_test"} <= set(ev["slice"].to_list())
+    arms = lake.read("targeted_synthesis")
+    assert arms.filter(pl.col("arm") == "targeted").height == arms.filter(pl.col("arm") == "random").height > 0
+    per_seed = lake.read("stage2_checkpoint", name="scored_seeds.parquet")
+    assert per_seed.group_by("checkpoint").agg(pl.col("seed").n_unique())["seed"].to_list() == [3, 3]
+    keys = _keys(s3, "post/")
+    for table in ("sft_checkpoint/data", "sft_checkpoint/train", "failure_regions/data", "targeted_synthesis/data",
+                  "stage2_checkpoint/data", "failure_driven_comparison/data"):
+        assert f"post/{table}.delta/_delta_log/00000000000000000000.json" in keys, table
+    assert not list(work.glob("*/data.parquet"))                # no table on local disk
+    assert (work / ".lake-tables" / "sft_checkpoint").is_dir()  # the workers' local copies
+    for arm in ("targeted", "random"):                           # run folders and checkpoints under work_dir
+        assert (work / "stage2_checkpoint" / arm / "s0" / "model.safetensors").is_file()
+    cmp = json.loads((work / "failure_driven_comparison" / "comparison.json").read_text())
+    assert {row["checkpoint"] for row in cmp["table"]} == {"stage1", "stage2_targeted", "stage2_random"}
