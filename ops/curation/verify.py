@@ -199,7 +199,10 @@ values or relations are not in it: math-verify reads ``5 \\text{ or } 7`` as the
 
 
 def _qualifier(latex: str) -> str | None:
-    """The first text/unit group of ``latex`` that holds a qualifier word (``_QUALIFIERS``), else None."""
+    """The first text/unit group of ``latex`` that holds a qualifier word (``_QUALIFIERS``) beside a value,
+    else None (an answer that is text only, such as ``\\text{no solution}``, qualifies no value)."""
+    if not _content(latex):
+        return None
     for m in _TEXT_WORDS.finditer(latex):
         if any(w.lower() in _QUALIFIERS for w in re.findall(r"[A-Za-z]+", m.group(1))):
             return m.group(0)
@@ -494,7 +497,7 @@ def _solved_inequality(expr) -> bool:
 
 
 _SUBSCRIPTED_NUMBER = re.compile(r"(?<![A-Za-z\\])[0-9A-F]*\d[0-9A-F]*\s*_")
-_BASE_NUMBER = re.compile(r"([0-9A-Za-z]+)\s*_\s*(?:\{\s*(\d{1,2})\s*\}|(\d))")
+_BASE_NUMBER = re.compile(r"([+-]?)([0-9A-Za-z]+)(?:\.([0-9A-Za-z]+))?\s*_\s*(?:\{\s*(\d{1,2})\s*\}|(\d))")
 
 
 def _read_text(parsed: list) -> str:
@@ -504,17 +507,24 @@ def _read_text(parsed: list) -> str:
     return t[1:-1] if t.startswith("{") and t.endswith("}") else t
 
 
-def _base_value(text: str) -> int | None:
-    """The integer a numeral in a base names (``1001_2`` -> 9, ``A3_{16}`` -> 163), a plain integer's
-    value (``9``), else None (a base outside 2-36, a digit not of the base, any other text)."""
+def _base_value(text: str):
+    """The number a numeral in a base names, as a ``fractions.Fraction`` (``1001_2`` -> 9, ``A3_{16}`` ->
+    163, ``-221_3`` -> -25, ``0.0011_{2}`` -> 3/16), a plain integer's or decimal's value (``9``, ``0.1875``),
+    else None (a base outside 2-36, a digit not of the base, any other text)."""
+    from fractions import Fraction
+
     m = _BASE_NUMBER.fullmatch(text)
     if m:
-        base = int(m.group(2) or m.group(3))
+        sign, whole, frac = m.group(1), m.group(2), m.group(3) or ""
+        base = int(m.group(4) or m.group(5))
         try:
-            return int(m.group(1), base) if 2 <= base <= 36 else None
+            if not 2 <= base <= 36:
+                return None
+            v = Fraction(int(whole, base)) + Fraction(int(frac, base) if frac else 0, base ** len(frac))
         except ValueError:
             return None
-    return int(text) if re.fullmatch(r"[+-]?\d+", text) else None
+        return -v if sign == "-" else v
+    return Fraction(text) if re.fullmatch(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)", text) else None
 
 
 def _braced(text: str) -> bool:

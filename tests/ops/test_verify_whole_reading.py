@@ -209,5 +209,10 @@ def test_numerals_in_a_base_are_compared_by_value():
     assert status("1001_2", boxed("1001"))["status"] == "wrong"
     assert status("9", boxed("1001_2"))["status"] == "verified"
     assert status("163", boxed("A3_{16}"))["status"] == "verified"
+    assert status("-221_3", boxed("-221_3"))["status"] == "verified"    # MATH self-check answers
+    assert status("0.0011_{2}", boxed("0.0011_{2}"))["status"] == "verified"
+    assert status("-25", boxed("-221_3"))["status"] == "verified"
+    assert status("221_3", boxed("-221_3"))["status"] == "wrong"
+    assert status("\\text{no solution}", boxed("\\text{no solution}"))["status"] == "verified"  # text only: no qualifier
     assert status("(1, 2)", boxed("\\{1, 2\\}"))["status"] == "wrong"
     assert status("\\{1, 2\\}", boxed("\\{2, 1\\}"))["status"] == "verified"
