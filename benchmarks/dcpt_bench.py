@@ -117,6 +117,13 @@ def closed_loop(lake_root: str, T: float) -> dict:
             "grid_best_r_d": cl["grid_best_r_d"], "holds": cl["holds"],
             "grid_best_measured_rise": cl["grid_best_measured_rise"], "accepted_r_d": cl["accepted_r_d"],
             "verdict": cl["verdict"], "checks": checks,
+            # the two-sided verdict (issue 39.2): the prediction against the validation base's L_g0, its tolerance,
+            # and the regime (issue 39.1); None in a record from before they existed
+            "within_T": cl.get("within_T"), "predicted_rise": cl.get("predicted_rise"),
+            "rise_tolerance": cl.get("rise_tolerance"), "prediction_ok": cl.get("prediction_ok"),
+            "regime": cl.get("regime"),
+            "limited_domain_r_d_unconstrained": (plan.get("limited_domain_unconstrained") or {}).get("r_d"),
+            "paper_departures": plan.get("paper_departures"), "identification": plan.get("identification"),
             "law_predicted_rise_at_law_r_d": (plan["tradeoff"]["loss_general"] - plan["target"]["L_g0"]) / plan["target"]["L_g0"],
             "law_r_d_spread": (plan["tradeoff"].get("spread") or {}).get("r_d"),
             "target": doc["target"], "seeds": doc["seeds"], "probe_seed_noise_of_rise": doc["probe_seed_noise_of_rise"],
