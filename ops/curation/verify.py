@@ -23,8 +23,15 @@ module adds what its 0.9.0 release gets wrong on real data:
   (``verify-interval-vs-inequality``); an unsolved inequality or an equation is never read as its
   solution set (that would pay for restating the problem).
 
-Measured on 270 labelled gold/prediction pairs (``benchmarks/verify_bench.py``, docs/curation.md):
-false positives 20 -> 0, false negatives 32 -> 11.
+Measured on 288 labelled gold/prediction pairs (``benchmarks/verify_bench.py``, docs/curation.md):
+false positives 29 -> 0, false negatives 33 -> 12 (270 pairs and 20 -> 0, 32 -> 11 before the issue 42
+review added 18 adversarial pairs and the rules below).
+
+Issue 42 review (each rule closed a false positive): a response with two or more different
+``\\boxed{}`` answers, or with a number or an operator after its last one, is ``unparseable_prediction``;
+a text group holding a qualifier or multiplier word beside a value (``6\\text{ thousand}``, ``3\\text{ or
+more}``) and ``\\approx`` refuse the reading; numerals in a base (``1001_2``, which math-verify reads as
+1001) are compared by value; a braced set never equals a pair or interval.
 
 math-verify uses SIGALRM, which fails outside a process's main thread: every call here runs in the
 main thread of a worker process, with an outer wall-clock timeout from Pebble.
