@@ -513,3 +513,56 @@ def test_post_training_group_materializes_on_an_s3_root(s3, tmp_path):
         assert (work / "stage2_checkpoint" / arm / "s0" / "model.safetensors").is_file()
     cmp = json.loads((work / "failure_driven_comparison" / "comparison.json").read_text())
     assert {row["checkpoint"] for row in cmp["table"]} == {"stage1", "stage2_targeted", "stage2_random"}
+
+
+@pytest.mark.slow
+def test_mixture_group_materializes_on_an_s3_root(s3, tmp_path):
+    """The mixture group on an s3:// root: the tokenizer, a base-model partition and a probe partition
+    (2 gloo ranks) from corpora in the bucket, then the law fit, its blocking check and the plan over
+    law-generated probe tables committed to the bucket (20 partitions, read through the lake, not by
+    globbing work_dir). Tables are Delta tables; tokenizer, models, run folders, fit.json and
+    plan.json under work_dir. About 2 min on the shared 2-core machine."""
+    from assets import mixture
+    from resources.compute import ComputeResource
+    from tests.assets import test_mixture_assets as tm
+
+    lake = _lake(s3, tmp_path, "mix")
+    work = tmp_path / "work"
+    tm._corpora(lake)
+    res = {"lake": lake, "compute": ComputeResource(num_processes=2, launch_timeout_s=300)}
+    assert dg.materialize([mixture.cpt_tokenizer], resources=res,
+                          run_config={"ops": {"cpt_tokenizer": {"config": {"vocab_size": 300}}}}).success
+    assert dg.materialize([mixture.cpt_base_models], resources=res, partition_key="xs",
+                          run_config={"ops": {"cpt_base_models": {"config": tm.TINY_BASE}}}).success
+    key = dg.MultiPartitionKey({"size": "xs", "ratio": "0.50"})
+    r = dg.materialize([mixture.cpt_probe_runs], resources=res, partition_key=key,
+                       run_config={"ops": {"cpt_probe_runs": {"config": tm.TINY_CPT}}})
+    assert r.success and r.asset_materializations_for_node("cpt_probe_runs")[0].metadata["world_size"].value == 2
+    df = lake.read("cpt_probe_runs", "xs_r0.500")
+    assert df["seed"].to_list() == [0] * 4 + [1] * 4 and df["tokens"].to_list() == [0, 128, 256, 512] * 2
+    assert df["loss_domain"][-1] < df["loss_domain"][0]
+    keys = _keys(s3, "mix/")
+    assert "mix/cpt_probe_runs/xs_r0.500/data.delta/_delta_log/00000000000000000000.json" in keys
+    assert (work / "cpt_tokenizer" / "tokenizer.json").is_file() and (work / "cpt_base_models" / "xs" / "base.json").is_file()
+    assert not list(work.glob("*/data.parquet")) and not list(work.glob("*/*/data.parquet"))   # no table on local disk
+
+    # the law fit and the plan over law-generated probe tables in the bucket (as tests/assets/test_mixture_assets.py)
+    (tmp_path / "law").mkdir()
+    law = _lake(s3, tmp_path / "law", "law")
+    local = tm._law_lake(tmp_path / "law")                       # manifest.json and base.json under law/lake
+    law_work = tmp_path / "law" / "work"
+    import shutil
+
+    shutil.copytree(tmp_path / "law" / "lake" / "cpt_tokenizer", law_work / "cpt_tokenizer")
+    shutil.copytree(tmp_path / "law" / "lake" / "cpt_base_models", law_work / "cpt_base_models")
+    for part in local.partitions("cpt_probe_runs"):
+        law.write(local.read("cpt_probe_runs", part), "cpt_probe_runs", part, refresh=False)
+    r = dg.materialize([mixture.dcpt_law_fit, mixture.mixture_plan, mixture.dcpt_fit_heldout_r2], resources={"lake": law},
+                       run_config={"ops": {"dcpt_law_fit": {"config": {"n_boot": 4}}}})
+    assert r.success and r.get_asset_check_evaluations()[0].passed
+    fit = json.loads((law_work / "dcpt_law_fit" / "fit.json").read_text())
+    local_fit = r.asset_materializations_for_node("dcpt_law_fit")[0].metadata
+    assert fit["chosen_form"] == "L3" and len(local_fit["probe_partitions"].value) == 20
+    plan = json.loads((law_work / "mixture_plan" / "plan.json").read_text())
+    assert law.read("mixture_plan")["r_d"][0] == pytest.approx(plan["tradeoff"]["r_d"])
+    assert "law/mixture_plan/data.delta/_delta_log/00000000000000000000.json" in _keys(s3, "law/")
