@@ -7,7 +7,8 @@ Policies compared: ``legacy`` (n-gram layers on the former light normalisation: 
 ``ngram`` (the same layers on the matching normalisation) and ``strict`` (the default: + siblings + rephrasings).
 The corpus for the wall times is what the curation group decontaminates on the embedded default (MATH test,
 DeepMind mathematics_dataset at 20 per module, MMLU dev/val, ARC), against every benchmark item. The embedding
-cache is off here, so the semantic layer's time is a cold run's.
+cache is off here (no per-lake file, no shared benchmark cache), so the semantic layer's time is a cold
+run's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from ops.curation import sources
-    from ops.curation.decontam import DecontamConfig, Decontaminator, ground_truth_scores, layer_counts
+    from ops.curation.decontam import DecontamConfig, Decontaminator, MiniLMEmbedder, ground_truth_scores, layer_counts
     from ops.curation.decontam_set import evaluate, labelled_set
     from ops.curation.text import normalize
 
@@ -48,7 +49,7 @@ def main() -> None:
 
     out["labelled_set_kinds"] = dict(Counter(f"{r['kind']}:{'contaminated' if r['label'] else 'clean'}" for r in rows))
     for name, cfg in policies.items():
-        det = Decontaminator(m500, cfg)
+        det = Decontaminator(m500, cfg, embedder=MiniLMEmbedder(cfg.semantic_max_tokens, shared_dir=None))
         t = time.perf_counter()
         flags = det.run([r["problem"] for r in rows])
         ev = evaluate(rows, flags)
@@ -58,7 +59,8 @@ def main() -> None:
 
     escaped_items = [b for b in m500 if "\\" in b["problem"]]
     escaped = [b["problem"].replace("\\", "\\\\") for b in escaped_items]
-    full = {name: Decontaminator(bench, cfg) for name, cfg in policies.items()}
+    full = {name: Decontaminator(bench, cfg, embedder=MiniLMEmbedder(cfg.semantic_max_tokens, shared_dir=None))
+            for name, cfg in policies.items()}
     m500_norm = {normalize(b["problem"]) for b in m500}
     truth = np.array([normalize(r["problem"]) in m500_norm for r in math_test])
     for name, det in full.items():
@@ -78,7 +80,8 @@ def main() -> None:
         problems = [r["problem"] for r in corpus]
         for name in ("ngram", "strict"):
             t = time.perf_counter()
-            det = Decontaminator(bench, policies[name])
+            det = Decontaminator(bench, policies[name], embedder=MiniLMEmbedder(
+                policies[name].semantic_max_tokens, shared_dir=None))
             init = time.perf_counter() - t
             t = time.perf_counter()
             cpu = time.process_time()

