@@ -378,16 +378,18 @@ def test_closed_loop_trains_the_target_and_judges_the_plan_by_measurement(loop_l
     # high domain share makes the model forget, and forgetting grows with D; the law's D term can
     # only fall with D, so at 4x the probe D it under-predicts the rise (measured: law r_d 1.0,
     # predicted +2.3%, trained +80%; the grid's 0.5 trains at -1.9%).
-    assert not ev.passed and cl["measured_rise"] > T and not loop.success and not cl["within_T"]
-    if cl["regime"]["regime"] == "ok":
+    assert not ev.passed and cl["measured_rise"] > T and not cl["within_T"]
+    if cl["regime"]["regime"] == "ok":            # inside the regime a failed plan blocks the run
+        assert ev.severity == dg.AssetCheckSeverity.ERROR and not loop.success
         assert "plan REJECTED" in ev.description and cl["accepted_r_d"] != cl["law_r_d"]
         feasible = [m for m in cl["measured"] if m["general_rise"] <= T and m["r_d"] > 0]
         assert cl["accepted_r_d"] == (min(feasible, key=lambda m: m["loss_domain"])["r_d"] if feasible else 0.0)
-    else:                                         # outside the paper's regime no ratio is accepted
-        assert "NOT ACCEPTED" in ev.description and cl["accepted_r_d"] is None and cl["regime"]["reasons"]
-    from pipelines.cli import _failure_summary  # what `crucible demo` prints: the check and its numbers
+        from pipelines.cli import _failure_summary  # what `crucible demo` prints: the check and its numbers
 
-    assert "mixture_plan_holds" in _failure_summary(loop) and f"{cl['measured_rise']:+.2%}" in _failure_summary(loop)
+        assert "mixture_plan_holds" in _failure_summary(loop) and f"{cl['measured_rise']:+.2%}" in _failure_summary(loop)
+    else:          # outside it no ratio is accepted, at WARN severity: the main job goes on (the demo prints it)
+        assert ev.severity == dg.AssetCheckSeverity.WARN and loop.success
+        assert "NOT ACCEPTED" in ev.description and cl["accepted_r_d"] is None and cl["regime"]["reasons"]
 
 
 def test_closed_loop_rejects_a_plan_whose_measured_rise_exceeds_T(loop_lake):
