@@ -566,3 +566,42 @@ def test_mixture_group_materializes_on_an_s3_root(s3, tmp_path):
     plan = json.loads((law_work / "mixture_plan" / "plan.json").read_text())
     assert law.read("mixture_plan")["r_d"][0] == pytest.approx(plan["tradeoff"]["r_d"])
     assert "law/mixture_plan/data.delta/_delta_log/00000000000000000000.json" in _keys(s3, "law/")
+
+
+@pytest.mark.slow
+def test_training_group_materializes_on_an_s3_root(s3, tmp_path):
+    """The training group on an s3:// root: ctr_events (real MovieLens-100k) into the bucket, ctr_model
+    (DeepFM) reading it through the lake, gba_run's sync partition (2 gloo ranks) and gba partition
+    (1 PS + 2 workers over RPC) reading the events from the lake's local copy under work_dir, their
+    curves committed as Delta tables and the comparison across both modes. About 2 min on the shared
+    2-core machine."""
+    from assets import gba, recsys
+    from resources.compute import ComputeResource
+    from tests.assets.test_gba_assets import TINY
+    from tests.conftest import materialize_logged
+
+    lake = _lake(s3, tmp_path, "train")
+    work = tmp_path / "work"
+    assert dg.materialize([recsys.ctr_events], resources={"lake": lake}).success
+    r = dg.materialize([recsys.ctr_model], resources={"lake": lake})
+    assert r.success
+    m = {k: v.value for k, v in r.asset_materializations_for_node("ctr_model")[0].metadata.items()}
+    assert m["test_auc"] > m["baseline_lr_auc"] and lake.read("ctr_model").height == 20_001
+    compute = ComputeResource(num_processes=2, launch_timeout_s=300)
+    meta = {}
+    for mode in ("sync", "gba"):
+        res, meta[mode], _, _ = materialize_logged([gba.gba_run], {"lake": lake, "compute": compute},
+                                                   {"ops": {"gba_run": {"config": TINY}}}, partition_key=mode)
+        assert res.success
+    s, g = meta["sync"], meta["gba"]
+    assert (s["world_size"], g["world_size"]) == (2, 3)
+    for x in (s, g):
+        assert x["global_steps"] == 15.0 and 0.55 < x["test_auc"] < 0.75
+    assert "| sync |" in g["comparison"] and "| gba |" in g["comparison"]
+    assert lake.partitions("gba_run") == ["gba", "sync"]
+    v = lake.table_info("ctr_events")["data_version"]
+    assert (work / ".lake-tables" / "ctr_events" / f"data.{v}.parquet").is_file()       # the workers' copy
+    keys = _keys(s3, "train/")
+    for t in ("ctr_events/data", "ctr_model/data", "gba_run/sync/data", "gba_run/gba/data"):
+        assert f"train/{t}.delta/_delta_log/00000000000000000000.json" in keys, t
+    assert not list(work.glob("*/data.parquet")) and not list(work.glob("*/*/data.parquet"))   # no table on local disk
