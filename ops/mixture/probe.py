@@ -390,7 +390,7 @@ class _Probe:
         from ops.lm.checkpoint import published
         from ops.lm.model import save_model
         from ops.lm.train import Trainer, adamw, lambda_lr, token_mean_loss, warmup_constant
-        from ops.mixture.validation import PLATEAU_FRACTION, plateau_record
+        from ops.mixture.plateau import PLATEAU_FRACTION, plateau_record
 
         plan, size, init, t0 = self.plan, run["size"], int(run.get("init", 0)), time.monotonic()
         name = base_dir_name(size, init)

@@ -26,11 +26,7 @@ RISE_TOLERANCE = 0.01
 (one percentage point of L_g0; ``ValidationParams.rise_tolerance``)."""
 NOISE_MULTIPLE = 2.0
 """Default multiple of the probes' seed noise of the rise (``ValidationParams.noise_multiple``)."""
-PLATEAU_FRACTION = 0.2
-"""The last fraction of base pre-training whose improvement of the general validation loss the plateau
-criterion measures (``ops.mixture.probe``: each base records its loss at 80% and at 100% of its steps)."""
-PLATEAU_TOLERANCE = 0.005
-"""A base has plateaued when that last 20% improved its general validation loss by less than 0.5%."""
+from ops.mixture.plateau import PLATEAU_FRACTION, PLATEAU_TOLERANCE, plateau_record  # noqa: E402,F401  (re-exported)
 
 
 @dataclass
@@ -108,19 +104,6 @@ def general_rise(loss_general: float, base_general: float) -> float:
     if not base_general > 0:
         raise ValueError(f"general_rise: base general loss must be > 0, got {base_general!r}")
     return (float(loss_general) - float(base_general)) / float(base_general)
-
-
-def plateau_record(loss_at_80: float, loss_final: float, tolerance: float = PLATEAU_TOLERANCE) -> dict[str, Any]:
-    """The plateau criterion of one base model: the relative improvement of its general validation loss
-    over the last ``PLATEAU_FRACTION`` of pre-training, (L(0.8 S) - L(S)) / L(0.8 S), and whether it is below
-    ``tolerance``. Losses in nats/token. Raises ValueError for a non-positive or non-finite loss."""
-    for name, v in (("loss_at_80", loss_at_80), ("loss_final", loss_final)):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"plateau_record: {name} must be a finite loss > 0, got {v!r}")
-    rel = (float(loss_at_80) - float(loss_final)) / float(loss_at_80)
-    return {"fraction": PLATEAU_FRACTION, "loss_general_at_80pct": float(loss_at_80),
-            "loss_general_final": float(loss_final), "rel_improvement_last_20pct": rel,
-            "tolerance": float(tolerance), "plateaued": bool(rel < tolerance)}
 
 
 def regime_status(bases: Sequence[Mapping[str, Any]], high_r_d: Optional[float], high_rise: Optional[float],
