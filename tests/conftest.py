@@ -207,6 +207,20 @@ def tok():
     return load_tokenizer(SMOLLM2_DIR)
 
 
+def wait_for(what: str, fn, timeout_s: float, every_s: float = 0.5):
+    """``fn()``'s first truthy value, polled every ``every_s`` seconds; fails the test naming ``what`` after
+    ``timeout_s`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(every_s)
+    pytest.fail(f"{what}: not within {timeout_s} s")
+
+
 def wait_until_serving(proc, url: str, timeout_s: float, log, what: str) -> None:
     """Poll ``url`` until it answers 200, failing the test (with the tail of ``log``, a Path) when
     ``proc`` exits first or ``timeout_s`` seconds pass. For servers a test starts (dagster dev,

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BUILTIN = ["math_test", "mathematics_dataset", "mmlu_dev_val", "arc"]
@@ -31,13 +33,7 @@ pytestmark = pytest.mark.slow
 
 
 def _wait(what: str, fn, timeout_s: float, every_s: float = 2.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every_s)
-    pytest.fail(f"{what}: not within {timeout_s} s")
+    return wait_for(what, fn, timeout_s, every_s)
 
 
 def _rows(n: int, start: int = 0) -> str:

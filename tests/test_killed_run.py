@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BOUND_S = 5.0
@@ -39,13 +41,7 @@ def _sha(p: Path) -> str:
 
 
 def _wait(what: str, fn, timeout_s: float, every_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every_s)
-    pytest.fail(f"{what}: not within {timeout_s} s")
+    return wait_for(what, fn, timeout_s, every_s)
 
 
 @pytest.fixture
