@@ -71,13 +71,15 @@ def saved_checkpoint(spec: RunSpec, fp: str):
     return saved
 
 
-def comparison(lake: LakeResource) -> tuple[pl.DataFrame, dict[str, dict]]:
-    """The summary row and the run record of every mode materialized so far (their result files)."""
+def comparison(lake: LakeResource, pending: Optional[dict[str, dict]] = None) -> tuple[pl.DataFrame, dict[str, dict]]:
+    """The summary row and the run record of every mode materialized so far (their result files),
+    with ``pending`` (mode -> record) in place of a mode's committed file (the step's own record,
+    not yet committed)."""
     rows, results = [], {}
     for m in MODES:
         p = lake.path("gba_run", m, "result.json")
-        if p.exists():
-            results[m] = r = json.loads(p.read_text())
+        if m in (pending or {}) or p.exists():
+            results[m] = r = (pending or {}).get(m) or json.loads(p.read_text())
             rows.append({**summarize(r), "epochs": r["hyper_parameters"]["epochs"]})
     return pl.DataFrame(rows), results
 
@@ -98,7 +100,11 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
     launch resumes from its last checkpoint (see the module docstring)."""
     mode = context.partition_key
     events = lake.table_path("ctr_events")      # object-store root: a local copy under work_dir
-    spec = config.spec(mode, compute.num_processes, str(events), str(lake.path("gba_run", name="cache")))
+    # the encoded-data cache lives outside the lake (the shared cache, $CRUCIBLE_CACHE): a worker writes
+    # only its run folder and that cache, never a lake file (issue 42 item 8)
+    from ops.curation.decontam import default_cache_dir
+
+    spec = config.spec(mode, compute.num_processes, str(events), str(default_cache_dir() / "gba-ctr"))
     fp = fingerprint(spec)
     # TensorPipe logs a warning per closed pipe when the RPC world shuts down without a barrier (which a
     # dead worker would block); keep C++ logs at errors.
@@ -112,13 +118,14 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
 
 def _materialize(context, lake: LakeResource, mode: str, spec: RunSpec, run) -> dg.MaterializeResult:
     """The partition's outputs from the launch's result: the result file, the eval-curve table and
-    the metadata (with the comparison across the modes materialized so far)."""
+    the metadata (with the comparison across the modes materialized so far). The drivers write only
+    their run folder; the step builds every metadata entry from the result first and writes the
+    partition's table and result.json last (issue 42 item 8: a step that fails after its launch
+    leaves the committed files as they were)."""
     res = run.result
-    lakeio.write_json_atomic(res, lake.path("gba_run", mode, "result.json"), indent=1)
     curve = pl.DataFrame(res["curve"]).select("global_step", "samples", "train_s", "auc", "logloss")
-    path, version = lake.write(curve, "gba_run", mode)
 
-    table, results = comparison(lake)
+    table, results = comparison(lake, {mode: res})
     s = summarize(res)
     curves = {m: r["curve"] for m, r in results.items()}
     events = {m: r["switching"]["events"] for m, r in results.items() if r.get("switching")}
@@ -130,8 +137,7 @@ def _materialize(context, lake: LakeResource, mode: str, spec: RunSpec, run) -> 
     ttt = res["time_to_target_s"]
     ck = res.get("checkpoints") or {"written": 0, "seconds": 0.0, "resumes": []}
     resumed = ", ".join(f"global step {r['global_step']:g}" for r in ck["resumes"]) or "none"
-    return table_result(
-        None, path, version, curve.height, curve.height,
+    meta = dict(
         mode=dg.MetadataValue.text(mode),
         workers=dg.MetadataValue.int(res["workers"]), world_size=dg.MetadataValue.int(res["world_size"]),
         distributed_type=dg.MetadataValue.text(res.get("distributed_type", "")),
@@ -162,6 +168,9 @@ def _materialize(context, lake: LakeResource, mode: str, spec: RunSpec, run) -> 
                                              {m: [h.get(str(t), 0) / max(1, sum(h.values())) for t in taus] for m, h in hists.items()},
                                              "staleness of gradients (share per mode)", "share"), "staleness"),
     )
+    path, version = lake.write(curve, "gba_run", mode)                  # committed last
+    lakeio.write_json_atomic(res, lake.path("gba_run", mode, "result.json"), indent=1)
+    return table_result(None, path, version, curve.height, curve.height, **meta)
 
 
 def _auc_plot(curves: dict, target: float, events: dict | None = None) -> bytes:

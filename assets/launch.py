@@ -94,6 +94,59 @@ def staged(run_dir: str | Path, name: str) -> Path:
     return Path(run_dir) / "outputs" / name
 
 
+def stage_committed(committed: str | Path, stage: str | Path, reusable: bool, log: Optional[Callable[[str], None]] = None) -> bool:
+    """Put a committed output (a folder or a file) back into the run's staging path so that the
+    driver (which sees only its run folder) can reuse it instead of retraining, and the commit moves
+    the same bytes back.
+
+    Args:
+        committed: the output's lake folder or file.
+        stage: its staging path (``staged(run_dir, name)``).
+        reusable: the caller's verdict that the committed folder is this spec's finished result
+            (e.g. its ``metrics.json`` carries this run's fingerprint and its files exist). Only
+            then is anything staged: a driver that retrains writes new files and never rewrites a
+            hard-linked committed file in place.
+        log: where to say that the folder was staged.
+    Returns:
+        True when the folder was staged (hard links; copies where links fail); False when it was
+        not reusable, missing, or already staged (a retry over the same run folder).
+    """
+    src, dst = Path(committed), Path(stage)
+    if not reusable or dst.exists() or not src.exists():
+        return False
+
+    def link(a, b):
+        import os
+
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    tmp = dst.parent / f".{dst.name}.linking"
+    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp.is_file():
+        tmp.unlink()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, tmp, copy_function=link)
+    else:
+        link(src, tmp)
+    tmp.rename(dst)
+    if log is not None:
+        log(f"{src}: the committed output matches this spec; staged for reuse at {dst}")
+    return True
+
+
+def committed_fingerprint(path: str | Path) -> Optional[str]:
+    """The ``fingerprint`` of a committed result record (a JSON file), None when the file is missing
+    or unreadable (then nothing is reused)."""
+    try:
+        return json.loads(Path(path).read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def commit_outputs(run_dir: Path, outputs: Mapping[str, str | Path]) -> list[Path]:
     """Move every staged output of ``run_dir`` onto its lake path (a folder through
     ``ops.lake.replace_dir_atomic``: never partly written; a file through ``os.replace``). Returns

@@ -31,7 +31,7 @@ from resources.lake import LakeResource
 
 from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
-from .launch import launch, run_dir_for, staged
+from .launch import committed_fingerprint, launch, run_dir_for, stage_committed, staged
 
 # single-run backfills and the multi-to-single-dimension mapping are marked beta in Dagster 1.13
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
@@ -311,10 +311,20 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
             raise dg.Failure(f"cpt_probe_runs: base models disagree on their settings ({s}: {st} vs {settings}); "
                              "re-materialize cpt_base_models for all sizes with one config")
         settings = st
+    # the worker writes each run's metrics.json under the run folder; the step commits them after its
+    # tables (assets.launch: a failed step or a late worker never replaces a committed metrics.json)
+    committed, stage = lake.base / "cpt_probe_runs", staged(run_dir_for(context, lake.base, "cpt_probe_runs"), "cpt_probe_runs")
     plan = ProbePlan(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
-                     out_dir=str(lake.base / "cpt_probe_runs"), runs=runs, **settings,
+                     out_dir=str(stage), runs=runs, **settings,
                      **config.model_dump(exclude={"timeout_s", "seeds", "repeat_ratios", "seeds_reinit_base"})).validate(compute.num_processes)
-    with _probe_launch(context, compute, lake, "cpt_probe_runs", plan, config.timeout_s) as run:
+    outputs = {"cpt_probe_runs/launch.json": committed / "launch.json"}
+    for r in runs:
+        name = run_dir_name(r["size"], r["ratio"], r["seed"], r.get("tokens"), r["init"])
+        fp = plan.fingerprint(r["size"], r["ratio"], r["seed"], r.get("tokens"), r["init"])
+        stage_committed(committed / name / "metrics.json", stage / name / "metrics.json",
+                        committed_fingerprint(committed / name / "metrics.json") == fp, context.log.info)
+        outputs[f"cpt_probe_runs/{name}/metrics.json"] = committed / name / "metrics.json"
+    with _probe_launch(context, compute, lake, "cpt_probe_runs", plan, config.timeout_s, outputs=outputs) as run:
         finals, per_key = [], {}
         for key, d in ((k, _dims(k)) for k in context.partition_keys):
             tables = []

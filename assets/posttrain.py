@@ -38,7 +38,7 @@ from resources.teacher import TeacherResource
 
 from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
-from .launch import launch
+from .launch import committed_fingerprint, launch, run_dir_for, stage_committed, staged
 
 GROUP = "training"
 # asset-only fields: where the student and its tokenizer come from, how the sets are built, the
@@ -122,10 +122,38 @@ def _read_optional(lake: LakeResource, asset: str, pattern: str | None = None) -
     return pl.read_parquet(p) if p.exists() else None
 
 
-def _sft_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: SftPlan, timeout_s: float):
-    """The SFT worker's launch (``assets.launch.launch``) on compute.num_processes ranks."""
+def _sft_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: SftPlan, timeout_s: float,
+                outputs: dict[str, Path]):
+    """The SFT worker's launch (``assets.launch.launch``) on compute.num_processes ranks. The worker
+    writes each run's folder under the run folder (``staged``); the step commits ``outputs`` (name ->
+    lake folder) only when its block succeeds, so a failed step or a late worker never replaces a
+    committed model (issue 42 item 8)."""
     return launch(context, compute, base=lake.base, asset=asset, module="ops.posttrain.sft", spec=plan.to_json(),
-                  fingerprint=plan.launch_fingerprint(), timeout_s=timeout_s, processes=compute.num_processes, saved=describe_saved)
+                  fingerprint=plan.launch_fingerprint(), timeout_s=timeout_s, processes=compute.num_processes, saved=describe_saved,
+                  outputs=outputs)
+
+
+def _stage_runs(context, plan: SftPlan, committed: dict[str, Path]) -> None:
+    """Stage every committed run folder (run key -> lake folder) whose ``metrics.json`` carries that
+    run's fingerprint and whose predictions exist, so the worker reuses it instead of retraining."""
+    for r in plan.runs:
+        src = committed[r["key"]]
+        needs = [src / "model.safetensors", src / "predictions.parquet"] + ([src / "predictions_init.parquet"] if r.get("eval_init") else [])
+        ok = committed_fingerprint(src / "metrics.json") == plan.fingerprint(r) and all(p.exists() for p in needs)
+        stage_committed(src, r["out_dir"], ok, context.log.info)
+
+
+def _read_predictions(path: Path, run_key: str) -> pl.DataFrame:
+    """A run's staged predictions, checked before anything is committed: dg.Failure naming the file
+    when it is missing or lacks ``item_id`` / ``prediction``."""
+    try:
+        df = pl.read_parquet(path)
+    except (OSError, pl.exceptions.ComputeError) as e:
+        raise dg.Failure(f"{run_key}: unreadable predictions {path}: {e}") from e
+    missing = [c for c in ("item_id", "prediction") if c not in df.columns]
+    if missing:
+        raise dg.Failure(f"{run_key}: predictions {path} lack column(s) {missing}")
+    return df
 
 
 def _slice_table(scored: dict[str, pl.DataFrame]) -> pl.DataFrame:
@@ -181,17 +209,22 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     lake.write(train, "sft_checkpoint", name="train.parquet")
     lake.write(ev, "sft_checkpoint", name="eval.parquet")
     # workers open paths: the tables' own files, or on an object store local copies under work_dir
+    # the worker writes the model under the run folder; the step commits it to <lake>/sft_checkpoint/model
+    stage = staged(run_dir_for(context, lake.base, "sft_checkpoint"), "model")
     plan = SftPlan(data_dir=str(tok_dir), eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
                    domain_ratio=ratio,
                    runs=[{"key": "stage1", "init_dir": str(init),
                           "train_path": str(lake.table_path("sft_checkpoint", name="train.parquet")),
-                          "out_dir": str(folder / "model"), "eval_init": True}],
+                          "out_dir": str(stage), "eval_init": True}],
                    **config.model_dump(exclude=set(_SFT_OWN))).validate(compute.num_processes)
-    with _sft_launch(context, compute, lake, "sft_checkpoint", plan, config.timeout_s) as run:
-        write_json_atomic(asdict(plan), folder / "plan.json", indent=1)  # stage 2 reuses tokenizer and EOS
+    _stage_runs(context, plan, {"stage1": folder / "model"})
+    with _sft_launch(context, compute, lake, "sft_checkpoint", plan, config.timeout_s, {"model": folder / "model"}) as run:
         metrics = run.result["runs"]["stage1"]
-        base_sc, s1_sc = score_many(ev, [pl.read_parquet(folder / "model" / "predictions_init.parquet"),
-                                         pl.read_parquet(folder / "model" / "predictions.parquet")])
+        preds = [_read_predictions(stage / f, "sft_checkpoint stage1") for f in ("predictions_init.parquet", "predictions.parquet")]
+        base_sc, s1_sc = score_many(ev, preds)
+        # stage 2 reuses tokenizer and EOS; the model folder it names is the committed one
+        write_json_atomic({**asdict(plan), "runs": [{**r, "out_dir": str(folder / "model")} for r in plan.runs]},
+                          folder / "plan.json", indent=1)
         scored = {"base": base_sc, "stage1": s1_sc}
         lake.write(base_sc, "sft_checkpoint", name="scored_base.parquet")  # the learned check reads it
         path, version = lake.write(scored["stage1"], "sft_checkpoint")
@@ -441,6 +474,8 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
     ev = lake.read("sft_checkpoint", name="eval.parquet").filter(pl.col("split") == "test")
     lake.write(ev, "stage2_checkpoint", name="eval_test.parquet", refresh=False)
     seeds = [config.seed + k for k in range(config.seeds)]
+    # the worker writes every run under the run folder; the step commits them to <lake>/stage2_checkpoint/<arm>/s<k>
+    stage = staged(run_dir_for(context, lake.base, "stage2_checkpoint"), "runs")
     runs = []
     for arm, df in sets.items():
         lake.write(df, "stage2_checkpoint", name=f"train_{arm}.parquet", refresh=False)
@@ -448,18 +483,21 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
             runs.append({"key": f"stage2_{arm}_s{k}", "init_dir": str(s1 / "model"),
                          "init_optimizer": str(s1 / "model" / "optimizer.pt"), "seed": sd,
                          "train_path": str(lake.table_path("stage2_checkpoint", name=f"train_{arm}.parquet")),
-                         "out_dir": str(folder / arm / f"s{k}"),
+                         "out_dir": str(stage / arm / f"s{k}"),
                          "eval_path": str(lake.table_path("stage2_checkpoint", name="eval_test.parquet"))})
     plan = Stage2Plan(data_dir=s1_plan["data_dir"], eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
                       eot_token=s1_plan["eot_token"],
                       domain_ratio=float(s1_metrics["domain_ratio"]), runs=runs,
                       **config.model_dump(exclude=set(_STAGE2_OWN))).validate(compute.num_processes)
-    with _sft_launch(context, compute, lake, "stage2_checkpoint", plan, config.timeout_s) as run:
+    keys = [(arm, k) for arm in ("targeted", "random") for k in range(len(seeds))]
+    committed = {f"stage2_{arm}_s{k}": folder / arm / f"s{k}" for arm, k in keys}
+    _stage_runs(context, plan, committed)
+    outputs = {f"runs/{arm}/s{k}": folder / arm / f"s{k}" for arm, k in keys}
+    with _sft_launch(context, compute, lake, "stage2_checkpoint", plan, config.timeout_s, outputs) as run:
         scored, curves, walls, per_seed, long = {}, {}, {}, [], []
         prog = (pl.col("slice") == "programmatic") & (pl.col("split") == "test")
-        keys = [(arm, k) for arm in ("targeted", "random") for k in range(len(seeds))]
-        all_scored = dict(zip(keys, score_many(ev, [pl.read_parquet(folder / arm / f"s{k}" / "predictions.parquet")
-                                                    for arm, k in keys])))
+        all_scored = dict(zip(keys, score_many(ev, [_read_predictions(stage / arm / f"s{k}" / "predictions.parquet",
+                                                                      f"stage2_{arm}_s{k}") for arm, k in keys])))
         for arm in ("targeted", "random"):
             frames = []
             for k, sd in enumerate(seeds):

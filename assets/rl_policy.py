@@ -5,12 +5,16 @@ policy whose GRPO groups carry signal.
 
 The asset launches ``ops.rl.warmstart`` through the launch protocol (``assets.launch``): the worker
 trains in ``<lake>/rl_policy/.run-<root run id>`` (checkpoints there; a retried launch resumes after
-its last one) and publishes the policy folder ``<lake>/rl_policy/policy`` (config.json,
-model.safetensors, tokenizer files, metrics.json). A later materialization with the same spec
-reuses the published folder instead of retraining. The evaluation curve is also the asset's table
+its last one) and writes the policy folder (config.json, model.safetensors, tokenizer files,
+metrics.json) under that run folder (``assets.launch.staged``); the step checks it (files present,
+metrics.json of this spec's fingerprint) and only then commits it to ``<lake>/rl_policy/policy``
+(issue 42 item 8: a failed step or a late worker never replaces the committed policy). A later
+materialization with the same spec stages the committed folder back (hard links) and the worker
+reuses it instead of retraining. The evaluation curve is also the asset's table
 (``<lake>/rl_policy/data.parquet``: step, train_s, accuracy, n, mean_len).
 """
 
+import dataclasses
 from pathlib import Path
 
 import dagster as dg
@@ -23,7 +27,7 @@ from resources.lake import LakeResource
 
 from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
-from .launch import launch
+from .launch import committed_fingerprint, launch, run_dir_for, stage_committed, staged
 
 _OWN = ("timeout_s",)
 
@@ -73,19 +77,25 @@ def rl_policy(context: dg.AssetExecutionContext, config: RlPolicyConfig, lake: L
     max of the RL prompt distribution; the policy folder's path."""
     from ops.posttrain.plots import loss_curves
 
-    spec = spec_from(config, lake)
+    committed = policy_dir(lake)
+    stage = staged(run_dir_for(context, lake.base, "rl_policy"), "policy")
+    spec = dataclasses.replace(spec_from(config, lake), out_dir=str(stage))
+    fp = spec.fingerprint()                                  # out_dir is cadence: the same as the committed folder's
+    stage_committed(committed, stage, committed_fingerprint(committed / "metrics.json") == fp
+                    and all((committed / f).exists() for f in ("model.safetensors", "tokenizer.json")), context.log.info)
     with launch(context, compute, base=lake.base, asset="rl_policy", module="ops.rl.warmstart", spec=spec.to_json(),
-                fingerprint=spec.fingerprint(), timeout_s=config.timeout_s, saved=describe_saved) as run:
+                fingerprint=fp, timeout_s=config.timeout_s, saved=describe_saved, outputs={"policy": committed}) as run:
         m = run.result
+        if committed_fingerprint(stage / "metrics.json") != fp or not (stage / "model.safetensors").exists():
+            raise dg.Failure(f"rl_policy: the staged policy {stage} is not this spec's (metrics.json fingerprint "
+                             f"{committed_fingerprint(stage / 'metrics.json')}, expected {fp}) or lacks model.safetensors")
         curve = pl.DataFrame(m["eval_curve"], schema={"step": pl.Int64, "train_s": pl.Float64, "accuracy": pl.Float64,
                                                      "n": pl.Int64, "mean_len": pl.Float64})
-        path, version = lake.write(curve, "rl_policy")
         lengths = m["rl_response_lengths"]
         context.log.info(f"rl_policy: {m['steps']} steps ({m['stop_reason']}), pass rate {m['pass_rate']}, "
                          f"{m['train_s']} s training")
-        return table_result(
-            None, path, version, m["steps"] * spec.batch_problems, curve.height,
-            policy_dir=dg.MetadataValue.path(str(policy_dir(lake))),
+        meta = dict(
+            policy_dir=dg.MetadataValue.path(str(committed)),
             params=dg.MetadataValue.int(m["params"]),
             steps=dg.MetadataValue.int(m["steps"]),
             stop_reason=dg.MetadataValue.text(m["stop_reason"]),
@@ -105,3 +115,5 @@ def rl_policy(context: dg.AssetExecutionContext, config: RlPolicyConfig, lake: L
             wall_s=dg.MetadataValue.float(m["wall_s"]),
             **run.metadata(),
         )
+        path, version = lake.write(curve, "rl_policy")      # the table last; the policy folder at the block's end
+        return table_result(None, path, version, m["steps"] * spec.batch_problems, curve.height, **meta)

@@ -107,14 +107,13 @@ def rollarc_run(context: dg.AssetExecutionContext, config: RollArcRunConfig, lak
 
 def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.MaterializeResult:
     """The asset's outputs from the launch's result: per-step and trajectory tables, the result
-    file, metadata."""
+    file, metadata. The driver writes only its run folder; the step reads and checks its result and
+    builds every metadata entry first, and writes the lake's tables and result.json last (issue 42
+    item 8: a step that fails after its launch leaves the committed files as they were)."""
     res = run.result
     table = pl.DataFrame(step_rows(res))
-    path, version = lake.write(table, "rollarc_run")
     traj = pl.DataFrame([{**t, "method": m, "versions": ",".join(map(str, t["versions"])), "pools": ",".join(t["pools"])}
                          for m, r in res["methods"].items() for t in r["trajectories"]])
-    lake.write(traj, "rollarc_run", name="trajectories.parquet")
-    lakeio.write_json_atomic(res, lake.path("rollarc_run", name="result.json"))
     # summary_rows' speedup_vs_monolithic and trajectories_per_s count the cold first step: run_figures replaces them
     summary = pl.DataFrame(summary_rows(res)).drop("speedup_vs_monolithic", "trajectories_per_s", strict=False)
     util = pl.DataFrame(utilisation_rows(res))
@@ -135,8 +134,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
     arc = res["methods"].get("rollarc", {})
     resumed = ", ".join(f"{r['method']} finished before the retry, skipped" if r.get("skipped")
                         else f"{r['method']} after step {r['after_step']}" for r in res.get("resumes", []))
-    return table_result(
-        None, path, version, traj.height, table.height,
+    meta = dict(
         summary=md_table(summary),
         per_step=md_table(table),
         utilisation=md_table(util),
@@ -154,3 +152,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         **run_metadata(res, spec.model_dir, resumed),
         **run.metadata(),
     )
+    path, version = lake.write(table, "rollarc_run")                    # committed last
+    lake.write(traj, "rollarc_run", name="trajectories.parquet")
+    lakeio.write_json_atomic(res, lake.path("rollarc_run", name="result.json"))
+    return table_result(None, path, version, traj.height, table.height, **meta)

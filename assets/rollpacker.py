@@ -91,12 +91,13 @@ def rollpacker_run(context: dg.AssetExecutionContext, config: RollPackerRunConfi
 
 
 def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.MaterializeResult:
-    """The asset's outputs from the launch's result: the per-step table, the result file, metadata."""
+    """The asset's outputs from the launch's result: the per-step table, the result file, metadata.
+    The driver writes only its run folder; the step reads and checks its result and builds every
+    metadata entry first, and writes the lake's table and result.json last (issue 42 item 8: a step
+    that fails after its launch leaves the committed files as they were)."""
     res = run.result
     rows = step_rows(res["steps"])
     table = pl.DataFrame(rows)
-    path, version = lake.write(table, "rollpacker_run")
-    lakeio.write_json_atomic(res, lake.path("rollpacker_run", name="result.json"))
     # the summary's speedup_vs_baseline counts every step, the cold first one included: run_figures replaces it
     summary = pl.DataFrame(summarize(res["steps"])).drop("speedup_vs_baseline", strict=False)
     step_s: dict[str, list[float]] = {}
@@ -106,8 +107,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         context.log.info(f"rollpacker_run {r['method']}: {r['steps']} steps, {r['step_s_total']}s (this run only; "
                          "the confirmatory figure is the registered claim's, docs/claims.md)")
     resumed = ", ".join(f"{r['method']} after step {r['after_step']}" for r in res.get("resumes", []))
-    return table_result(
-        None, path, version, len(res["prompts"]), table.height,
+    meta = dict(
         summary=md_table(summary),
         comparison=md_table(table.select("method", "step", "round", "rollout_s", "step_s", "max_response_len",
                                          "p99_response_len", "bubble_ratio", "reward_mean")),
@@ -118,3 +118,6 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         **run_metadata(res, spec.model_dir, resumed),
         **run.metadata(),
     )
+    path, version = lake.write(table, "rollpacker_run")                 # committed last
+    lakeio.write_json_atomic(res, lake.path("rollpacker_run", name="result.json"))
+    return table_result(None, path, version, len(res["prompts"]), table.height, **meta)
