@@ -40,7 +40,7 @@ def test_rl_policy_launches_the_warm_start_and_reports_its_learning(tmp_path):
     assert meta["pass_rate"] == metrics["eval_curve"][-1]["accuracy"] == curve["accuracy"][-1]
     assert "| 3 |" in meta["pass_rate_curve"] and "| 6 |" in meta["pass_rate_curve"]
     assert "| all | 8 |" in meta["heldout_by_lines"]
-    stats = length_stats([sp.response_length(p) for p in sp.problems(99, 8)])
+    stats = length_stats([sp.response_length(p) for p in sp.problems(99, 8, split="heldout")])  # the held-out split
     assert (meta["rl_response_len_median"], meta["rl_response_len_p90"], meta["rl_response_len_max"]) == \
         (stats["median"], stats["p90"], stats["max"])
     assert meta["train_s"] > 0 and meta["eval_s"] > 0 and meta["reused_finished_launch"] is False
