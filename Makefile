@@ -18,7 +18,7 @@ demo: setup
 
 ## Set up, then run the test suite (what .ci/run calls).
 test: setup
-	$(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) tests
+	$(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) --durations=25 tests
 
 ## The UI as a person uses it: dagster dev + headless Chromium (needs Debian's chromium on the PATH; .ci/run installs it).
 test-ui: setup
