@@ -100,7 +100,8 @@ def test_a_killed_probe_launch_is_retried_and_resumes_from_its_checkpoint(tmp_pa
                                              partition_key=dg.MultiPartitionKey({"size": "xs", "ratio": "0.50"}))
     assert r.success
     assert kinds.count("STEP_UP_FOR_RETRY") == 1 and "launch died (exit code -9)" in log
-    assert "fault injection (CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS=2)" in log
+    # the fault-injection line itself is not asserted: either rank may fire the kill and only rank 0 logs
+    # through Pipes; where it struck is asserted below (the relaunch resumes from the 2nd checkpoint, step 4)
     assert "cpt_probe_runs: attempt 2 in" in log and "checkpoints: xs_r0.500 at step 4; the driver resumes" in log
     assert "cpt xs|0.50: resumed at step 4" in log
     assert (meta["retry_number"], meta["resumed_from_saved"], meta["reused_finished_launch"]) == (1, "checkpoints: xs_r0.500 at step 4", False)
