@@ -3,7 +3,8 @@ VENV ?= .venv
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export CRUCIBLE_HOME ?= $(CURDIR)/.crucible
 STAMP := $(VENV)/.crucible-installed
-PYTEST_WORKERS ?= 2
+# 3 xdist workers on 2 cores: the slowest tests wait on daemons, Ray and subprocess launches more than they compute
+PYTEST_WORKERS ?= 3
 
 .PHONY: setup demo test test-ui dev clean bench
 
