@@ -1,4 +1,5 @@
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -205,6 +206,28 @@ def tok():
     if not (SMOLLM2_DIR / "tokenizer.json").exists():
         pytest.skip("SmolLM2 directory missing: run make setup")
     return load_tokenizer(SMOLLM2_DIR)
+
+
+@contextlib.contextmanager
+def dagster_daemon(workspace: Path, env: dict, log_path: Path):
+    """A real ``dagster-daemon run`` on ``workspace`` in its own session (stdout/stderr to ``log_path``),
+    yielded as its Popen; its process group is SIGKILLed at exit and reaped within 30 s. The instance's
+    SQLite storages must exist before (two processes racing to create them fail)."""
+    import signal
+    import subprocess
+    import sys
+
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(workspace)],
+                                  cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield daemon
+        finally:
+            try:
+                os.killpg(daemon.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            daemon.wait(timeout=30)
 
 
 def wait_for(what: str, fn, timeout_s: float, every_s: float = 0.5):

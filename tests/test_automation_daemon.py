@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import dagster_daemon, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -74,18 +74,10 @@ def prod_daemon(tmp_path):
     instance.get_runs(limit=1)
     instance.get_records_for_run("none", limit=1)
     log_path = tmp_path / "daemon.log"
-    log = open(log_path, "w")
-    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(ws)], cwd=ROOT, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield instance, sources, log_path
+        with dagster_daemon(ws, env, log_path):
+            yield instance, sources, log_path
     finally:
-        try:
-            os.killpg(daemon.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        daemon.wait(timeout=30)
-        log.close()
         instance.dispose()
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import dagster_daemon, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -63,18 +63,8 @@ def daemon_home(tmp_path):
     instance.get_runs(limit=1)
     instance.get_records_for_run("none", limit=1)
     instance.dispose()
-    log = open(tmp_path / "daemon.log", "w")
-    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(ws)], cwd=ROOT, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with dagster_daemon(ws, env, tmp_path / "daemon.log") as daemon:
         yield home, ws, env, daemon
-    finally:
-        try:
-            os.killpg(daemon.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        daemon.wait(timeout=30)
-        log.close()
 
 
 def test_a_killed_run_commits_nothing_leaves_nothing_and_is_resumed(daemon_home, tmp_path):

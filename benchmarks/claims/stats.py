@@ -77,6 +77,20 @@ def paired_t_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[floa
     return mean, mean - half, mean + half
 
 
+def _paired_ratio_inputs(what: str, numerator, denominator) -> tuple[np.ndarray, np.ndarray]:
+    """(numerator, denominator) as 1-d float arrays of one paired sample. Raises ValueError naming ``what``
+    for unequal lengths, fewer than 2 seeds, a non-finite value or a denominator <= 0."""
+    a = _as_1d("numerator", numerator)
+    b = _as_1d("denominator", denominator)
+    if a.size != b.size:
+        raise ValueError(f"paired samples differ in length: numerator {a.size}, denominator {b.size}")
+    if a.size < 2:
+        raise ValueError(f"{what} needs at least 2 paired seeds, got {a.size}")
+    if np.any(b <= 0):
+        raise ValueError(f"denominator values must be > 0, got {b.tolist()}")
+    return a, b
+
+
 def ratio_of_means_interval(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.95,
                             n_resamples: int = 10_000, rng_seed: int = 0,
                             method: str = "BCa") -> tuple[float, float, float]:
@@ -101,14 +115,7 @@ def ratio_of_means_interval(numerator: Sequence[float], denominator: Sequence[fl
     """
     from scipy import stats
 
-    a = _as_1d("numerator", numerator)
-    b = _as_1d("denominator", denominator)
-    if a.size != b.size:
-        raise ValueError(f"paired samples differ in length: numerator {a.size}, denominator {b.size}")
-    if a.size < 2:
-        raise ValueError(f"ratio_of_means_interval needs at least 2 paired seeds, got {a.size}")
-    if np.any(b <= 0):
-        raise ValueError(f"denominator values must be > 0, got {b.tolist()}")
+    a, b = _paired_ratio_inputs("ratio_of_means_interval", numerator, denominator)
     ratio = float(a.mean() / b.mean())
     if np.ptp(a) == 0 and np.ptp(b) == 0:
         return ratio, ratio, ratio
@@ -144,14 +151,7 @@ def delta_method_ratio_interval(numerator: Sequence[float], denominator: Sequenc
     """
     from scipy import stats
 
-    a = _as_1d("numerator", numerator)
-    b = _as_1d("denominator", denominator)
-    if a.size != b.size:
-        raise ValueError(f"paired samples differ in length: numerator {a.size}, denominator {b.size}")
-    if a.size < 2:
-        raise ValueError(f"delta_method_ratio_interval needs at least 2 paired seeds, got {a.size}")
-    if np.any(b <= 0):
-        raise ValueError(f"denominator values must be > 0, got {b.tolist()}")
+    a, b = _paired_ratio_inputs("delta_method_ratio_interval", numerator, denominator)
     r = float(a.mean() / b.mean())
     cov = np.cov(a, b, ddof=1)
     var = (cov[0, 0] - 2 * r * cov[0, 1] + r * r * cov[1, 1]) / (a.size * b.mean() ** 2)
