@@ -270,7 +270,10 @@ def run(claim_id: str, seeds: Optional[Sequence[int]] = None, layout: Layout = L
             raise ClaimError(f"{claim_id}: seeds {again} are already in the log {layout.rel(layout.log(claim_id))}; "
                              "a logged run is never replaced")
     commit = _git(layout, "rev-parse", "HEAD")
-    dirty = bool(_git(layout, "status", "--porcelain", "--untracked-files=no"))
+    # the code a seed runs on: tracked files outside benchmarks/results/ (the runner itself rewrites
+    # claims.json and the logs there, which must not mark the next claim's runs as dirty)
+    dirty = bool(_git(layout, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                      ":(exclude)benchmarks/results"))
     host = machine()
     records, failed = [], []
     for seed in todo:
