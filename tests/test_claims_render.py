@@ -81,10 +81,25 @@ def test_a_block_without_ids_lists_every_claim():
     assert [ln.split("|")[1].strip() for ln in out.split("\n")[3:-1]] == [f"`{c}`" for c in CLAIMS]
 
 
+def test_cols_picks_columns_in_order_and_ids_still_restrict():
+    out = render_text("<!-- claims:table ids=rp-acc,dedup-speed cols=claim,estimate,verdict,seeds,label -->\n"
+                      "old\n<!-- /claims:table -->", CLAIMS, "page.md")
+    assert out.split("\n")[1:-1] == [
+        "| Claim | Estimate [95% CI] | Verdict | Seeds run / planned | Label |",
+        "|---|---|---|---|---|",
+        "| `rp-acc` | -0.5 [-1.2, +0.2] pts | shown | 5 / 5 | real |",
+        "| `dedup-speed` | 3.21x [2.90, 3.55] | shown | 5 / 5 | real |",
+    ]
+    assert "EPYC" not in out and "wall_s" not in out  # machine and metric left out
+    every = render_text("<!-- claims:table cols=verdict,claim -->\n<!-- /claims:table -->", CLAIMS)
+    assert every.split("\n")[3] == "| shown | `dedup-speed` |" and every.count("\n| ") == len(CLAIMS) + 1
+
+
 @pytest.mark.parametrize("text,msg", [
     ("a\n<!-- claims:table ids=dedup-speed -->\nrow\n", r"page.md:2: .* has no closing"),
     ("a\n<!-- /claims:table -->\n", r"page.md:2: .* without an opening"),
     ("<!-- claims:table ids=nope -->\n<!-- /claims:table -->", r"page.md:1: unknown claim ids \['nope'\]"),
+    ("<!-- claims:table cols=claim,cpu -->\n<!-- /claims:table -->", r"page.md:1: unknown columns \['cpu'\]"),
 ])
 def test_bad_markers_name_the_file_and_line(text, msg):
     with pytest.raises(RenderError, match=msg):

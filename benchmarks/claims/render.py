@@ -7,6 +7,10 @@ A page marks where a table goes::
     <!-- /claims:table -->
 
 ``ids=`` lists claim ids in the order of the rows (left out: every claim in claims.json).
+``cols=`` lists the columns to show, in the table's order, from ``claim, metric, estimate, verdict,
+seeds, label, machine`` (left out: all of them); e.g. the README shows
+``<!-- claims:table cols=claim,estimate,verdict,seeds,label -->`` and leaves metric and machine to
+docs/claims.md's full table.
 ``python -m benchmarks.claims render`` fills every block of README.md and docs/*.md;
 ``render --check`` changes nothing and fails when a block differs from what the JSON renders, so a
 figure quoted in a page is the figure in the JSON (tests/test_claims_render.py runs the check).
@@ -18,8 +22,10 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional
 
-OPEN = re.compile(r"^<!-- claims:table(?:\s+ids=(?P<ids>[a-z0-9,\-]*))?\s*-->\s*$")
+OPEN = re.compile(r"^<!-- claims:table(?:\s+ids=(?P<ids>[a-z0-9,\-]*))?(?:\s+cols=(?P<cols>[a-z,]*))?\s*-->\s*$")
 CLOSE = "<!-- /claims:table -->"
+COLUMNS = {"claim": "Claim", "metric": "Metric", "estimate": "Estimate [95% CI]", "verdict": "Verdict",
+           "seeds": "Seeds run / planned", "label": "Label", "machine": "Machine"}
 HEADER = ("| Claim | Metric | Estimate [95% CI] | Verdict | Seeds run / planned | Label | Machine |\n"
           "|---|---|---|---|---|---|---|")
 
@@ -49,8 +55,8 @@ def format_estimate(claim: dict) -> str:
     return f"{_num(claim['estimate'], d, True)} [{_num(lo, d, True)}, {_num(hi, d, True)}] {m['unit']}"
 
 
-def row(claim: dict) -> str:
-    """One table row of a claims.json entry."""
+def cells(claim: dict) -> dict[str, str]:
+    """The cells of one claims.json entry, keyed by column name (``COLUMNS``)."""
     seeds = claim.get("seeds", {})
     run, planned = seeds.get("run", 0), seeds.get("planned", 0)
     if claim.get("status") == "not registered":
@@ -64,17 +70,36 @@ def row(claim: dict) -> str:
     machines = "; ".join(f"{m['cpu_model']}, {m['cores']} cores" for m in claim.get("machine", [])) or "-"
     m = claim["metric"]
     metric = f"{m['name']} ({m['unit']}, {m['direction']} better)"
-    return (f"| `{claim['id']}` | {metric} | {format_estimate(claim)} | {verdict} | {run} / {planned} | "
-            f"{claim['label']} | {machines} |")
+    return {"claim": f"`{claim['id']}`", "metric": metric, "estimate": format_estimate(claim),
+            "verdict": verdict, "seeds": f"{run} / {planned}", "label": claim["label"], "machine": machines}
 
 
-def table(claims: dict, ids: Optional[Iterable[str]], where: str = "") -> str:
-    """The markdown table of ``ids`` (None: every claim). Raises RenderError for an unknown id."""
+def row(claim: dict, cols: Optional[Iterable[str]] = None) -> str:
+    """One table row of a claims.json entry (``cols``: the columns to show; None: all)."""
+    c = cells(claim)
+    return "| " + " | ".join(c[k] for k in (COLUMNS if cols is None else cols)) + " |"
+
+
+def table(claims: dict, ids: Optional[Iterable[str]], where: str = "",
+          cols: Optional[Iterable[str]] = None) -> str:
+    """The markdown table of ``ids`` (None: every claim) with columns ``cols`` (None: all).
+
+    Raises:
+        RenderError: an unknown claim id or column name (the message names ``where``).
+    """
     chosen = list(claims) if ids is None else list(ids)
     unknown = [i for i in chosen if i not in claims]
     if unknown:
         raise RenderError(f"{where}: unknown claim ids {unknown} (claims.json has {sorted(claims)})")
-    return "\n".join([HEADER] + [row(claims[i]) for i in chosen])
+    if cols is None:
+        header = HEADER
+    else:
+        cols = list(cols)
+        bad = [k for k in cols if k not in COLUMNS]
+        if bad or not cols:
+            raise RenderError(f"{where}: unknown columns {bad} in cols= (choose from {', '.join(COLUMNS)})")
+        header = "| " + " | ".join(COLUMNS[k] for k in cols) + " |\n|" + "---|" * len(cols)
+    return "\n".join([header] + [row(claims[i], cols) for i in chosen])
 
 
 def render_text(text: str, claims: dict, where: str = "<text>") -> str:
@@ -104,7 +129,8 @@ def render_text(text: str, claims: dict, where: str = "<text>") -> str:
         if j == len(lines):
             raise RenderError(f"{where}:{i + 1}: '{line.strip()}' has no closing '{CLOSE}'")
         ids = [s for s in m.group("ids").split(",") if s] if m.group("ids") else None
-        out += [line, table(claims, ids, f"{where}:{i + 1}"), lines[j]]
+        cols = [s for s in m.group("cols").split(",") if s] if m.group("cols") is not None else None
+        out += [line, table(claims, ids, f"{where}:{i + 1}", cols), lines[j]]
         i = j + 1
     return "\n".join(out)
 
