@@ -10,16 +10,17 @@ an asset backfill.
 Run tags: ``crucible/stage`` (curation runs rewrite the same unpartitioned tables, so the instance
 limits them to one at a time, see scripts/setup.sh), ``crucible/preset`` (the active profile's size
 set: ``small`` or ``full``) and ``dagster/max_runtime``
-(``max_runtime_s``: the run's bound in seconds, from its preset's launch limits plus a margin; with
-run monitoring on, which ``crucible setup`` turns on, the daemon terminates and fails a run past it).
+(``max_runtime_s``: the run's bound in seconds, from the launch limits the run itself uses — the
+active profile's size defaults, prod YAML ``sizes`` included — plus a margin; with run monitoring on, which ``crucible setup`` turns on, the daemon terminates and fails a run past it).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 
 from .presets import PRESETS
-from .profiles import active_gpu_run_tags, profile_name
+from .profiles import active_gpu_run_tags, profile_name, profile_sizes
 
 # Run tags of the jobs whose steps launch accelerate/torchrun workers (gpu=True below): {} in the
 # default profile; in prod, the GPU limits the K8sRunLauncher gives the run pod (pipelines/profiles.py).
@@ -49,25 +50,45 @@ RUN_MARGIN_S = 900.0
 """Margin on top: run start, code loading, step start-up."""
 
 
-def launch_limit_s(op: str, preset: str) -> float:
-    """One launch's wall-clock limit (s) of ``op`` under ``preset`` (0 for an op that launches nothing)."""
+def _size_values(sizes: "str | Mapping[str, Mapping[str, Any]]") -> Mapping[str, Mapping[str, Any]]:
+    """A size set by name (``PRESETS``) or as op -> field -> value."""
+    return PRESETS[sizes] if isinstance(sizes, str) else sizes
+
+
+def launch_limit_s(op: str, sizes: "str | Mapping[str, Mapping[str, Any]]") -> float:
+    """One launch's wall-clock limit (s) of ``op`` under ``sizes`` (0 for an op that launches nothing):
+    the op's limit field (``LAUNCH_LIMIT_FIELD``, else ``timeout_s``) as ``sizes`` sets it, else the
+    asset's own default (``SMALL_LAUNCH_LIMIT_S``), plus ``LAUNCH_EXTRA_S``.
+
+    Args:
+        sizes: a size set name (``small`` / ``full``: pipelines/presets.py ``PRESETS``) or the
+            effective size defaults, op -> field -> value (``profiles.profile_sizes()``: what the
+            launch itself uses, prod YAML overrides included).
+    """
     if op not in SMALL_LAUNCH_LIMIT_S:
         return 0.0
     field = LAUNCH_LIMIT_FIELD.get(op, "timeout_s")
-    return float(PRESETS[preset].get(op, {}).get(field, SMALL_LAUNCH_LIMIT_S[op])) + LAUNCH_EXTRA_S.get(op, 0.0)
+    return float(_size_values(sizes).get(op, {}).get(field, SMALL_LAUNCH_LIMIT_S[op])) + LAUNCH_EXTRA_S.get(op, 0.0)
 
 
-def max_runtime_s(ops: Sequence[str], preset: str) -> int:
-    """The ``dagster/max_runtime`` of a job of ``ops`` under ``preset`` (s): every launch of every op
-    at its limit, each attempted ``LAUNCH_ATTEMPTS`` times with the retries' backoff, plus
-    ``UNLAUNCHED_S[preset]`` and ``RUN_MARGIN_S``. A bound for a hung or lost run, not an estimate."""
-    launched = [(op, launch_limit_s(op, preset)) for op in ops if op in SMALL_LAUNCH_LIMIT_S]
+def max_runtime_s(ops: Sequence[str], preset: str, sizes: "Mapping[str, Mapping[str, Any]] | None" = None) -> int:
+    """The ``dagster/max_runtime`` of a job of ``ops`` (s): every launch of every op at its limit
+    (``launch_limit_s`` under ``sizes``, default the size set ``preset``), each attempted
+    ``LAUNCH_ATTEMPTS`` times with the retries' backoff, plus ``UNLAUNCHED_S[preset]`` and
+    ``RUN_MARGIN_S``. A bound for a hung or lost run, not an estimate. Raises KeyError for an
+    unknown ``preset``."""
+    sizes = PRESETS[preset] if sizes is None else sizes
+    launched = [(op, launch_limit_s(op, sizes)) for op in ops if op in SMALL_LAUNCH_LIMIT_S]
     total = sum(LAUNCHES.get(op, 1) * (LAUNCH_ATTEMPTS * limit + RETRY_BACKOFF_S) for op, limit in launched)
     return int(total + UNLAUNCHED_S[preset] + RUN_MARGIN_S)
 
 
 SIZE_SET = "full" if profile_name() == "prod" else "small"
 """The active profile's size set (pipelines/presets.py): the assets' defaults carry it, the jobs' tags name it."""
+SIZES = profile_sizes()
+"""The active profile's effective size defaults (op -> field -> value; prod: ``PROD_SIZES`` with the
+prod YAML's ``sizes`` over them): the same values the code location makes the assets' run-config
+defaults, so a launch's limit and its job's bound come from one place."""
 
 
 def _jobs(name: str, selection: dg.AssetSelection, ops: Sequence[str], stage: str,
@@ -78,7 +99,7 @@ def _jobs(name: str, selection: dg.AssetSelection, ops: Sequence[str], stage: st
     return dg.define_asset_job(
         name,
         selection=selection,
-        tags={"crucible/stage": stage, "crucible/preset": SIZE_SET, "dagster/max_runtime": str(max_runtime_s(ops, SIZE_SET)),
+        tags={"crucible/stage": stage, "crucible/preset": SIZE_SET, "dagster/max_runtime": str(max_runtime_s(ops, SIZE_SET, SIZES)),
               **(GPU_TAGS if gpu else {})},
         description=description,
     )
@@ -102,7 +123,7 @@ source_refresh_job = dg.define_asset_job(
     "source_refresh_job",
     selection=dg.AssetSelection.assets("raw_problems")
     | (dg.AssetSelection.assets("raw_problems").downstream() & dg.AssetSelection.groups("curation")),
-    tags={"crucible/stage": "curation", "crucible/preset": SIZE_SET, "dagster/max_runtime": str(max_runtime_s((), SIZE_SET))},
+    tags={"crucible/stage": "curation", "crucible/preset": SIZE_SET, "dagster/max_runtime": str(max_runtime_s((), SIZE_SET, SIZES))},
     description="Re-read one source (partition) and re-run the curation graph below it.",
 )
 

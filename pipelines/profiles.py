@@ -352,16 +352,28 @@ class Profile:
         return "full" if self.name == "prod" else "small"
 
 
+def profile_sizes(name: Optional[str] = None, cfg: Optional[ProdConfig] = None) -> dict[str, dict[str, Any]]:
+    """The size defaults of a profile (``$CRUCIBLE_PROFILE`` unless ``name``): op -> field -> value.
+    ``{}`` for ``default`` (the assets' own defaults); for ``prod``, ``PROD_SIZES`` merged field by
+    field with the prod YAML's ``sizes`` (``cfg``, else ``$CRUCIBLE_PROD_CONFIG``). The one source of
+    what a launch uses (the assets' run-config defaults, pipelines/presets.py ``with_size_defaults``)
+    and of the jobs' ``dagster/max_runtime`` bounds (pipelines/jobs.py). Raises ProfileError."""
+    name = name or profile_name()
+    if name == "default":
+        return {}
+    from .presets import PROD_SIZES, merge_sizes
+
+    return merge_sizes(PROD_SIZES, (cfg or load_prod_config()).sizes)
+
+
 def load_profile(name: Optional[str] = None) -> Profile:
     """The active profile (``$CRUCIBLE_PROFILE`` unless ``name``). Raises ProfileError."""
     name = name or profile_name()
     if name == "default":
-        return Profile("default", default_resources(), dg.in_process_executor, {}, sizes={})
-    from .presets import PROD_SIZES, merge_sizes
-
+        return Profile("default", default_resources(), dg.in_process_executor, {}, sizes=profile_sizes("default"))
     cfg = load_prod_config()
     return Profile("prod", prod_resources(cfg), prod_executor(cfg), gpu_run_tags(cfg), cfg,
-                   sizes=merge_sizes(PROD_SIZES, cfg.sizes))
+                   sizes=profile_sizes("prod", cfg))
 
 
 def _main(argv: Optional[list] = None) -> int:

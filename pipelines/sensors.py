@@ -30,6 +30,8 @@ import dagster as dg
 from resources.sources import SourcesResource, configured_sources_file, entry_hash, file_sha256, parse_sources_file
 from resources.sources import source_data_version, source_partition_keys
 
+from .jobs import SIZE_SET, SIZES, max_runtime_s
+
 AUTOMATED_GROUPS = ("curation",)
 """Groups whose assets follow their parents."""
 
@@ -39,8 +41,10 @@ AUTOMATED_ASSETS = ("raw_problems",)
 NEVER_AUTOMATIC = ("ctr_model", "gba_run", "cpt_base_models", "cpt_probe_runs")
 """Expensive training: never started by automation (a test holds this)."""
 
-AUTOMATION_RUN_TAGS = {"crucible/stage": "curation", "crucible/trigger": "automation"}
-"""Tags of every run the automation sensor launches (the instance's tag concurrency limits key on them)."""
+AUTOMATION_RUN_TAGS = {"crucible/stage": "curation", "crucible/trigger": "automation",
+                       "dagster/max_runtime": str(max_runtime_s((), SIZE_SET, SIZES))}
+"""Tags of every run the automation sensor launches (the instance's tag concurrency limits key on them;
+``dagster/max_runtime``: the bound of a run without launches, as on curation_job, pipelines/jobs.py)."""
 
 CURATION_CONDITION = (dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed()
                       ).with_label("eager, parents' blocking checks passed")

@@ -196,3 +196,35 @@ def test_every_job_carries_a_max_runtime_from_its_presets_launch_limits():
     assert tags["gba_job"] == 3 * (600 + 120) + 90 + 3600 + 900               # run_timeout_s + the asset's 120 s
     assert jobs.max_runtime_s(["cpt_base_models"], "full") == 3 * 172_800 + 90 + 259_200 + 900   # the prod sizes
     assert tags["curation_job"] == 3600 + 900 and tags["source_refresh_job"] == 4500
+
+
+def test_max_runtime_follows_the_prod_yamls_launch_timeouts(tmp_path):
+    """Issue 43 item 1 (review): the bound comes from the launch limits the run itself uses. A prod
+    YAML whose ``sizes`` raise cpt_base_models' timeout_s (and rollpacker_run's run_timeout_s) to
+    400,000 s: the code location's effective run-config default (what a launch gets) is that value,
+    and cpt_base_job's / rollpacker_job's dagster/max_runtime are computed from it, not from the
+    built-in 172,800 s. Loads the code location in a subprocess (the tags are set at import)."""
+    (tmp_path / "prod.yaml").write_text(
+        f"lake: {{root: {tmp_path / 'lake'}, work_dir: {tmp_path / 'work'}}}\nexecutor: in_process\n"
+        "sizes:\n  cpt_base_models: {timeout_s: 400000.0}\n  rollpacker_run: {run_timeout_s: 400000.0}\n")
+    probe = (
+        "import json, warnings; warnings.simplefilter('ignore')\n"
+        "from pipelines.definitions import defs\n"
+        "from pipelines import sensors\n"
+        "fields = lambda op: defs.get_assets_def(op).op.config_schema.config_type.fields\n"
+        "print(json.dumps({'launch': fields('cpt_base_models')['timeout_s'].default_value,\n"
+        "  'rp_launch': fields('rollpacker_run')['run_timeout_s'].default_value,\n"
+        "  'rp_step': fields('rollpacker_run')['timeout_s'].default_value,\n"
+        "  'base': int(defs.get_job_def('cpt_base_job').tags['dagster/max_runtime']),\n"
+        "  'rp': int(defs.get_job_def('rollpacker_job').tags['dagster/max_runtime']),\n"
+        "  'auto': int(sensors.AUTOMATION_RUN_TAGS['dagster/max_runtime'])}))\n")
+    env = {**os.environ, "CRUCIBLE_PROFILE": "prod", "CRUCIBLE_PROD_CONFIG": str(tmp_path / "prod.yaml"),
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["launch"] == 400_000.0 and got["rp_launch"] == 400_000.0 and got["rp_step"] == 3600.0
+    assert got["base"] == 3 * 400_000 + 90 + 259_200 + 900                       # not 3 * 172_800 + ...
+    # rollpacker_job: rl_policy at the prod default (172,800 s) and rollpacker_run at the YAML's 400,000 s
+    assert got["rp"] == (3 * 172_800 + 90) + (3 * 400_000 + 90) + 259_200 + 900
+    assert got["auto"] == 259_200 + 900                                          # automation runs: no launch
