@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rl-steps", type=int, default=3, help="RL steps per method (rollpacker)")
     ap.add_argument("--gba-workers", default="8,16", help="W values of the GBA throughput section")
     ap.add_argument("--rollarc-problems", default="", help="rollarc section: a problems file for "
-                    "ops.rl.rollarc.driver.run_benchmark (empty: the section records that it was skipped)")
+                    "benchmarks/rollarc_bench.py run_benchmark (empty: the section records that it was skipped)")
     ap.add_argument("--allow-cpu", action="store_true", help="run the sections without a CUDA device (labelled cpu)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (sections, budgets, commands); run nothing")
     ap.add_argument("--no-device-note", default="", help="recorded with the reason when no CUDA device is found "

@@ -16,7 +16,7 @@ Sections of the JSON (default benchmarks/results/rollarc.json):
   times do not depend on it.
 * ``routing_ablation``: ``sim.rollarc.routing_ablation`` (discrete-event, affinity vs uniform
   routing + the same-hardware control) over seeds, at its default size and at the sweep's size.
-* ``real``: ``real_section`` — the Ray roles on real engines via ``ops.rl.rollarc.driver.run_benchmark``,
+* ``real``: ``real_section`` — the Ray roles on real engines via ``run_benchmark`` (``ops.rl.rollarc.driver.run``),
   only with ``--real``; otherwise (or when it is not importable) ``{"skipped": ...}``.
 """
 
@@ -30,6 +30,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -154,19 +155,46 @@ def routing_section(args, seeds: list[int]) -> dict:
     return out
 
 
+BENCHMARK_ARC = {"steps": 4, "groups_per_step": 2, "group_size": 3, "max_turns": 3}
+"""The real-engine benchmark's workload (``run_benchmark``): larger than the embedded default's
+ArcConfig; redundancy and async ratio are ArcConfig's."""
+
+
+def run_benchmark(problems_path: str, tokenizer_dir: str, model_dir: str | None, kinds=("low", "medium", "heavy"),
+                  arc: dict | None = None, roles: dict | None = None, seed: int = 0) -> dict:
+    """The real-engine benchmark: for each env latency kind, the baseline and RollArc on the same
+    tasks and steps (``ops.rl.rollarc.driver.run``, placement split: one Ray start per kind). Returns {"settings", kind: {summary rows per method,
+    per-pool utilisation, speedups}} (no per-trajectory rows)."""
+    from ops.launch import _LocalPipes
+    from ops.rl.rollarc.driver import RunSpec, run
+    from ops.rl.rollarc.report import summary_rows, utilisation_rows
+
+    arc = {**BENCHMARK_ARC, **(arc or {})}
+    roles = {"env_latency_mean_s": 0.5, **(roles or {})}
+    out: dict = {"settings": {"arc": asdict(ArcConfig(**arc)), "roles": roles, "policy": model_dir or "tiny random Llama",
+                              "seed": seed}}
+    for kind in kinds:
+        spec = RunSpec(problems_path=problems_path, tokenizer_dir=tokenizer_dir, model_dir=model_dir, seed=seed,
+                       arc=dict(arc), roles={**roles, "env_latency": kind}).validate()
+        r = run(spec, _LocalPipes(0))
+        out[kind] = {"summary": summary_rows(r), "utilisation": utilisation_rows(r), "speedup_e2e": r.get("speedup_e2e"),
+                     "speedup_trajectories_per_s": r.get("speedup_trajectories_per_s"), "ray_init_s": r["ray_init_s"]}
+    return out
+
+
 def real_section(args) -> dict:
-    """The real run (Ray roles, real engines) through ``ops.rl.rollarc.driver.run_benchmark``, only
+    """The real run (Ray roles, real engines) through ``run_benchmark``, only
     with ``--real`` (and ``--real-problems`` / ``--real-tokenizer``; ``--real-model`` optional), on
     the first seed. Returns its dict, or {"skipped": why} / {"error": ...}: a failure there never
     loses the simulated sections."""
     if not args.real:
-        return {"skipped": "not requested (pass --real to run ops.rl.rollarc.driver.run_benchmark)"}
+        return {"skipped": "not requested (pass --real to run run_benchmark)"}
     if not (args.real_problems and args.real_tokenizer):
         return {"skipped": "--real needs --real-problems and --real-tokenizer"}
     try:
-        from ops.rl.rollarc.driver import run_benchmark
+        import ops.rl.rollarc.driver  # noqa: F401
     except Exception as e:                      # noqa: BLE001 - recorded, the rest of the benchmark stands
-        return {"skipped": f"ops.rl.rollarc.driver.run_benchmark is not importable: {type(e).__name__}: {e}"}
+        return {"skipped": f"ops.rl.rollarc.driver is not importable: {type(e).__name__}: {e}"}
     try:
         return run_benchmark(problems_path=args.real_problems, tokenizer_dir=args.real_tokenizer,
                              model_dir=args.real_model, kinds=KINDS, seed=int(args.seeds.split(",")[0]))
@@ -178,7 +206,7 @@ def main(argv=None) -> int:
     ap = bench_parser(__doc__, "rollarc.json", quick="a small smoke run (tests)")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated workload seeds")
     ap.add_argument("--routing-seeds", default="0,1,2,3,4,5,6,7")
-    ap.add_argument("--real", action="store_true", help="also run ops.rl.rollarc.driver.run_benchmark")
+    ap.add_argument("--real", action="store_true", help="also run run_benchmark (the driver on real engines)")
     ap.add_argument("--real-problems", default=None, help="--real: problems file for the driver")
     ap.add_argument("--real-tokenizer", default=None, help="--real: tokenizer dir")
     ap.add_argument("--real-model", default=None, help="--real: model dir (optional)")
