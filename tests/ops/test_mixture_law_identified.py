@@ -268,7 +268,7 @@ TRUE_L3_D0 = dict(TRUE_L3, B=15.0, D0=2e4)
 def test_offset_d_term_has_the_analytic_gradient():
     from scipy.optimize import check_grad
 
-    from ops.mixture.law.fit import _Problem
+    from ops.mixture.law.problem import _Problem
     from ops.mixture.law.forms import _load
 
     data = _load(points("L3_d0", TRUE_L3_D0, noise=0.002, seed=3), "loss_domain")

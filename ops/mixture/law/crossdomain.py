@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from .fit import _one_blas_thread, _Problem
+from .problem import _one_blas_thread, _Problem
 from .forms import (
     FORMS,
     HUBER_DELTA,

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .fit import LawFit, _fit_data, _one_blas_thread, _Problem
+from .fit import LawFit, _fit_data
+from .problem import _one_blas_thread, _Problem
 from .forms import (
     FORMS,
     HUBER_DELTA,
