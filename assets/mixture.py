@@ -615,38 +615,6 @@ class FitFloorConfig(fields_of(FitFloorParams)):
     """The Launchpad face of ops.mixture.law.config.FitFloorParams (meaning and range there)."""
 
 
-@dg.asset_check(asset="dcpt_law_fit", blocking=False, description="Held-out R^2 of the chosen law form against the "
-                "floor derived from the probes' seed noise (1 - noise_multiple x (1 - ceiling)) on every axis of both "
-                "losses: whether the law predicts unseen probes as well as the noise allows. A warning, not a block: "
-                "the plan itself is judged by training at it (mixture_plan_holds).")
-def dcpt_fit_within_noise(config: FitFloorConfig, lake: LakeResource) -> dg.AssetCheckResult:
-    """Fails (severity WARN) when an axis's held-out R^2 is below its noise-derived floor, or when no
-    axis has a noise ceiling (the probe grid has no repeated seeds, so the noise is unknown).
-    Metadata: per axis R^2, ceiling, floor and the held-out MSE in units of the noise variance
-    ((1 - R^2) / (1 - ceiling)). Source: docs/mixture.md, "Noise ceiling"."""
-    from ops.mixture.law.noise import r2_floor
-
-    config = FitFloorParams(**config.model_dump())  # range checked once, here
-    doc = json.loads((lake.base / "dcpt_law_fit" / "fit.json").read_text())
-    rows, failed = [], []
-    for target, g in doc["generalisation"].items():
-        for axis in ("unseen_N", "unseen_D", "unseen_r"):
-            r2, ceiling = g[axis].get("r2"), g[axis].get("r2_ceiling")
-            floor = r2_floor(ceiling, config.noise_multiple)
-            known = floor is not None and r2 is not None and r2 == r2
-            ok = known and r2 >= floor
-            rows.append({"target": target, "axis": axis, "r2": r2, "r2_ceiling": ceiling, "floor": floor, "passed": ok,
-                         "mse_over_noise": (1 - r2) / (1 - ceiling) if known and ceiling < 1 else None})
-            if not ok:
-                failed.append(f"{target}/{axis} (R^2 {r2:.3f} < floor {floor:.3f}; ceiling {ceiling:.4f})" if known
-                              else f"{target}/{axis} (no noise ceiling: no repeated probe seeds)")
-    return dg.AssetCheckResult(
-        passed=not failed, severity=dg.AssetCheckSeverity.WARN,
-        description=("held-out error above the seed-noise floor on: " + ", ".join(failed)) if failed else None,
-        metadata={"noise_multiple": config.noise_multiple, "failed_axes": ", ".join(failed) or "none",
-                  "axes": md_table(pl.DataFrame(rows, infer_schema_length=None))})
-
-
 @dg.asset_check(asset="dcpt_law_fit", blocking=True, description="Held-out R^2 of the chosen law form above a "
                 "floor on every axis (unseen N, unseen D, unseen r) for both the general and the domain loss.")
 def dcpt_fit_heldout_r2(config: FitFloorConfig, lake: LakeResource) -> dg.AssetCheckResult:

@@ -69,9 +69,9 @@ def test_definitions_validate_and_keep_the_asset_graph_contract():
     checks = {c.name for c in graph.asset_check_keys}
     assert checks == {"no_benchmark_overlap", "one_survivor_per_cluster", "annotated_required_fields",
                       "distilled_required_fields", "sft_strata_match_plan", "dcpt_fit_heldout_r2", "sft_checkpoint_learned",
-                      "mixture_plan_holds", "dcpt_fit_within_noise"}
-    for key in graph.asset_check_keys:  # every check blocks but the one that only warns
-        assert graph.get_check_spec(key).blocking is (key.name != "dcpt_fit_within_noise")
+                      "mixture_plan_holds"}
+    for key in graph.asset_check_keys:  # every check blocks
+        assert graph.get_check_spec(key).blocking
 
 
 def test_partitions_are_builtin_sources_then_user_sources():

@@ -148,12 +148,10 @@ def test_noise_ceiling_of_repeated_runs_equals_the_analytic_value():
     assert ceiling == pytest.approx(1 - k * per_config.sum() / np.sum((y - y.mean()) ** 2), rel=1e-12)
 
 
-def test_a_single_seed_gives_no_noise_estimate_and_the_fixed_floor():
+def test_a_single_seed_gives_no_noise_estimate():
     one = points("L3", TRUE_L3, noise=0.01)
     assert law.seed_noise(one, "domain") is None and law.noise_ceiling(one, "domain") is None
     assert law.noise_ceiling({**one, "seed": np.zeros(len(one["tokens"]), int)}, "domain") is None
-    floor = law.FitFloorParams()
-    assert floor.floor(None) == floor.min_heldout_r2 and floor.floor(float("nan")) == floor.min_heldout_r2
     assert law.r2_floor(None) is None
     g = law.generalisation(one, "domain", "chinchilla", n_grid=2, n_starts=1)
     assert g["noise"] is None and g["unseen_D"]["r2_ceiling"] is None
@@ -163,13 +161,10 @@ def test_floor_derives_from_the_ceiling_and_rejects_bad_input():
     assert law.r2_floor(0.95) == pytest.approx(0.9)  # held-out MSE <= 2x the noise variance
     assert law.r2_floor(0.95, noise_multiple=1.0) == pytest.approx(0.95)
     assert law.r2_floor(0.4) == pytest.approx(-0.2)  # noise-dominated axis: a lenient floor
-    assert law.FitFloorParams(noise_multiple=3.0).floor(0.9) == pytest.approx(0.7)
     with pytest.raises(ValueError, match="noise_multiple must be a finite number >= 1"):
         law.r2_floor(0.9, noise_multiple=0.5)
     with pytest.raises(ValueError, match=r"ceiling must be an R\^2 <= 1"):
         law.r2_floor(1.5)
-    with pytest.raises(ValueError, match="noise_multiple must be >= 1, got 0.5"):
-        law.FitFloorParams(noise_multiple=0.5)
     dup = points("L3", TRUE_L3, n_seeds=2)
     dup["seed"] = dup["seed"].copy()
     dup["seed"][len(dup["tokens"]) // 2] = 0  # the first configuration's second run reuses seed 0
