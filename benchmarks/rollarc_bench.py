@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
 
-from ops.rl.rollarc.core import ArcConfig, run_monolithic, run_rollarc  # noqa: E402
+from ops.rl.rollarc.core import ArcConfig, run_rollarc  # noqa: E402
+from ops.rl.rollarc.monolithic import run_monolithic  # noqa: E402
 from ops.rl.rollarc.types import Task  # noqa: E402
 from sim.rollarc import routing_ablation  # noqa: E402
 from sim.rollarc_roles import SimConfig, SimRoles  # noqa: E402

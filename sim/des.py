@@ -956,7 +956,7 @@ def _task(seed: int, n: int) -> str:
 
 
 def _run_lockstep(cfg: RollArcConfig, seed: int, cost: Roofline, episodes: Optional[dict] = None) -> dict:
-    """The monolithic baseline (``ops.rl.rollarc.core.run_monolithic``): per step, G x R trajectories
+    """The monolithic baseline (``ops.rl.rollarc.monolithic.run_monolithic``): per step, G x R trajectories
     advance turn by turn together (one batched LLM call per turn, then every env step, waiting for
     the slowest), rewards after the batch, training on every GPU, then the weight sync."""
     sim = _ArcSim(cfg, seed, cfg.gpus, cost, episodes)

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from ops.rl.rollarc.core import ArcConfig, GroupBuffer, RollArcError, grpo_samples, run_monolithic, run_rollarc
+from ops.rl.rollarc.core import ArcConfig, GroupBuffer, RollArcError, run_rollarc
+from ops.rl.rollarc.monolithic import run_monolithic
+from ops.rl.rollarc.samples import grpo_samples
 from ops.rl.rollarc.types import Group, Segment, StepResult, Task, Trajectory
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ops.rl.grpo import GRPOConfig, grpo_loss_terms, token_logprobs
-from ops.rl.rollarc.core import grpo_samples
+from ops.rl.rollarc.samples import grpo_samples
 from ops.rl.rollarc.types import Group, Segment, Task, Trajectory
 
 TURNS = (1, 3, 2, 1)

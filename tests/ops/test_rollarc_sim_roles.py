@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.rl.rollarc.core import ArcConfig, run_monolithic, run_rollarc
+from ops.rl.rollarc.core import ArcConfig, run_rollarc
+from ops.rl.rollarc.monolithic import run_monolithic
 from ops.rl.rollarc.router import PoolProfile
 from ops.rl.rollarc.types import Task
 from sim.rollarc_roles import SimConfig, SimRoles

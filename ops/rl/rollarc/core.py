@@ -21,10 +21,11 @@ It owns only the algorithm:
   engine; ``publish`` returns only once all engines hold the new version (a partial sync never
   publishes; ``ops.rl.weights``). Every segment records the version of the engine that served it.
 
-The baseline (``run_monolithic``) is the synchronous agentic step on the same roles: every
-trajectory of the batch advances turn by turn in lock step (one batched LLM call per turn), the
-batch waits for its slowest environment, rewards are computed after the whole batch, then one
-optimizer step — nothing overlaps.
+The baseline (``run_monolithic``, in ``ops.rl.rollarc.monolithic``) is the synchronous agentic step
+on the same roles: every trajectory of the batch advances turn by turn in lock step (one batched LLM
+call per turn), the batch waits for its slowest environment, rewards are computed after the whole
+batch, then one optimizer step — nothing overlaps. The trainer's GRPO samples of a step's groups
+(``grpo_samples``) are built in ``ops.rl.rollarc.samples``. Both stay importable from here.
 
 Resume (both schedulers): ``start_step=k`` with ``result`` (the ``RunResult`` of steps 0..k-1, e.g.
 ``RunResult.from_dict`` of a checkpoint) continues a run whose roles already hold policy version k;
@@ -35,12 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
-from typing import Awaitable, Callable, Iterator, Optional, Protocol, Sequence
+from typing import Awaitable, Callable, Iterator, Optional, Protocol
 
 from .types import Group, Segment, StepResult, Task, Trajectory
 
@@ -520,169 +520,15 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
     return res
 
 
-async def _lockstep_rollout(roles: Roles, cfg: ArcConfig, batch: list[tuple[Task, str, int]], step: int) -> list[Trajectory]:
-    """The baseline's rollout: every trajectory of the batch advances one turn at a time together."""
-    trajs = [Trajectory(group_id=gid, index=i, task=task, created_step=step) for task, gid, i in batch]
-    keys = [f"{t.group_id}/{t.index}" for t in trajs]
-    msgs: list[list] = [[] for _ in trajs]
-    active = []
+def __getattr__(name: str):
+    """``run_monolithic`` and ``grpo_samples`` from their modules (kept importable from ``core``;
+    resolved lazily: those modules import this one)."""
+    if name == "run_monolithic":
+        from .monolithic import run_monolithic
 
-    async def reset(k):
-        try:
-            obs = await _bounded(roles.env_reset(keys[k], trajs[k].task), cfg.turn_timeout_s)
-            msgs[k] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": obs}]
-            trajs[k].status = "truncated"
-            return k
-        except asyncio.TimeoutError:
-            trajs[k].status, trajs[k].error = "timeout", "env reset past turn_timeout_s"
-        except Exception as e:
-            trajs[k].status, trajs[k].error = "env_error", f"{type(e).__name__}: {e}"[:500]
-        return None
+        return run_monolithic
+    if name == "grpo_samples":
+        from .samples import grpo_samples
 
-    active = [k for k in await asyncio.gather(*(reset(k) for k in range(len(trajs)))) if k is not None]
-    t_start = time.monotonic()
-    for turn in range(cfg.max_turns):
-        if not active:
-            break
-        tl = time.monotonic()
-        try:
-            segs = await _bounded(roles.llm_batch([(msgs[k], keys[k], turn) for k in active]),
-                                  cfg.turn_timeout_s * max(1, len(active)))
-        except asyncio.TimeoutError:
-            for k in active:
-                trajs[k].status, trajs[k].error = "timeout", f"batched LLM call past its limit at turn {turn}"
-            break
-        llm_s = time.monotonic() - tl
-        for k, seg in zip(active, segs):
-            trajs[k].segments.append(seg)
-            trajs[k].turns = turn + 1
-            trajs[k].llm_s += llm_s
-
-        async def step_one(k, seg):
-            te = time.monotonic()
-            try:
-                r = await _bounded(roles.env_step(keys[k], seg.text), cfg.turn_timeout_s)
-                return k, r, None, time.monotonic() - te
-            except asyncio.TimeoutError:
-                return k, None, "timeout", time.monotonic() - te
-            except Exception as e:
-                return k, None, f"{type(e).__name__}: {e}"[:500], time.monotonic() - te
-
-        out = await asyncio.gather(*(step_one(k, s) for k, s in zip(active, segs)))   # waits for the slowest
-        env_s = max(o[3] for o in out)
-        nxt = []
-        for k, r, err, _ in out:
-            trajs[k].env_s += env_s
-            if err == "timeout":
-                trajs[k].status, trajs[k].error = "timeout", f"env step past turn_timeout_s at turn {turn}"
-            elif err is not None:
-                trajs[k].status, trajs[k].error = "env_error", err
-            else:
-                trajs[k].submission = r.info
-                if r.done:
-                    trajs[k].status = "ok"
-                else:
-                    msgs[k] = msgs[k] + [{"role": "assistant", "content": segs[active.index(k)].text},
-                                         {"role": "user", "content": r.observation}]
-                    nxt.append(k)
-        active = nxt
-        if time.monotonic() - t_start > cfg.episode_timeout_s:
-            for k in active:
-                trajs[k].status, trajs[k].error = "timeout", "episode_timeout_s"
-            break
-
-    async def score(t: Trajectory):
-        if t.status not in ("ok", "truncated"):
-            t.reward, t.reward_status = None, t.status
-            return
-        tr = time.monotonic()
-        try:
-            t.reward, t.reward_status = await _bounded(roles.reward(t), cfg.reward_timeout_s)
-        except asyncio.TimeoutError:
-            t.reward, t.reward_status = None, "timeout"
-        t.reward_s = time.monotonic() - tr
-
-    await asyncio.gather(*(score(t) for t in trajs))                     # rewards after the whole batch
-    await asyncio.gather(*(asyncio.wait_for(roles.env_close(k), 5.0) for k in keys), return_exceptions=True)
-    return trajs
-
-
-async def run_monolithic(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
-                         on_step: Optional[Callable[[dict], Optional[Awaitable]]] = None, start_step: int = 0,
-                         result: Optional[RunResult] = None) -> RunResult:
-    """The synchronous baseline: per step, G tasks x R trajectories in lock step, rewards after the
-    batch, one optimizer step, publish; no redundancy, staleness always 0. ``on_step``,
-    ``start_step`` and ``result`` as in ``run_rollarc`` (nothing is in flight between steps, so a
-    resume loses no work). Raises RollArcError (tasks ran out, too many failed rewards, a call past
-    ``train_timeout_s``), ValueError (``start_step`` not matching ``result``)."""
-    res = _continued(result, "monolithic", cfg, start_step)
-    wall0 = res.wall_s
-    t0 = time.monotonic()
-    for step in range(start_step, cfg.steps):
-        tw = time.monotonic()
-        batch_tasks = list(itertools.islice(tasks, cfg.groups_per_step))
-        if len(batch_tasks) < cfg.groups_per_step:
-            raise RollArcError(f"rollarc: the tasks ran out at step {step} (need {cfg.groups_per_step} per step)")
-        res.tasks_consumed += len(batch_tasks)
-        gids = [f"s{step}-g{step * cfg.groups_per_step + j}-{t.uid}" for j, t in enumerate(batch_tasks)]
-        batch = [(t, gid, i) for t, gid in zip(batch_tasks, gids) for i in range(cfg.group_size)]
-        trajs = await _lockstep_rollout(roles, cfg, batch, step)
-        groups = [Group(group_id=gid, task=t, created_step=step,
-                        trajectories=[x for x in trajs if x.group_id == gid], finished_at=time.monotonic())
-                  for t, gid in zip(batch_tasks, gids)]
-        wait_s = time.monotonic() - tw
-        _check_failed(step, groups, cfg)
-        tt = time.monotonic()
-        metrics = await _train_and_publish(roles, groups, step, cfg)
-        train_s = time.monotonic() - tt
-        res.generated_trajectories += len(trajs)
-        res.trained_trajectories += len(trajs)
-        res.trajectories += [traj_summary(t) for t in trajs]
-        res.staleness_hist[0] = res.staleness_hist.get(0, 0) + len(groups)
-        row = _step_row(step, groups, metrics, wait_s, train_s)
-        res.steps.append(row)
-        res.wall_s = wall0 + time.monotonic() - t0
-        await _after_step(on_step, row, cfg.train_timeout_s)
-    res.wall_s = wall0 + time.monotonic() - t0
-    res.statuses = dict(Counter(t["status"] for t in res.trajectories))
-    return res
-
-
-def grpo_samples(groups: Sequence[Group], cfg=None) -> tuple[list, dict]:
-    """GRPO training samples of trajectories, one trajectory = one row of its group's loss.
-
-    Each segment (LLM turn) is one sample with the trajectory's group-normalised advantage and its
-    engine log-probabilities as the old policy (off-policy ratio for stale segments); environment
-    tokens are context only (never trained). The samples of one trajectory carry its response
-    tokens over all turns as ``row_tokens`` and their share of it as ``row_share``, so under
-    ``seq-mean-token-mean`` the trajectory's loss is one token mean over all its turns with one
-    denominator, and it weighs the same whatever its number of turns (TRL's and veRL's GRPO with a
-    trajectory as one row and environment tokens masked; case ``rollarc-turn-weighting``). Before,
-    each turn was its own row: a 3-turn trajectory got 3x the weight of a 1-turn one.
-
-    Args:
-        groups: the step's groups. cfg: the trainer's ``ops.rl.grpo.GRPOConfig`` (its ``scale``,
-            ``std_floor`` and ``eps`` set the advantages); None = the defaults.
-    Returns: (list of ``ops.rl.rollpacker.stream.TrainSample``, stats: zero_signal_groups,
-        invalid_trajectories, segments).
-    """
-    from ops.rl.grpo import GRPOConfig, group_advantages
-    from ops.rl.rollpacker.stream import TrainSample
-
-    cfg = cfg if cfg is not None else GRPOConfig()
-    if not isinstance(cfg, GRPOConfig):
-        raise TypeError(f"grpo_samples.cfg must be an ops.rl.grpo.GRPOConfig, got {cfg!r}")
-    out, zero, invalid = [], 0, 0
-    for g in groups:
-        rewards = [t.reward for t in g.trajectories]
-        lengths = [t.response_tokens for t in g.trajectories]
-        adv, valid, z = group_advantages(rewards, lengths, cfg)
-        zero += z
-        invalid += sum(not v for v in valid)
-        for t, a, v in zip(g.trajectories, adv, valid):
-            n = t.response_tokens
-            for s in t.segments:
-                out.append(TrainSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids, advantage=a,
-                                       valid=v and len(s.response_ids) > 0, old_logprobs=s.logprobs,
-                                       row_tokens=n, row_share=len(s.response_ids) / n if n else 0.0))
-    return out, {"zero_signal_groups": zero / max(1, len(groups)), "invalid_trajectories": invalid, "segments": len(out)}
+        return grpo_samples
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

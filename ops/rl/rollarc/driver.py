@@ -209,7 +209,8 @@ def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes, state: Optio
     ``eval_s`` (mid-run evaluation seconds taken out of ``wall_s``). Raises RollArcError (see ``core``), RuntimeError when the
     saved trainer's version does not match the saved steps, FileNotFoundError naming a missing
     trainer file."""
-    from .core import RunResult, run_monolithic, run_rollarc
+    from .core import RunResult, run_rollarc
+    from .monolithic import run_monolithic
     from .ray_roles import LocalRoles, RayRoles
 
     cfg, rs = spec.method_config(method), spec.role_spec

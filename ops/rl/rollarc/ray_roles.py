@@ -444,7 +444,7 @@ class RayRoles:
         return r.score, r.status
 
     async def train(self, groups: list, step: int) -> dict:
-        from .core import grpo_samples
+        from .samples import grpo_samples
 
         samples, st = grpo_samples(groups, self.spec.grpo_config())
         self.train_clock.enter()
@@ -639,7 +639,7 @@ class LocalRoles:
         return r.score, r.status
 
     async def train(self, groups: list, step: int) -> dict:
-        from .core import grpo_samples
+        from .samples import grpo_samples
 
         samples, st = grpo_samples(groups, self.spec.grpo_config())
 

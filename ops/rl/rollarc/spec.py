@@ -21,7 +21,7 @@ from .core import ArcConfig
 from .ray_roles import REWARD_AUTOSCALING, RoleSpec
 
 METHODS = ("monolithic", "rollarc", "async0", "rollarc_a1", "rollarc_a2")
-"""The methods a run may hold: ``monolithic`` (the synchronous lock-step baseline, ``core.run_monolithic``)
+"""The methods a run may hold: ``monolithic`` (the synchronous lock-step baseline, ``monolithic.run_monolithic``)
 and the trajectory-level asynchronous scheduler (``core.run_rollarc``) at the spec's ``async_ratio``
 (``rollarc``) or at a fixed one: ``async0`` (async_ratio 0: trajectory-level asynchrony and
 redundancy, no off-policy data), ``rollarc_a1``, ``rollarc_a2``. Redundancy is the spec's for all
