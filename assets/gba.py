@@ -102,7 +102,7 @@ def gba_run(context: dg.AssetExecutionContext, config: GBARunConfig, lake: LakeR
     events = lake.table_path("ctr_events")      # object-store root: a local copy under work_dir
     # the encoded-data cache lives outside the lake (the shared cache, $CRUCIBLE_CACHE): a worker writes
     # only its run folder and that cache, never a lake file (issue 42 item 8)
-    from ops.curation.decontam import default_cache_dir
+    from ops.cache import default_cache_dir
 
     spec = config.spec(mode, compute.num_processes, str(events), str(default_cache_dir() / "gba-ctr"))
     fp = fingerprint(spec)
