@@ -163,6 +163,7 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
     import dagster as dg
 
     from pipelines.definitions import defs
+    from pipelines.profiles import sources_file
     from resources.lake import default_root
     from resources.sources import source_partition_keys
 
@@ -176,8 +177,8 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
 
         # raw_problems' partitions are dynamic (assets/sources.py): no sensor runs here, so add the
         # declared sources (and drop undeclared ones) before materializing each of them
-        sync_source_partitions(instance, source_partition_keys())
-        for key in source_partition_keys():
+        sync_source_partitions(instance, source_partition_keys(sources_file()))
+        for key in source_partition_keys(sources_file()):
             if not _run(job("sources_job"), instance, f"raw_problems[{key}]", loggers, partition_key=key,
                         run_config={"ops": {"raw_problems": {"config": raw_cfg}}}):
                 return 1
@@ -264,9 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=2, default=str) if args.json else format_report(rows))
         return 0
     if args.cmd == "sources":
+        from pipelines.profiles import sources_file
         from resources.sources import source_partition_keys
 
-        print("\n".join(source_partition_keys()))
+        print("\n".join(source_partition_keys(sources_file())))
         return 0
     return 2
 

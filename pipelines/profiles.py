@@ -252,6 +252,16 @@ def load_prod_config(path: Optional[str] = None) -> ProdConfig:
     return cfg
 
 
+def sources_file() -> str:
+    """The user sources file of the active profile: ``$CRUCIBLE_SOURCES``; else, under the prod profile, the
+    prod config's ``sources_file`` (so the partitions the code location creates are the ones the prod
+    ``SourcesResource`` reads); else "". Raises ProfileError on a bad prod config."""
+    env = os.environ.get("CRUCIBLE_SOURCES", "")
+    if env or profile_name() != "prod":
+        return env
+    return load_prod_config().sources_file
+
+
 def prod_resources(cfg: ProdConfig) -> dict[str, dg.ConfigurableResource]:
     """The resources of the production profile (same keys as the default profile)."""
     from resources.lake import LakeResource

@@ -70,15 +70,11 @@ def parse_sources_file(path: str | os.PathLike | None) -> tuple[dict[str, UserSo
 
 
 def configured_sources_file() -> str:
-    """The user sources file: ``$CRUCIBLE_SOURCES``; else, under the prod profile, the prod config's
-    ``sources_file`` (so the partitions the code location creates at load time are the ones the
-    prod ``SourcesResource`` reads); else none. Raises ProfileError on a bad prod config."""
-    env = os.environ.get("CRUCIBLE_SOURCES", "")
-    if env or os.environ.get("CRUCIBLE_PROFILE", "").strip() != "prod":
-        return env
-    from pipelines.profiles import load_prod_config
-
-    return load_prod_config().sources_file
+    """The user sources file named by ``$CRUCIBLE_SOURCES`` ("" when unset). The prod profile's own
+    ``sources_file`` is not read here (resources never import pipelines, docs/architecture.md): the profile
+    passes it in, as ``SourcesResource(config_file=...)`` and as the path given to
+    :func:`source_partition_keys` (``pipelines.profiles.sources_file``)."""
+    return os.environ.get("CRUCIBLE_SOURCES", "")
 
 
 def source_partition_keys(path: str | None = None) -> list[str]:
@@ -155,8 +151,8 @@ class SourcesResource(dg.ConfigurableResource):
     """Where user sources are declared."""
 
     config_file: str = ""
-    """The sources YAML file; empty = ``$CRUCIBLE_SOURCES``, else (under the prod profile) the prod config's
-    ``sources_file``."""
+    """The sources YAML file; empty = ``$CRUCIBLE_SOURCES`` (the prod profile sets it to the prod config's
+    ``sources_file``)."""
 
     def user_sources(self) -> dict[str, UserSource]:
         """Valid user sources by name (see :meth:`source_error` for the others)."""
