@@ -1,7 +1,8 @@
 """RecIS-style sparse-dense training engine on plain torch (arXiv 2509.20883): dynamic embedding
-tables with admission/eviction (table.py), sparse optimizers with per-row state (optim.py), table
-coalescing (collection.py), sharding by ID over torch.distributed (shard.py), live-row safetensors
-checkpoints that load at any world size (checkpoint.py), DeepFM (deepfm.py) and its CTR training loop (train.py).
+tables (table.py) with admission/eviction policies (admission.py), ID validation and per-ID row
+initialisation (ids.py), sparse optimizers with per-row state (optim.py), table coalescing
+(collection.py), sharding by ID over torch.distributed (shard.py), live-row safetensors checkpoints
+that load at any world size (checkpoint.py), DeepFM (deepfm.py) and its CTR training loop (train.py).
 
 CPU path: torch only. torchrec/fbgemm are never imported here (they are an optional GPU extra).
 """
@@ -13,8 +14,8 @@ import importlib
 _EXPORTS = {
     "EmbeddingCollection": "collection", "FeatureSpec": "collection",
     "SparseAdagrad": "optim", "SparseAdam": "optim", "SparseAdamW": "optim",
-    "AdmitAfter": "table", "AdmitAll": "table", "DynamicTable": "table", "EvictUnseen": "table",
-    "ReadOnly": "table", "SparseInputError": "table",
+    "AdmitAfter": "admission", "AdmitAll": "admission", "DynamicTable": "table", "EvictUnseen": "admission",
+    "ReadOnly": "admission", "SparseInputError": "ids",
 }
 
 

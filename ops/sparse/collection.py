@@ -34,7 +34,9 @@ import torch
 from .data import ID_BITS
 from .optim import SparseAdagrad
 from .idmap import MIN_KEY
-from .table import INITS, AdmitAll, DynamicTable, EvictUnseen, SparseInputError, check_ids
+from .admission import AdmitAll, EvictUnseen
+from .ids import INITS, SparseInputError, check_ids
+from .table import DynamicTable
 
 MAX_SLOTS = 1 << (63 - ID_BITS)
 POOLINGS = ("sum", "mean", "sqrtn")
@@ -51,14 +53,14 @@ class FeatureSpec:
     optimizer: object = field(default_factory=SparseAdagrad)
     """Sparse optimizer of its rows: SparseAdagrad | SparseAdam (``ops.sparse.optim``)."""
     admission: object = field(default_factory=AdmitAll)
-    """When an unseen ID gets a row: AdmitAll | AdmitAfter(k) | ReadOnly (``ops.sparse.table``)."""
+    """When an unseen ID gets a row: AdmitAll | AdmitAfter(k) | ReadOnly (``ops.sparse.admission``)."""
     eviction: EvictUnseen | None = None
     """None = never evict; EvictUnseen(n_steps): free the rows of IDs unseen for more than n_steps steps."""
     init_scale: float = 0.01
     """Half-width (uniform) or standard deviation (normal, truncated_normal) of the initial rows."""
     init: str = "uniform"
     """Row initialiser: "uniform" (default) | "zeros" (RecIS's default) | "normal" | "truncated_normal"
-    (at +-2 std); a function of (seed, ID) only (``ops.sparse.table.init_rows``)."""
+    (at +-2 std); a function of (seed, ID) only (``ops.sparse.ids.init_rows``)."""
     coalesce: bool = True
     """False: never share a table (keeps the full int64 ID range; a coalesced feature's IDs must be < 2**52)."""
     pooling: str = "sum"

@@ -8,157 +8,34 @@ bookkeeping (ID, last-seen step, insertion order) is numpy arrays indexed by row
 admission, last-seen update and eviction are a few array operations, not one Python dict access per
 ID. Gather and scatter copy whole rows block by block after one sort of the row indices.
 
-Row initialisation is a function of (seed, ID) only (a SplitMix64 counter hash), so a row's initial
-value does not depend on insertion order, process, or shard.
+Admission and eviction policies and the pending sighting counters are in ``ops.sparse.admission``; ID
+validation and row initialisation (a function of (seed, ID) only) in ``ops.sparse.ids``. Both are importable
+from here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from operator import index
 
 import numpy as np
 import torch
 
-from .data import ID_BITS
-from .idmap import MIN_KEY, IdMap, splitmix64
+from .admission import AdmitAfter, AdmitAll, EvictUnseen, PendingCounts, ReadOnly
+from .idmap import MIN_KEY, IdMap
+from .ids import INITS, SparseInputError, _int64s, check_ids, init_rows
+
+__all__ = ["FREE", "INITS", "AdmitAfter", "AdmitAll", "DynamicTable", "EvictUnseen", "PendingCounts", "ReadOnly",
+           "SparseInputError", "check_ids", "init_rows"]
 
 FREE = -(1 << 63)
 """``id_by_row`` of a row that holds no ID (an int64 no ID can take: ``ops.sparse.idmap.EMPTY``)."""
-
-
-class SparseInputError(ValueError):
-    """Bad IDs or batches given to the sparse engine; the message names the feature."""
-
-
-@dataclass(frozen=True)
-class AdmitAll:
-    """Every ID seen in training gets a row."""
-
-    def admit(self, count: int) -> bool:
-        return True
-
-
-@dataclass(frozen=True)
-class AdmitAfter:
-    """An ID gets a row on its k-th sighting in training (k >= 1); before that it reads zeros.
-
-    Every occurrence counts: an ID in 3 samples of one batch (or 3 times in one multi-hot bag) has
-    3 sightings after that batch (``EmbeddingCollection`` passes the batch's occurrence counts to
-    ``DynamicTable.rows_for``). The counters of IDs not yet admitted are kept in
-    ``DynamicTable.pending`` and expire under the table's ``EvictUnseen(n)`` like rows do: an ID not
-    sighted for more than n steps starts again from zero. Without an eviction policy they are kept
-    until admission."""
-
-    k: int = 2
-    """The sighting in training on which an unseen ID gets a row (>= 1; 1 = admit at once)."""
-
-    def __post_init__(self):
-        if self.k < 1:
-            raise ValueError(f"AdmitAfter.k must be >= 1, got {self.k}")
-
-    def admit(self, count):
-        """Whether ``count`` sightings (an int, or an int64 array [n]: then a bool array [n]) admit."""
-        return count >= self.k
-
-
-@dataclass(frozen=True)
-class ReadOnly:
-    """No ID is ever admitted: unseen IDs read zeros (a frozen table; serving). Its sightings are not
-    counted (``DynamicTable.pending`` stays empty: counters nothing can use would grow without bound)."""
-
-    def admit(self, count: int) -> bool:
-        return False
-
-
-@dataclass(frozen=True)
-class EvictUnseen:
-    """Evict an ID not looked up in training for more than ``n_steps`` optimizer steps."""
-
-    n_steps: int = 1000
-    """Evict an ID not looked up in training for more than this many optimizer steps (``end_step`` calls)."""
-
-
-def check_ids(ids, feature: str, bits: int = ID_BITS, why: str = "", signed: bool = False) -> torch.Tensor:
-    """IDs as int64 (any shape), validated: integer dtype, non-negative, below 2**bits (bits <= 63;
-    63 is the whole non-negative int64 range); ``signed``: any int64 from -2**63 + 2 (``MIN_KEY``;
-    the two lowest values are the id map's markers) to 2**63 - 1 (``bits`` ignored). Unsigned or
-    Python-int input at or above 2**63 is rejected before the cast (it would wrap to a negative
-    int64). Raises SparseInputError naming the feature and the first bad id; ``why`` is appended to
-    the message (the reason for the limit)."""
-    if isinstance(ids, torch.Tensor) and ids.dtype in (torch.uint64, torch.uint32, torch.uint16):
-        ids = ids.numpy()
-    if not isinstance(ids, torch.Tensor):
-        arr = np.asarray(ids)
-        if arr.dtype.kind == "O":                       # Python ints beyond int64 and uint64
-            lo = MIN_KEY if signed else 0
-            big = [x for x in arr.flat if isinstance(x, int) and not lo <= x < 1 << 63]
-            if big:
-                raise SparseInputError(f"feature {feature!r}: id {big[0]} outside [{lo}, 2**63) (ids are int64){why}")
-        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 1 << 63:
-            bad = int(arr[arr >= np.uint64(1 << 63)].flat[0])
-            raise SparseInputError(f"feature {feature!r}: id {bad} outside [0, 2**63) (ids are int64){why}")
-        if arr.dtype.kind == "u":
-            arr = arr.astype(np.int64)
-        try:
-            ids = torch.as_tensor(arr)
-        except (TypeError, ValueError) as e:
-            raise SparseInputError(f"feature {feature!r}: ids must be integers, got {arr.dtype} ({e})") from e
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
-        raise SparseInputError(f"feature {feature!r}: ids must be integers, got dtype {ids.dtype}")
-    ids = ids.to(torch.int64)
-    if signed:
-        if ids.numel() and ids.min() < MIN_KEY:
-            raise SparseInputError(f"feature {feature!r}: id {int(ids[ids < MIN_KEY][0])} is reserved "
-                                   f"(ids are int64 in [-2**63 + 2, 2**63)){why}")
-        return ids
-    limit = (1 << bits) if bits < 63 else None
-    if ids.numel() and (ids.min() < 0 or (limit is not None and ids.max() >= limit)):
-        bad = ids[(ids < 0) | ((ids >= limit) if limit is not None else False)][0].item()
-        raise SparseInputError(f"feature {feature!r}: id {bad} outside [0, 2**{bits}){why}")
-    return ids
-
-
-INITS = ("uniform", "zeros", "normal", "truncated_normal")
-"""Row initialisers: Uniform(-scale, scale) | zeros (RecIS's default) | Normal(0, scale^2) |
-Normal(0, scale^2) truncated at +-2 scale (TensorFlow's truncated_normal)."""
-
-
-def init_rows(ids: torch.Tensor, dim: int, seed: int, scale: float, kind: str = "uniform") -> torch.Tensor:
-    """Rows float32 [n, dim] of ids [n] drawn per ``kind`` (``INITS``; ``scale`` the half-width of
-    the uniform or the standard deviation of the normals), each value a function of (seed, id,
-    column) only. The normals are the inverse normal CDF of the same hashed uniform (one draw per
-    value; truncated: the uniform mapped into [Phi(-2), Phi(2)] first). Raises ValueError for an
-    unknown ``kind``."""
-    if kind not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {kind!r}")
-    if kind == "zeros":
-        return torch.zeros(len(ids), dim)
-    with np.errstate(over="ignore"):
-        base = ids.numpy().astype(np.uint64) * np.uint64(0x100000001B3) + np.uint64(seed) * np.uint64(0x2545F4914F6CDD1D)
-        x = splitmix64(base[:, None] * np.uint64(1024) + np.arange(dim, dtype=np.uint64)[None, :])
-    if kind == "uniform":
-        u = (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-        return torch.from_numpy(((2 * u - 1) * scale).astype(np.float32))
-    u = torch.from_numpy(((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53))    # in (0, 1)
-    if kind == "truncated_normal":
-        lo = float(torch.special.ndtr(torch.tensor(-2.0, dtype=torch.float64)))
-        u = lo + u * (1 - 2 * lo)
-    return (torch.special.ndtri(u) * scale).to(torch.float32)
 
 
 def _records(a: np.ndarray) -> np.ndarray:
     """A 2-D array [n, c] whose last axis is contiguous, as a 1-D view [n] of opaque c-element
     records: fancy indexing then copies whole rows (memcpy) instead of element by element."""
     return a.view(np.dtype((np.void, a.shape[1] * a.itemsize)))[:, 0]
-
-
-def _int64s(x) -> np.ndarray:
-    """Ids or rows (a torch tensor or array-like, 1-D) as a contiguous int64 numpy array [n]."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().to(torch.int64).contiguous().numpy()
-    return np.ascontiguousarray(x, dtype=np.int64).reshape(-1)
 
 
 class _TableView(Mapping):
@@ -221,119 +98,6 @@ class _LastSeenView(_TableView):
 
     def __setitem__(self, row, step) -> None:
         self._t.seen_step[self._row(row)] = step
-
-
-class PendingCounts(Mapping):
-    """Sighting counters of IDs that have no row yet (admission's bookkeeping), as a read-only
-    ``{id: count}`` mapping, held in arrays: an ``IdMap`` from ID to a slot, and per slot the count
-    and the last training step the ID was sighted in.
-
-    Counters expire: ``expire(before)`` drops every counter last sighted before step ``before``
-    (``DynamicTable.end_step`` calls it under ``EvictUnseen(n)`` with the same cut-off as for rows,
-    so a long tail of one-off IDs holds at most the IDs of the last n + 1 steps). Memory: the id map
-    (32-64 bytes per key) plus 17 bytes per slot.
-    """
-
-    def __init__(self):
-        self.map = IdMap()
-        self.ids = np.zeros(0, dtype=np.int64)
-        self.count = np.zeros(0, dtype=np.int64)
-        self.seen = np.zeros(0, dtype=np.int64)
-        self.used = np.zeros(0, dtype=bool)
-        self.free: list[int] = []
-        self.n_slots = 0
-
-    def __len__(self) -> int:
-        return len(self.map)
-
-    def __getitem__(self, key) -> int:
-        try:
-            s = int(self.map.find(np.array([index(key)], dtype=np.int64))[0])
-        except (TypeError, OverflowError):
-            s = -1
-        if s < 0:
-            raise KeyError(key)
-        return int(self.count[self.map.vals[s]])
-
-    def _live(self) -> np.ndarray:
-        return np.flatnonzero(self.used[:self.n_slots])
-
-    def __iter__(self):
-        return iter(self.ids[self._live()].tolist())
-
-    def items(self) -> list[tuple[int, int]]:
-        live = self._live()
-        return list(zip(self.ids[live].tolist(), self.count[live].tolist()))
-
-    def values(self) -> list[int]:
-        return self.count[self._live()].tolist()
-
-    def last_sighted(self) -> dict[int, int]:
-        """{id: last training step it was sighted in} of the pending IDs."""
-        live = self._live()
-        return dict(zip(self.ids[live].tolist(), self.seen[live].tolist()))
-
-    def __repr__(self) -> str:
-        return repr(dict(self.items()))
-
-    def _slots(self, n: int) -> np.ndarray:
-        k = min(n, len(self.free))
-        reused = np.array(self.free[len(self.free) - k:], dtype=np.int64)
-        del self.free[len(self.free) - k:]
-        fresh = np.arange(self.n_slots, self.n_slots + n - k, dtype=np.int64)
-        self.n_slots += n - k
-        if len(self.ids) < self.n_slots:
-            grow = max(self.n_slots, 2 * len(self.ids), 64) - len(self.ids)
-            self.ids = np.concatenate([self.ids, np.zeros(grow, dtype=np.int64)])
-            self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
-            self.seen = np.concatenate([self.seen, np.zeros(grow, dtype=np.int64)])
-            self.used = np.concatenate([self.used, np.zeros(grow, dtype=bool)])
-        return np.concatenate([reused, fresh])
-
-    def add(self, ids: np.ndarray, counts: np.ndarray, step: int) -> np.ndarray:
-        """Add ``counts`` int64 [n] sightings to distinct ``ids`` int64 [n] at training step ``step``;
-        returns their totals int64 [n] (new IDs start from 0)."""
-        slots = self.map.get(ids)
-        new = np.flatnonzero(slots < 0)
-        if len(new):
-            s = self._slots(len(new))
-            self.map.insert(ids[new], s, check=False)
-            self.ids[s], self.count[s], self.used[s] = ids[new], 0, True
-            slots[new] = s
-        self.count[slots] += counts
-        self.seen[slots] = step
-        return self.count[slots].copy()
-
-    def discard(self, ids: np.ndarray) -> None:
-        """Drop the counters of ``ids`` int64 [n] (distinct; those without a counter are ignored)."""
-        if not len(self.map) or not len(ids):
-            return
-        slots = self.map.get(ids)
-        ok = slots >= 0
-        if ok.any():
-            self._drop(slots[ok])
-
-    def _drop(self, slots: np.ndarray) -> None:
-        self.map.delete(self.ids[slots])
-        self.used[slots] = False
-        self.free.extend(slots.tolist())
-
-    def expire(self, before: int) -> int:
-        """Drop the counters last sighted before training step ``before``; returns how many."""
-        live = self._live()
-        stale = live[self.seen[live] < before]
-        if len(stale):
-            self._drop(stale)
-        return len(stale)
-
-    def load(self, ids, counts, steps) -> None:
-        """Replace every counter by ``ids`` [p] (distinct) with ``counts`` [p] last sighted at ``steps`` [p]."""
-        self.__init__()
-        ids, counts, steps = _int64s(ids), _int64s(counts), _int64s(steps)
-        if len(ids):
-            s = self._slots(len(ids))
-            self.map.insert(ids, s)
-            self.ids[s], self.count[s], self.seen[s], self.used[s] = ids, counts, steps, True
 
 
 class DynamicTable:
