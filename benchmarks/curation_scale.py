@@ -224,9 +224,11 @@ def contaminants(bench: list[dict], n: int, seed: int) -> list[dict]:
     return out
 
 
-def build_corpus(n: int, seed: int, work: Path, procs: int = 2) -> dict:
+def build_corpus(n: int, seed: int, work: Path, procs: int = 2, gen_cache: Path | None = None) -> dict:
     """Write the user sources (Parquet), the sources YAML and the truth table of planted rows; return the
-    composition. The built-in partitions are read by the raw_problems asset itself (next step)."""
+    composition. The built-in partitions are read by the raw_problems asset itself (next step). Generated
+    chunks are read from (or generated into) ``gen_cache/gen`` (default: ``work``'s parent folder); their
+    generator seeds are 1..k whatever ``seed``, so one cache serves every seed."""
     import polars as pl
 
     from dedup_bench import perturb
@@ -242,7 +244,7 @@ def build_corpus(n: int, seed: int, work: Path, procs: int = 2) -> dict:
     if n_gen < 1:
         raise SystemExit(f"--n {n} is too small")
     chunk_rows = sum(3 * v for v in gen_allocation().values())
-    paths, gen_info = generated_chunks(math.ceil(n_gen / chunk_rows), work.parent, procs)
+    paths, gen_info = generated_chunks(math.ceil(n_gen / chunk_rows), gen_cache or work.parent, procs)
     gen = pl.concat([pl.read_parquet(p) for p in paths]).sample(n=n_gen, seed=seed, shuffle=True)
     # planted near-duplicates: half of real rows, half of generated ones (origins drawn with replacement)
     rng = random.Random(seed)
@@ -346,8 +348,13 @@ def _small(value) -> bool:
 def _materialize(selection: list[str], partition: str | None, run_config: dict) -> dict:
     import dagster as dg
 
+    from assets.sources import sync_source_partitions
+
     assets, checks, resources = _defs()
     instance = dg.DagsterInstance.ephemeral()
+    # raw_problems is partitioned by source on a dynamic partitions definition: an ephemeral instance holds
+    # none until they are added (built-in sources, then the sources YAML's: what the sources sensor keeps)
+    sync_source_partitions(instance)
     t0 = time.perf_counter()
     run_config = {**run_config, "loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     res = dg.materialize([*assets, *checks], selection=selection, partition_key=partition, resources=resources,
@@ -560,6 +567,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None, help="default benchmarks/.work/curation_scale/n<N>")
     ap.add_argument("--procs", type=int, default=2, help="parallel generator processes")
+    ap.add_argument("--gen-cache", type=Path, default=None,
+                    help="folder whose gen/ holds the generated chunks (default: the parent of --work)")
     ap.add_argument("--stages", default="all", help="comma-separated subset of: sources," + ",".join(s for s, _ in STAGES) + "; or score (rescore the lake)")
     ap.add_argument("--worker", choices=["gen", "stage"], help=argparse.SUPPRESS)
     ap.add_argument("--stage", help=argparse.SUPPRESS)
@@ -584,7 +593,7 @@ def main() -> int:
         old = previous_results(prev)
         result = {**old, "machine": result["machine"], "commands": old.get("commands", []) + [command]}
     if "sources" in wanted:
-        result["corpus"] = build_corpus(args.n, args.seed, work, args.procs)
+        result["corpus"] = build_corpus(args.n, args.seed, work, args.procs, args.gen_cache)
         _log(f"corpus: {json.dumps({k: v for k, v in result['corpus'].items() if not isinstance(v, (dict, list))})}")
     stages = result.setdefault("stages", {})
     for stage in wanted:

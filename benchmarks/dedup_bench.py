@@ -141,9 +141,17 @@ def generated_problems(per_module: int, seed: int, workdir: Path, procs: int = 2
                           "--limit", str(per_module), "--seed", str(seed), "--part", f"{k}/{procs}"], cwd=ROOT)
         for k, o in enumerate(outs)
     ]
-    for j in jobs:
-        if j.wait(timeout=900) != 0:
-            raise SystemExit("mathematics_dataset generation failed")
+    # ~19 ms a problem on one core; ten times that per worker (a loaded machine), at least 15 min
+    limit = max(900.0, 10 * 0.019 * per_module * 3 * len(names) / procs)
+    try:
+        for j in jobs:
+            if j.wait(timeout=max(1.0, limit - (time.perf_counter() - t0))) != 0:
+                raise SystemExit("mathematics_dataset generation failed")
+    finally:  # never leave a worker behind (a timeout or a failed sibling)
+        for j in jobs:
+            if j.poll() is None:
+                j.kill()
+                j.wait(timeout=60)
     parts = [json.loads(o.read_text()) for o in outs]
     for o in outs:
         o.unlink()

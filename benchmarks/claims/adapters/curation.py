@@ -3,8 +3,9 @@
 ``sft_dataset``, in one invocation on one commit, on a fresh lake in the seed's work folder.
 
 One seed = one invocation with ``--seed`` (the planted duplicates and contaminants are drawn with it;
-the generated chunks are cached by ``curation_scale`` one level above the work folder, keyed by the
-generator and the allocation, and are input data, not pipeline work: their generation is not timed).
+the generated chunks are cached by ``curation_scale`` under ``benchmarks/.work/curation_scale/gen``,
+shared by every seed (their generator seeds are fixed), keyed by the generator and the allocation; they
+are input data, not pipeline work: their generation is not timed, nor is writing the corpus files).
 Arms: ``crucible`` (the measured run) and ``target`` (the budget the claim is tested against:
 ``target_wall_s`` seconds and ``target_peak_mb`` MiB, constants), so the claim's ratio is
 target / measured: > 1 when the run is within the budget.
@@ -36,7 +37,8 @@ def run_seed(seed: int, arm_order: list[str], workdir: Path, n: int = 1_000_000,
     work = workdir / f"n{n}"
     out_json = workdir / "curation_scale.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "curation_scale.py"), "--n", str(n), "--seed", str(seed),
-           "--work", str(work), "--stages", "all", "--out", str(out_json)]
+           "--work", str(work), "--gen-cache", str(ROOT / "benchmarks" / ".work" / "curation_scale"),
+           "--stages", "all", "--out", str(out_json)]
     with open(workdir / "curation_scale.log", "w") as log:
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
