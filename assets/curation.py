@@ -102,7 +102,7 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
         "labels_by_source": md_table(by, 60),
         "needs_llm_label": dg.MetadataValue.int(int(df["needs_llm_label"].sum())),
         "llm_labels": dg.MetadataValue.json(llm),
-        "figure": image(figures.grouped_bars(domains, series, "domain labels by provenance"), "domains"),
+        "figure": image(figures.grouped_bars(domains, series, "domain labels by provenance"), "domains", lake=lake, asset="annotated_problems"),
     }
     for name, rep in report.items():
         meta[f"{name}_heldout_accuracy"] = dg.MetadataValue.float(rep["heldout_accuracy"])
@@ -142,7 +142,7 @@ def exact_deduped_problems(context: dg.AssetExecutionContext, config: ExactDedup
         None, path, version, ann.height, kept.height,
         invalid_dropped=dg.MetadataValue.int(ann.height - valid.height),
         exact_duplicates_removed=dg.MetadataValue.int(valid.height - kept.height),
-        figure=image(figures.funnel(stages, "exact dedup funnel"), "funnel"),
+        figure=image(figures.funnel(stages, "exact dedup funnel"), "funnel", lake=lake, asset="exact_deduped_problems"),
     )
 
 
@@ -172,7 +172,8 @@ def near_deduped_problems(context: dg.AssetExecutionContext, config: DedupConfig
         near_duplicates_removed=dg.MetadataValue.int(ex.height - kept.height),
         lsh=dg.MetadataValue.json({**stats, "threshold": params.threshold, "num_perm": params.num_perm}),
         removed_by_source=md_table(removed.group_by("source").len(name="rows").sort("rows", descending=True)),
-        figure=image(figures.histogram(sims or [params.threshold], 20, "Jaccard of removed rows with their survivor", "exact Jaccard"), "jaccard"),
+        figure=image(figures.histogram(sims or [params.threshold], 20, "Jaccard of removed rows with their survivor", "exact Jaccard"), "jaccard",
+                     lake=lake, asset="near_deduped_problems"),
     )
     n_clusters = clusters.filter(pl.col("is_survivor")).height
     yield table_result(
@@ -335,7 +336,7 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
         removed_by_layer=md_table(summary),
         figure=image(figures.funnel([("near-deduped", df.height), ("decontaminated", kept.height)]
                                     + [(f"- {b}", n) for b, n in report.group_by("benchmark").len(name="rows").sort("benchmark").iter_rows()],
-                                    "decontamination"), "funnel"),
+                                    "decontamination"), "funnel", lake=lake, asset="decontaminated_problems"),
     )
     yield table_result(
         "contamination_report", rpath, rversion, report.height, report.height,
@@ -432,5 +433,5 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
         plan=md_table(pl.DataFrame({"stratum": list(plan), "planned": list(plan.values())}), 60),
         lineage=dg.MetadataValue.json(lineage),
         load_with=dg.MetadataValue.md(f"```python\nimport datasets\nds = datasets.load_dataset('parquet', data_dir='{final}')['train']\n```"),
-        figure=image(fig, "strata"),
+        figure=image(fig, "strata", lake=lake, asset="sft_dataset"),
     )

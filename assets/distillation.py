@@ -196,15 +196,16 @@ def distilled_problems(context: dg.AssetExecutionContext, config: DistillConfig,
         needs_teacher=dg.MetadataValue.int(out.height - n_ver),
         quarantined=dg.MetadataValue.int(quarantine.height),
         gold_from_solution_fallback=dg.MetadataValue.int(int((out["gold_source"] == "solution_boxed").sum())),
-        figure=image(figures.funnel(list(out.group_by("status").len(name="rows").sort("status").iter_rows()), "distillation status"), "status"),
+        figure=image(figures.funnel(list(out.group_by("status").len(name="rows").sort("status").iter_rows()), "distillation status"), "status", lake=lake, asset="distilled_problems"),
         **_seeding_meta(seeding),
     )
     yield table_result("distilled_problems", path, version, df.height, out.height, **meta)
     yield table_result("verification_report", rpath, rversion, report.height, report.height, report=md_table(report, 60))
-    yield _teacher_result(spath, sversion, samples, out, tstats, seeding)
+    yield _teacher_result(spath, sversion, samples, out, tstats, seeding, lake)
 
 
-def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tstats: dict, seeding: dict) -> dg.MaterializeResult:
+def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tstats: dict, seeding: dict,
+                    lake: LakeResource) -> dg.MaterializeResult:
     answered = samples.filter(pl.col("status") != "failed")
     acceptance = (
         out.filter(pl.col("n_samples").is_not_null())
@@ -226,5 +227,6 @@ def _teacher_result(path, version, samples: pl.DataFrame, out: pl.DataFrame, tst
         **_seeding_meta(seeding),
     }
     if lengths:
-        meta["response_length_figure"] = image(figures.histogram(lengths, 20, "teacher response length", "completion tokens"), "lengths")
+        meta["response_length_figure"] = image(figures.histogram(lengths, 20, "teacher response length", "completion tokens"), "lengths",
+                                                  lake=lake, asset="teacher_responses")
     return table_result("teacher_responses", path, version, samples.height, samples.height, **meta)

@@ -163,10 +163,10 @@ def _materialize(context, lake: LakeResource, mode: str, spec: RunSpec, run) -> 
         **run.metadata(),
         comparison=md_table(table),
         switches=dg.MetadataValue.json(res["switching"]["events"] if res.get("switching") else []),
-        figure=image(_auc_plot(curves, spec.cluster.target_auc, events), "AUC vs training time"),
+        figure=image(_auc_plot(curves, spec.cluster.target_auc, events), "AUC vs training time", lake=lake, asset="gba_run"),
         staleness=image(figures.grouped_bars([str(t) for t in taus],
                                              {m: [h.get(str(t), 0) / max(1, sum(h.values())) for t in taus] for m, h in hists.items()},
-                                             "staleness of gradients (share per mode)", "share"), "staleness"),
+                                             "staleness of gradients (share per mode)", "share"), "staleness", lake=lake, asset="gba_run"),
     )
     path, version = lake.write(curve, "gba_run", mode)                  # committed last
     lakeio.write_json_atomic(res, lake.path("gba_run", mode, "result.json"), indent=1)

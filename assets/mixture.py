@@ -353,7 +353,7 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
         meta = {"runs": md_table(pl.DataFrame(finals)), "runs_in_this_launch": len(runs),
                 "probe_points_in_lake": all_runs.height, "world_size": run.result["world_size"], "parallelism": run.result.get("parallelism", "data"), **run.metadata()}
         if png:
-            meta["loss_curves"] = image(png, "validation loss vs CPT tokens")
+            meta["loss_curves"] = image(png, "validation loss vs CPT tokens", lake=lake, asset="cpt_probe_runs")
         return dg.MaterializeResult(metadata=meta, data_version=_partition_versions(context, per_key))
 
 
@@ -590,7 +590,7 @@ def dcpt_law_fit(context: dg.AssetExecutionContext, config: LawFitConfig, lake: 
     png = plots.loss_curves(runs, {t: chosen_fits[t].predict for t in law.TARGETS})
     meta = {"path": dg.MetadataValue.path(str(out)), "chosen_form": chosen, "probe_points": pts.height,
             "forms": md_table(pl.DataFrame(form_rows)), "generalisation": md_table(gen_table),
-            "fitted_curves": image(png, "probe points and the fitted law"),
+            "fitted_curves": image(png, "probe points and the fitted law", lake=lake, asset="dcpt_law_fit"),
             "params_on_bound": dg.MetadataValue.md("\n".join(
                 f"- {t}/{f}: " + (", ".join(f"{k} ({v})" for k, v in ob.items()) + " -> not identified" if ob else "none")
                 for t, per in identification.items() for f, ob in per.items())),
@@ -792,7 +792,7 @@ def mixture_plan(context: dg.AssetExecutionContext, config: MixturePlanConfig, l
             "identified": dg.MetadataValue.text(", ".join(f"{t}: " + ("yes" if i["identified"] else "NO, on a bound: " + ", ".join(
                 f"{k} ({v})" for k, v in i["not_identified"].items())) for t, i in identification.items())),
             "spread_is_interval": all(i["identified"] for i in identification.values()),
-            "predicted_losses_vs_ratio": image(png, "predicted losses vs domain ratio")}
+            "predicted_losses_vs_ratio": image(png, "predicted losses vs domain ratio", lake=lake, asset="mixture_plan")}
     if L_g0 is not None:
         meta["L_g0"] = dg.MetadataValue.float(L_g0)
     return dg.MaterializeResult(metadata=meta)
@@ -1029,7 +1029,7 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
             "grid_best_r_d": dg.MetadataValue.text(str(verdict.grid_best_r_d)),
             "accepted_r_d": dg.MetadataValue.text(str(verdict.accepted_r_d)),
             "target_size": target_size, "runs": md_table(table), "world_size": run.result["world_size"],
-            "rise_vs_ratio": image(png, "general-loss rise: law vs measured"), **base_meta, **run.metadata()}
+            "rise_vs_ratio": image(png, "general-loss rise: law vs measured", lake=lake, asset="mixture_validation"), **base_meta, **run.metadata()}
     if noise is not None:
         meta["probe_seed_noise_of_rise"] = dg.MetadataValue.float(noise)
     return dg.MaterializeResult(metadata=meta)

@@ -246,7 +246,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
             accuracy_programmatic_test=dg.MetadataValue.float(float(overall["accuracy"])),
             accuracy=md_table(table, 80),
             train_wall_s=dg.MetadataValue.float(float(metrics["wall_s"])),
-            loss_curve=image(loss_curves({"stage1": metrics["curve"]}, "stage-1 SFT loss"), "loss"),
+            loss_curve=image(loss_curves({"stage1": metrics["curve"]}, "stage-1 SFT loss"), "loss", lake=lake, asset="sft_checkpoint"),
             **run.metadata(),
         )
 
@@ -310,7 +310,7 @@ def failure_regions(context: dg.AssetExecutionContext, config: FailureRegionsCon
                                        "accuracy", "module_share", "examples").with_columns(
             pl.col("failure_mass", "accuracy", "module_share").round(3)), 30),
         targets=md_table(pl.DataFrame([{**t, "regions": ", ".join(t["regions"])} for t in targets])),
-        figure=image(failure_mass_bars(ranked), "failure mass per region"),
+        figure=image(failure_mass_bars(ranked), "failure mass per region", lake=lake, asset="failure_regions"),
     )
 
 
@@ -527,7 +527,7 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
             seeds=dg.MetadataValue.json(seeds), accuracy_per_seed=md_table(pl.DataFrame(per_seed)),
             eval_items=dg.MetadataValue.int(ev.height),
             accuracy=md_table(table, 80), train_wall_s=dg.MetadataValue.json(walls),
-            loss_curve=image(loss_curves(curves, "stage-2 SFT loss (targeted vs random, every seed)"), "loss"),
+            loss_curve=image(loss_curves(curves, "stage-2 SFT loss (targeted vs random, every seed)"), "loss", lake=lake, asset="stage2_checkpoint"),
             **run.metadata(),
         )
 
@@ -569,7 +569,7 @@ def failure_driven_comparison(context: dg.AssetExecutionContext, config: Compari
         comparison=md_table(table.with_columns(pl.col("accuracy", "ci_low", "ci_high").round(3)), 60),
         verdict=dg.MetadataValue.json(verdict),
         figure=image(accuracy_bars(table, shown, list(CHECKPOINTS), "accuracy (test split), 95% CI over seeds and items"),
-                     "comparison"),
+                     "comparison", lake=lake, asset="failure_driven_comparison"),
     )
 
 

@@ -44,7 +44,7 @@ def ctr_events(context: dg.AssetExecutionContext, config: CTREventsConfig, lake:
         click_rate=dg.MetadataValue.float(float(df["click"].mean())),
         test_users_unseen_in_train=dg.MetadataValue.int(len(test_users - train_users)),
         splits=md_table(by),
-        figure=image(figures.funnel([(r["split"], r["rows"]) for r in by.iter_rows(named=True)], "events by time split"), "splits"),
+        figure=image(figures.funnel([(r["split"], r["rows"]) for r in by.iter_rows(named=True)], "events by time split"), "splits", lake=lake, asset="ctr_events"),
     )
 
 
@@ -88,5 +88,5 @@ def ctr_model(context: dg.AssetExecutionContext, config: CTRModelConfig, lake: L
         sparse_tables=dg.MetadataValue.path(str(tables)),
         figure=image(figures.grouped_bars(["AUC", "GAUC"], {"DeepFM": [res["auc"], res["gauc"]],
                                                            "logistic regression": [base["auc"], base["gauc"]]},
-                                          "test set (future events)", "score"), "auc"),
+                                          "test set (future events)", "score"), "auc", lake=lake, asset="ctr_model"),
     )

@@ -109,7 +109,7 @@ def rl_policy(context: dg.AssetExecutionContext, config: RlPolicyConfig, lake: L
             rl_response_len_p90=dg.MetadataValue.float(lengths["p90"]),
             rl_response_len_max=dg.MetadataValue.float(lengths["max"]),
             final_train_loss=dg.MetadataValue.float(float(m["final_loss"])),
-            loss_curve=image(loss_curves({"warm start": m["loss_curve"]}, "warm-start SFT loss"), "loss"),
+            loss_curve=image(loss_curves({"warm start": m["loss_curve"]}, "warm-start SFT loss"), "loss", lake=lake, asset="rl_policy"),
             train_s=dg.MetadataValue.float(m["train_s"]),
             eval_s=dg.MetadataValue.float(m["eval_s"]),
             wall_s=dg.MetadataValue.float(m["wall_s"]),

@@ -139,7 +139,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         per_step=md_table(table),
         utilisation=md_table(util),
         router=dg.MetadataValue.json((arc.get("utilisation") or {}).get("router", {})),
-        staleness=image(staleness_plot(res), "trained groups by staleness"),
+        staleness=image(staleness_plot(res), "trained groups by staleness", lake=lake, asset="rollarc_run"),
         training_signal=dg.MetadataValue.text("none: every group zero-signal (equal rewards)" if no_signal else
                                               "yes: some groups had reward variance"),
         **{f"run_trajectories_per_s_{tag}": dg.MetadataValue.json(

@@ -111,7 +111,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         summary=md_table(summary),
         comparison=md_table(table.select("method", "step", "round", "rollout_s", "step_s", "max_response_len",
                                          "p99_response_len", "bubble_ratio", "reward_mean")),
-        figure=image(comparison_plot(res["steps"]), "rollout and step time per step"),
+        figure=image(comparison_plot(res["steps"]), "rollout and step time per step", lake=lake, asset="rollpacker_run"),
         **run_figures(step_s, "baseline", spec.seed, "rollpacker"),
         ray_init_s=dg.MetadataValue.float(round(res["ray_init_s"], 2)),
         **learning_metadata(res, "baseline"),

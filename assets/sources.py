@@ -158,7 +158,7 @@ def raw_problems(
         quarantine_reasons=md_table(reasons),
         sample=md_table(df.select("problem_id", "record", "problem", "answer").head(5)),
         figure=image(figures.funnel([("read", read), ("quarantined", len(quarantine)), ("kept", df.height)],
-                                    f"raw_problems[{key}]"), "funnel"),
+                                    f"raw_problems[{key}]"), "funnel", lake=lake, asset="raw_problems"),
     )
 
 
@@ -176,4 +176,4 @@ def benchmark_problems(lake: LakeResource) -> dg.MaterializeResult:
     counts = df.group_by("benchmark").len(name="rows").sort("benchmark")
     fig = figures.funnel(list(counts.iter_rows()), "benchmark items")
     return table_result(None, path, version, df.height, df.height, per_benchmark=md_table(counts),
-                        figure=image(fig, "benchmarks"))
+                        figure=image(fig, "benchmarks", lake=lake, asset="benchmark_problems"))

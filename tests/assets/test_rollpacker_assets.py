@@ -46,7 +46,7 @@ def test_rollpacker_run_compares_methods_per_step_and_a_killed_driver_resumes_on
     assert "speedup_vs_baseline" not in meta and "claim_verdict" in meta and "seed 0" in meta["run_scope"]
     assert meta["pipes_messages"] == 1 and meta["ray_address"] == "local"     # the relaunch ran the one missing step
     assert "| rollpacker |" in meta["summary"] and "| baseline |" in meta["comparison"]
-    assert "data:image/png;base64" in meta["figure"]
+    assert Path(meta["figure"]).read_bytes()[:4] == b"\x89PNG"                # a figure file in the lake
 
 
 def test_rollpacker_run_rejects_a_bad_config_naming_the_field(tmp_path):
