@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ops.launch import DriverState
+from ops.rl.grpo import GRPOConfig
+from ops.rl.rollpacker.loop import TIMED_OUT_REWARD
 from ops.rl.runs import PolicySpec, read_problems, resume_state
 
 CRASH_ENV = "CRUCIBLE_ROLLPACKER_CRASH_AFTER_STEPS"
@@ -101,6 +103,42 @@ class RunSpec(PolicySpec):
     """Scratchpad only: GRPO steps between held-out evaluations (>= 0; 0 = before and after only)."""
     eval_temperature: float = 1.0
     """Scratchpad only: temperature of the held-out evaluation (0 = greedy)."""
+    grpo_agg: str = GRPOConfig.agg
+    """GRPO loss aggregation (``ops.rl.grpo``; veRL's names): seq-mean-token-mean (GRPO: mean over responses of
+    each response's token mean), seq-mean-token-sum, or token-mean (DAPO)."""
+    grpo_scale: str = GRPOConfig.scale
+    """GRPO advantage scaling: std (divide by the group's reward std; GRPO) or none (centre only; Dr. GRPO)."""
+    grpo_clip_eps: float = GRPOConfig.clip_eps
+    """PPO clip range eps of the GRPO loss, in (0, 1)."""
+    grpo_kl_coef: float = GRPOConfig.kl_coef
+    """beta of the k3 KL penalty to the initial policy (>= 0; 0 = off; > 0 keeps a frozen copy in the trainer)."""
+    timed_out_reward: str = "zero"
+    """What a verifier timeout scores (``loop.TIMED_OUT_REWARD``): ``zero`` (the paper, §4.2-4.3: reward 0) or
+    ``mask`` (the shared RL core's rule: no score, masked out of its group)."""
+    wall_clock_cut: bool = False
+    """False (the paper: long rounds run to full length): a rollout reaching ``timeout_s`` fails the step
+    instead of training responses cut by the clock; True: ``timeout`` responses are trained as finished."""
+
+    GRPO = {"agg": "grpo_agg", "scale": "grpo_scale", "clip_eps": "grpo_clip_eps", "kl_coef": "grpo_kl_coef"}
+    """``GRPOConfig`` field -> RunSpec field of the trainer's ``grpo`` section (as RollArc's ``RunConfig``)."""
+
+    def grpo_section(self) -> dict:
+        """The trainer spec's ``grpo`` section: the GRPO settings that differ from ``GRPOConfig``'s
+        defaults (``_TrainerImpl`` builds its ``GRPOConfig`` from it, as RollArc's trainer does)."""
+        return {k: getattr(self, f) for k, f in self.GRPO.items() if getattr(self, f) != getattr(GRPOConfig, k)}
+
+    def grpo_config(self) -> GRPOConfig:
+        """The run's ``GRPOConfig`` (advantages in the driver, loss in the trainer). Raises ValueError
+        naming the field (``rollpacker.grpo_<field>``)."""
+        try:
+            return GRPOConfig(**self.grpo_section())
+        except ValueError as e:
+            field_name = str(e).split()[0].removeprefix("grpo.")
+            raise ValueError(f"rollpacker.grpo_{field_name}: {str(e).removeprefix('grpo.' + field_name + ' ')}") from None
+
+    def policy(self) -> dict:
+        """``PolicySpec.policy`` plus the trainer's ``grpo`` section (``grpo_section``)."""
+        return {**super().policy(), "grpo": self.grpo_section()}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -128,6 +166,12 @@ class RunSpec(PolicySpec):
                          ("eval_temperature", self.eval_temperature >= 0)):
             if not ok:
                 raise ValueError(f"rollpacker.{name} is out of range: {getattr(self, name)}")
+        if self.timed_out_reward not in TIMED_OUT_REWARD:
+            raise ValueError(f"rollpacker.timed_out_reward must be one of {list(TIMED_OUT_REWARD)}, "
+                             f"got {self.timed_out_reward!r}")
+        if not isinstance(self.wall_clock_cut, bool):
+            raise ValueError(f"rollpacker.wall_clock_cut must be true or false, got {self.wall_clock_cut!r}")
+        self.grpo_config()
         self.check_sampling("rollpacker")
         return self
 
@@ -260,10 +304,23 @@ def evaluate(actors, problems: list, spec: RunSpec) -> dict:
 
 
 def make_actors(spec: RunSpec):
-    """The engine, trainer and reward actors of a run (``ops.rl.ray_actors.Actors``)."""
+    """The engine, trainer and reward actors of a run (``ops.rl.ray_actors.Actors``); the trainer's
+    spec carries the run's ``grpo`` section."""
     from ops.rl.ray_actors import Actors
 
     return Actors(spec.policy(), spec.policy(), spec.reward_workers, spec.reward_timeout_s)
+
+
+def step_config(spec: RunSpec, method: str):
+    """The ``loop.StepConfig`` of ``method``'s steps: its overlaps (``METHODS``), the run's sizes and
+    timeouts, its GRPO settings (``RunSpec.grpo_config``: advantages here, the same section in the
+    trainer's spec for the loss) and the paper's rules (``timed_out_reward``, ``wall_clock_cut``)."""
+    from .loop import StepConfig
+
+    _, overlap, stream = METHODS[method]
+    return StepConfig(max_new_tokens=spec.max_new_tokens, timeout_s=spec.timeout_s, reward_overlap=overlap,
+                      stream_train=stream, max_failed_fraction=spec.max_failed_fraction, grpo=spec.grpo_config(),
+                      timed_out_reward=spec.timed_out_reward, wall_clock_cut=spec.wall_clock_cut)
 
 
 def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: Optional[RunState] = None,
@@ -285,10 +342,10 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: 
     (the engine's weight-sync record after the step: ``Actors.sync_stats``)."""
     from ops.rl.reward import RewardClient
 
-    from .loop import RLStep, StepConfig
+    from .loop import RLStep
     from .scheduler import RoundPlanner, TailBatching
 
-    tb, overlap, stream = METHODS[method]
+    tb = METHODS[method][0]
     actors.reset()
     planner = RoundPlanner(prompts, TailBatching(spec.prompts_per_step, spec.responses_per_prompt, spec.eta, enabled=tb))
     rows = []
@@ -325,9 +382,8 @@ def run_method(method: str, spec: RunSpec, prompts: list, pipes, actors, state: 
     client.health()                                           # before any training
     if not rows and not ev:
         run_eval()                                            # step 0: the initial policy
-    step = RLStep(actors.engine, actors.trainer, client.score, actors.publish,
-                  StepConfig(max_new_tokens=spec.max_new_tokens, timeout_s=spec.timeout_s, reward_overlap=overlap,
-                             stream_train=stream, max_failed_fraction=spec.max_failed_fraction), reward_threads=4)
+    step = RLStep(actors.engine, actors.trainer, client.score, actors.publish, step_config(spec, method),
+                  reward_threads=4)
     try:
         while len(rows) < spec.steps and (plan := planner.next_round()) is not None:
             rnd, m = step.run(plan)

@@ -12,6 +12,23 @@ The two overlaps of RollPacker are switches, so the ablation runs on the same co
 
 Every wait is bounded: the engine call by ``timeout_s`` (plus ``guarded_generate``'s grace), each
 reward request by the client's timeout and retries, the rest by ``drain_timeout_s``.
+
+Two rules follow the paper where Crucible's shared RL core departs from it (both switches of
+``StepConfig``; the defaults are the paper's):
+
+* ``timed_out_reward``: a response whose verifier runs past its (adaptive) timeout gets reward 0, as
+  the paper's reward scheduler does (§4.2-4.3), rather than the shared core's ``failed`` (no score,
+  masked out of its group). It is counted apart (``reward_timeout_zero``) and never counts as failed.
+  A reward *service* fault (unreachable actor, request timeout after the client's retries) stays
+  ``failed``: that is not the response's doing.
+* ``wall_clock_cut``: no round is cut by the wall clock (long rounds run their responses to full
+  length, paper §4.1). ``timeout_s`` is then only the guard that bounds the engine call: a rollout
+  that reaches it fails the step (``TimeoutError``) instead of training responses cut by the clock.
+  ``wall_clock_cut=True`` restores the old rule (``timeout`` responses count as finished and train).
+
+Keeping the first R0 of ceil(eta R0) responses (short rounds) trains shorter responses than the
+policy's distribution: a prompt's slowest samples are the ones aborted. The authors' design shares
+this selection; docs/rollpacker.md gives its size.
 """
 
 from __future__ import annotations
@@ -51,7 +68,38 @@ class StepConfig:
     drain_timeout_s: float = 300.0
     """Limit on waiting for rewards and queued gradients after the rollout (s)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    """The GRPO loss configuration."""
+    """The GRPO loss configuration (its ``scale``, ``std_floor`` and ``eps`` set the advantages here; the
+    trainer holds its own copy for the loss)."""
+    timed_out_reward: str = "zero"
+    """What a verifier timeout scores (``TIMED_OUT_REWARD``): ``zero`` (paper §4.2-4.3: reward 0, status
+    ``timeout``) or ``mask`` (the shared core's rule: ``failed``, excluded from its group)."""
+    wall_clock_cut: bool = False
+    """False (paper): a rollout reaching ``timeout_s`` fails the step (TimeoutError); no response is trained
+    cut by the clock. True: responses ending ``timeout`` count as finished and are trained."""
+
+    def __post_init__(self):
+        if self.timed_out_reward not in TIMED_OUT_REWARD:
+            raise ValueError(f"rollpacker.timed_out_reward must be one of {list(TIMED_OUT_REWARD)}, "
+                             f"got {self.timed_out_reward!r}")
+
+
+TIMED_OUT_REWARD = {
+    "zero": "a verifier timeout scores 0.0 (status 'timeout'), as in the paper (arXiv 2509.21009 §4.2-4.3)",
+    "mask": "a verifier timeout is 'failed' (no score; masked out of its group, counted in the failed fraction)",
+}
+"""``StepConfig.timed_out_reward`` / ``RunSpec.timed_out_reward``: how a verifier timeout is scored."""
+
+VERIFIER_TIMEOUT = "verifier timed out"
+"""Start of the error of a result whose verifier ran past its per-item limit (``ops.rl.reward.RewardScorer``;
+a test pins the two together)."""
+
+
+def timed_out_as_zero(r: RewardResult) -> RewardResult:
+    """``r`` unchanged unless its verifier timed out; then the paper's rule: score 0.0, status
+    ``timeout`` (the error kept). Service faults (anything else ``failed``) are left ``failed``."""
+    if r.status == "failed" and (r.error or "").startswith(VERIFIER_TIMEOUT):
+        return RewardResult(r.key, 0.0, "timeout", r.attempts, r.error)
+    return r
 
 
 class _GuardedEngine:
@@ -92,7 +140,8 @@ class RLStep:
 
     def _submit(self, prompt: Prompt, c: Completion):
         item = RewardItem(f"{c.prompt_uid}/{c.index}", c.text, prompt.answer, prompt.solution, prompt.answer_type)
-        return self.pool.submit(lambda: self.score([item])[0])
+        zero = self.cfg.timed_out_reward == "zero"
+        return self.pool.submit(lambda: timed_out_as_zero(self.score([item])[0]) if zero else self.score([item])[0])
 
     @staticmethod
     def _samples(g: Group, results: list[RewardResult], cfg: GRPOConfig) -> tuple[list[TrainSample], bool]:
@@ -105,7 +154,8 @@ class RLStep:
 
         Raises:
             RewardServiceError: the failed fraction of rewards exceeds ``max_failed_fraction``.
-            TimeoutError: rewards or gradients did not finish within ``drain_timeout_s``.
+            TimeoutError: rewards or gradients did not finish within ``drain_timeout_s``; or, without
+                ``wall_clock_cut``, a trained response was cut by the rollout's ``timeout_s``.
         """
         cfg = self.cfg
         t0 = time.monotonic()
@@ -134,6 +184,15 @@ class RLStep:
         rnd = run_round(_GuardedEngine(self.engine), plan, cfg.max_new_tokens, cfg.timeout_s, cfg.stop,
                         on_response=on_response, on_group=on_group)
         t_rollout = time.monotonic()
+        cut = sum(c.finish_reason == "timeout" for g in rnd.groups for c in g.completions)
+        if cut and not cfg.wall_clock_cut:
+            futures_wait(group_jobs, timeout=cfg.drain_timeout_s)      # streamed groups: let them land, then drop them
+            if self.worker is not None:
+                self.worker.drain(cfg.drain_timeout_s)
+            self.trainer._reset()
+            raise TimeoutError(f"step {plan.step} ({plan.kind} round): {cut} trained responses were cut by the rollout's "
+                               f"wall clock (timeout_s {cfg.timeout_s:.0f}s); with wall_clock_cut off (the paper's rule) "
+                               "responses run to full length and the step fails instead")
         if not cfg.reward_overlap:
             for g in rnd.groups:
                 for c in g.completions:
@@ -177,6 +236,7 @@ class RLStep:
             "reward_mean": sum(vals) / len(vals) if vals else float("nan"),
             "verified": counts["verified"], "wrong": counts["wrong"], "unparseable": counts["unparseable"],
             "reward_failed": counts["failed"] + counts["bad_gold"], "reward_failed_fraction": failed_frac,
+            "reward_timeout_zero": counts.get("timeout", 0),
             "zero_signal_groups": sum(zero_groups) / max(1, len(zero_groups)),
             **{k: tm[k] for k in ("loss", "grad_norm", "tokens", "valid_responses", "clip_fraction", "kl", "masked_tokens",
                                 "train_compute_s")},
