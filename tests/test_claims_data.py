@@ -97,3 +97,40 @@ def test_dedup_adapter_refuses_an_unknown_corpus(tmp_path):
         dedup.run_seed(7, ["crucible"], tmp_path, n=10, corpus="bogus")
     with pytest.raises(ValueError, match="unknown tools"):
         dedup.run_seed(7, ["minhashx"], tmp_path, n=10)
+
+
+@pytest.mark.slow  # waits out a 30 s limit
+def test_a_tool_cut_by_the_time_limit_keeps_its_measured_cold_time(tmp_path, monkeypatch):
+    """A worker whose warm call runs past the limit (a real subprocess, killed by _run_tool): the cold time
+    the worker measured comes back, not the limit (run_seed reports it with ``timed_out: 1``)."""
+    import json
+
+    from benchmarks.claims.adapters import dedup
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": f"problem {i} of the test"}) + "\n" for i in range(50)))
+
+    # a worker module whose 'crucible' tool sleeps in its warm call: run it through _run_tool's real subprocess
+    mod = tmp_path / "slowtool.py"
+    mod.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from benchmarks.claims.adapters import dedup\n"
+        "calls = []\n"
+        "def tool(texts):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) > 1:\n"
+        "        time.sleep(600)\n"
+        "    return [True] * len(texts), {}\n"
+        "dedup._crucible = tool\n"
+        "dedup.worker('crucible', Path(sys.argv[2]), Path(sys.argv[3]))\n")
+    real_popen = dedup.subprocess.Popen
+
+    def popen(cmd, **kw):
+        cmd = [cmd[0], str(mod), *cmd[-3:]]
+        kw["env"] = {**kw["env"], "PYTHONPATH": str(ROOT)}
+        return real_popen(cmd, **kw)
+
+    monkeypatch.setattr(dedup.subprocess, "Popen", popen)
+    r = dedup._run_tool("crucible", corpus, tmp_path, timeout_s=30)
+    assert r is not None and "cold_only" in r and 0 < r["cold_only"]["cold_s"] < 30
