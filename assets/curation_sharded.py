@@ -91,7 +91,7 @@ def near_dedup_merge(context: dg.AssetExecutionContext, config: DedupConfig, lak
 
 
 # --- decontamination ------------------------------------------------------------------------------------------------
-# docs/curation.md, "Beyond one machine". The detector (ops/curation/decontam.py) runs as shard steps between
+# docs/curation.md, "Beyond one machine". The detector (ops/curation/decontam/) runs as shard steps between
 # synchronisation points (ops/curation/decontam_shard.py): decontam_step_01 .. _13 are partitioned like dedup_shards
 # (one run, one pod, per shard), decontam_sync_01 .. _12 each merge every shard's statistics at one point, and
 # decontaminated_problems_sharded / contamination_report_sharded assemble the shards' removals. A run uses as many
