@@ -66,6 +66,27 @@ def policy_sha256(policy: str) -> str:
     return h.hexdigest()
 
 
+RAY_START_ATTEMPTS = 3
+"""Tries of the local Ray start per seed: Ray gives its raylet a fixed 30 s to register, which a loaded
+2-core machine can miss (seen twice in development under a load average of ~35)."""
+
+
+def _start_ray(ray) -> None:
+    """``ops.launch.init_ray(None, 2, 1)``, tried up to ``RAY_START_ATTEMPTS`` times (``ray.shutdown``
+    between tries); the last failure is raised. Start-up is excluded from every arm's time."""
+    from ops.launch import init_ray
+
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            init_ray(None, 2, 1)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception on a start-up timeout
+            ray.shutdown()
+            if attempt == RAY_START_ATTEMPTS or "timed out during startup" not in str(e):
+                raise
+            print(f"ray start attempt {attempt} failed ({e}); retrying", flush=True)
+
+
 def rollpacker_seed(seed: int, arm_order: list[str], workdir: Path, policy: str = "", sizes: str = "full",
                     actors: str = "ray") -> dict:
     """RollPacker methods (``ops.rl.rollpacker.driver.METHODS``) for one seed, in ``arm_order``.
@@ -90,9 +111,7 @@ def rollpacker_seed(seed: int, arm_order: list[str], workdir: Path, policy: str 
     if actors == "ray":
         import ray
 
-        from ops.launch import init_ray
-
-        init_ray(None, 2, 1)
+        _start_ray(ray)
     ray_s = time.monotonic() - t0
     out = {}
     try:
