@@ -6,7 +6,7 @@ the run folder (assets.launch.staged) and the step committing each base folder."
 import hashlib
 
 import dagster as dg
-from assets import mixture
+from assets import mixture, mixture_probes
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 from tests.assets.test_mixture_assets import TINY_BASE, _corpora
@@ -36,7 +36,7 @@ def test_a_failed_step_leaves_the_committed_base_byte_identical_and_a_success_co
     assert {"model.safetensors", "optimizer.pt", "base.json"} <= set(before)
 
     calls = []
-    real = mixture._partition_versions
+    real = mixture_probes._partition_versions          # the asset's module (assets.mixture re-exports it)
 
     def fail_once(context, per_key):
         calls.append(1)
@@ -44,7 +44,7 @@ def test_a_failed_step_leaves_the_committed_base_byte_identical_and_a_success_co
             raise RuntimeError("simulated failure after the launch (e.g. while writing metadata)")
         return real(context, per_key)
 
-    monkeypatch.setattr(mixture, "_partition_versions", fail_once)
+    monkeypatch.setattr(mixture_probes, "_partition_versions", fail_once)
     other = {"ops": {"cpt_base_models": {"config": {**one_init, "base_tokens": 1024}}}}
     r = dg.materialize([mixture.cpt_base_models], resources=res, partition_key="xs", instance=instance,
                        run_config=other, raise_on_error=False)

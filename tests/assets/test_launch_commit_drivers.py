@@ -147,7 +147,7 @@ def test_cpt_probe_runs_failed_step_leaves_the_committed_metrics_byte_identical(
     that asset)."""
     import json
 
-    from assets import mixture
+    from assets import mixture, mixture_probes
     from tests.assets.test_mixture_assets import TINY_BASE, _corpora
 
     lake = LakeResource(root=str(tmp_path / "lake"))
@@ -162,7 +162,7 @@ def test_cpt_probe_runs_failed_step_leaves_the_committed_metrics_byte_identical(
     root = tmp_path / "lake" / "cpt_probe_runs"
     before = _lake_digest(root)
     assert {"launch.json", "xs_r0.500/metrics.json"} <= set(before)
-    calls = _fail_once(monkeypatch, mixture, "_probe_table")
+    calls = _fail_once(monkeypatch, mixture_probes, "partition_table")   # reads the runs after the launch
     r = _materialize([mixture.cpt_probe_runs], res, {"cpt_probe_runs": {"config": {**cpt, "cpt_tokens": 384}}},
                      partition_key=key)
     assert not r.success and calls == [1]
