@@ -67,14 +67,14 @@ measure the noise floor: the spread of repeated runs at one (N, D, r_d), which n
 (docs/mixture.md, "Closed loop"). Seed k continues the size's base initialisation k
 (``PROBE_BASE_INITS``), so the seeds measure the noise of the whole run, initialisation and data
 order, not only the CPT stage's. Four, so that each size's point on the N axis averages four base
-models (docs/mixture.md, "Four inits per size")."""
+models (docs/mixture.md, "Probe grid")."""
 
 PROBE_BASE_INITS: tuple[int, ...] = (0, 1, 2, 3)
 """Base initialisations per probe size (``cpt_base_models.inits``). With CPT seed k continuing base
 init k (``cpt_probe_runs.seeds_reinit_base``), a probe's repeats differ in initialisation and data
 order, and at the repeat ratio (``PROBE_REPEAT_RATIOS``) a size's points average four base models
-(the other ratios have seed 0, so init 0, only). Measured (docs/mixture.md, "Base
-initialisations", "Four inits per size"): a probe size's base general loss varies by up to 4.5%
+(the other ratios have seed 0, so init 0, only). Measured (docs/mixture.md, "Probe
+grid"; exploratory): a probe size's base general loss varies by up to 4.5%
 over four inits, and with two inits per size the extrapolation to 4x the largest probe moved by
 more between two draws than between law forms."""
 
@@ -172,13 +172,13 @@ class ProbePlan(JsonSpec):
     """Width (``n_embd``) at which ``base_lr`` and ``cpt_lr`` hold; a size of width d >= lr_ref_width
     trains at lr x lr_ref_width / d, base and CPT alike (``lr_for``): the 1/width rule for Adam of muP
     (Yang et al., 2022, "Tensor Programs V", Table 3); a narrower size at lr itself unless
-    ``lr_rule_below_ref``. 0: every size at the same rate. Measured (docs/mixture.md,
-    "Learning rate per size"): at one rate of 3e-3 every size beyond ``l`` was *worse* than ``l``
+    ``lr_rule_below_ref``. 0: every size at the same rate. Measured (exploratory;
+    docs/mixture.md, "Probe grid"): at one rate of 3e-3 every size beyond ``l`` was *worse* than ``l``
     after the base (general loss 5.69 for ``l``, 5.72 for ``xxl``), at the rule's 7.5e-4 ``xxl`` reaches 5.10."""
     lr_rule_below_ref: bool = False
     """Apply the 1/width rule below ``lr_ref_width`` too, raising a narrower size's rate above the
     given one (``xs``, width 16, at 3x). Off by default: a size narrower than the reference trains at
-    the given rate. Measured (docs/mixture.md, "The smallest probe is numerically chaotic"): at 3x
+    the given rate. Measured (docs/mixture.md, "Probe grid"; exploratory): at 3x
     (9e-3) ``xs``'s base loss moved 2.8% between two CPU kernel paths of the same machine, and at 3e-3
     by 0.009%; the rule (Yang et al., 2022) scales up from a base width, not down."""
     cpt_tokens: int = 131_072

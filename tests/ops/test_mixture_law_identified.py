@@ -255,7 +255,7 @@ def test_estimation_cost_counts_six_n_d_of_the_runs_k_needs():
 
 
 # ---------------------------------------------------------------------------------------------
-# The D term with an offset (docs/mixture.md, "A D term that bends")
+# The D term with an offset (docs/mixture.md, "Forms")
 
 TRUE_L3_D0 = dict(TRUE_L3, B=15.0, D0=2e4)
 

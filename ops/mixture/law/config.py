@@ -34,7 +34,7 @@ class LawFitParams:
     """Law forms compared, non-empty (keys of ``ops.mixture.law.FORMS``: L3, r_additive, chinchilla,
     data_mixing_law, bimix, L3_d0, r_additive_d0); the first is the one the plan uses. The two *_d0
     forms (a D term finite at D = 0) joined the default by the rule registered for them: they beat
-    L3 at both validation sizes (docs/mixture.md, "A D term that bends")."""
+    L3 at both validation sizes (docs/mixture.md, "Forms")."""
     huber_delta: float = HUBER_DELTA
     """Huber delta on log-loss residuals (> 0; docs/mixture.md)."""
     holdout_last_k: int = 2

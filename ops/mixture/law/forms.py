@@ -121,8 +121,8 @@ class LawForm:
     has_d0: bool = False
     """dcpt family: the D term is B r^eta / (D + D0)^beta with a fitted offset D0 (tokens) instead of
     B r^eta / D^beta, so that it is finite at D = 0 (where a continually trained model starts from its
-    base loss) and its log-log slope -beta D / (D + D0) steepens with D (docs/mixture.md, "A D term
-    that bends"). The offset plays the role of Hernandez et al.'s (2021, arXiv 2102.01293) effective
+    base loss) and its log-log slope -beta D / (D + D0) steepens with D (docs/mixture.md,
+    "Forms"). The offset plays the role of Hernandez et al.'s (2021, arXiv 2102.01293) effective
     data transferred."""
 
     def __post_init__(self):
