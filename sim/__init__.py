@@ -19,7 +19,8 @@ Modules:
                    calibration override: ``Roofline``, ``HardwareProfile``, ``ModelConfig``
     traces         keyed workload traces: ``LogNormalLaw`` (the length law, base of both log-normal
                    traces), ``LogNormalLengths``, ``MeasuredLengths``, ``AgenticTurns``
-    des            the discrete-event simulator of both papers on equal GPUs:
-                   ``simulate_rollpacker``, ``simulate_rollarc``, ``DESEngine``, ``Instance``;
-                   ``ServedModel``, the model / GPUs / roofline base of both configs
+    des            the discrete-event simulator of both papers on equal GPUs (a package: ``engine``,
+                   the virtual clock, event queue, engine instances and ``ServedModel``, the model /
+                   GPUs / roofline base of both configs; ``rollpacker`` and ``rollarc``, one module
+                   per system): ``simulate_rollpacker``, ``simulate_rollarc``, ``DESEngine``, ``Instance``
 """

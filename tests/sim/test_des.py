@@ -1,4 +1,4 @@
-"""The discrete-event simulator (sim/des.py): the closed-form engine against a step-by-step
+"""The discrete-event simulator (sim/des/): the closed-form engine against a step-by-step
 reference, determinism, equal resources, the schedulers' invariants, and the calibration's effect."""
 
 import json
