@@ -41,6 +41,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -927,83 +928,31 @@ def _worker_result(methods: dict, label: str, work: Path, worker: str, corpus: P
     return r, json.loads(str(r["meta"]))
 
 
-def main() -> None:
-    ap = bench_parser(__doc__, "dedup.json", full_doc=True)
-    ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plant-frac", type=float, default=0.30, help="share of the corpus that is planted near-duplicates")
-    ap.add_argument("--workdir", type=Path, default=BENCH / ".work")
-    ap.add_argument("--crucible-repeats", type=int, default=3)
-    ap.add_argument("--whatif", default="auto",
-                    help="comma-separated bands x rows (e.g. 16x8,9x13) for extra, clearly labelled what-if runs of "
-                         "near_dedup; 'auto' = datasketch's equal-weight (b, r) for 0.8/128 when it differs from "
-                         "Crucible's own lsh_params; '' = none")
-    ap.add_argument("--bands-rows", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--loop-limit", type=int, default=0,
-                    help="docs for the datasketch loop (0 = all); fewer are timed and extrapolated linearly")
-    ap.add_argument("--loop-matched", action=argparse.BooleanOptionalAction, default=True,
-                    help="also run the datasketch loop with Crucible's (bands, rows) when they differ from MinHashLSH's")
-    ap.add_argument("--skip-datatrove", action="store_true")
-    ap.add_argument("--datatrove-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
-    ap.add_argument("--datatrove-defaults", action=argparse.BooleanOptionalAction, default=True,
-                    help="also run datatrove with its own defaults (spaCy words, 14x8, numbers->0, no punctuation)")
-    ap.add_argument("--skip-peers", action="store_true", help="skip the rensa and idiomatic datasketch rows")
-    ap.add_argument("--worker", choices=["crucible", "datasketch", "mathgen", "peers"], help=argparse.SUPPRESS)
-    ap.add_argument("--family", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--part", default="0/1", help=argparse.SUPPRESS)
-    ap.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--quiet-wait", type=float, default=45.0,
-                    help="before each timed method wait up to this many seconds for other processes to go idle")
-    args = ap.parse_args()
-    global QUIET_WAIT
-    QUIET_WAIT = args.quiet_wait
+@dataclass
+class BenchRun:
+    """What every tool runner of :func:`main` shares: the work folder, the corpus (file and texts), its shingle sets
+    and exact ground truth (:func:`ground_truth`), and ``methods``, the rows the runners add (label -> row: timing,
+    precision and recall from :func:`score`, or ``{"error": ...}``)."""
 
-    if args.worker == "crucible":
-        return worker_crucible(args.corpus, args.result, args.crucible_repeats, args.bands_rows)
-    if args.worker == "datasketch":
-        return worker_datasketch(args.corpus, args.result, args.limit, args.bands_rows)
-    if args.worker == "peers":
-        return worker_peers(args.corpus, args.result, args.family, args.limit)
-    if args.worker == "mathgen":
-        part, procs = map(int, args.part.split("/"))
-        return worker_mathgen(args.result, args.limit, args.seed, part, procs)
+    work: Path
+    corpus_path: Path
+    texts: list[str]
+    ss: ShingleSets
+    gt: np.ndarray
+    methods: dict[str, dict] = field(default_factory=dict)
 
-    t_start = time.perf_counter()
-    work = args.workdir.resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    report: dict = {"benchmark": "near-duplicate detection", "command": command_line(__file__),
-                    "machine": machine_info(),
-                    "parameters": {"threshold": THRESHOLD, "num_perm": NUM_PERM, "minhash_seed": SEED,
-                                   "shingles": "word 5-grams of ops.curation.text.tokens (char 3-grams below 5 tokens)"}}
+    @property
+    def n(self) -> int:
+        return len(self.texts)
 
-    from datasketch import MinHashLSH
 
+def ground_truth(texts: list[str], kind: np.ndarray, origin: np.ndarray, seed: int) -> tuple[ShingleSets, np.ndarray, dict]:
+    """The exact ground truth of a corpus from :func:`build_corpus`: (shingle sets, pairs int64 [p, 2] with
+    Jaccard >= THRESHOLD by :func:`prefix_join`, the report's ``ground_truth`` section, brute-force check included)."""
     from ops.curation import minhash
-
-    cru_br = tuple(minhash.lsh_params(THRESHOLD, NUM_PERM))
-    _ds = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
-    ds_br = (int(_ds.b), int(_ds.r))
-    report["parameters"]["crucible_bands_rows"] = list(cru_br)
-    report["parameters"]["datasketch_default_bands_rows"] = list(ds_br)
-    report["code_under_test"] = code_fingerprint()
-
-    # ---- corpus
-    _log(f"building corpus n={args.n}")
-    texts, kind, origin, cinfo = build_corpus(args.n, args.seed, args.plant_frac, work)
-    n = len(texts)
-    corpus_path = work / f"corpus_{n}_{args.seed}.jsonl"
-    with open(corpus_path, "w", encoding="utf-8") as f:
-        for i, t in enumerate(texts):
-            f.write(json.dumps({"id": str(i), "text": t}) + "\n")
-    report["corpus"] = cinfo
-    report["corpus"]["file"] = str(corpus_path.relative_to(ROOT))
-    _log(f"corpus: {cinfo['real_distinct']} real, {cinfo['generated']} generated, {cinfo['planted']} planted")
-
-    # ---- ground truth
     from ops.curation.text import tokens
 
+    n = len(texts)
     t0 = time.perf_counter()
     batch = minhash.shingle_batch(texts)
     ss = ShingleSets(batch.values, batch.offsets)
@@ -1022,7 +971,7 @@ def main() -> None:
     for a, b in kind_pair.tolist():
         key = f"{names[a]}-{names[b]}"
         pair_kinds[key] = pair_kinds.get(key, 0) + 1
-    report["ground_truth"] = {
+    info = {
         "method": (
             "exact prefix-filtering set-similarity join over the sets of Crucible's 64-bit shingle hashes "
             "(ops.curation.minhash.shingle_batch). Tokens ordered by global document frequency, rarest first; "
@@ -1049,17 +998,17 @@ def main() -> None:
         "planted_pairs_in_ground_truth": int(sum((min(a, b) * n + max(a, b)) in in_gt for a, b in zip(planted.tolist(), origin[planted].tolist()))),
     }
     _log(f"ground truth: {len(gt)} pairs in {t_gt:.1f}s ({jstats})")
-    report["ground_truth"]["brute_force_check"] = brute_force_check(ss, gt, THRESHOLD, 4000, args.seed)
-    _log(f"brute-force check: {report['ground_truth']['brute_force_check']}")
+    info["brute_force_check"] = brute_force_check(ss, gt, THRESHOLD, 4000, seed)
+    _log(f"brute-force check: {info['brute_force_check']}")
+    return ss, gt, info
 
-    methods: dict[str, dict] = {}
 
-    # ---- Crucible (as shipped), then optional what-if (bands x rows) runs of the same stage
-    if args.whatif == "auto":
-        whatifs = [] if ds_br == cru_br else [f"{ds_br[0]}x{ds_br[1]}"]
-    else:
-        whatifs = [w for w in args.whatif.split(",") if w and w != f"{cru_br[0]}x{cru_br[1]}"]
-    for label, br, repeats in [("crucible", "", args.crucible_repeats)] + [(f"whatif_crucible_{w}", w, 1) for w in whatifs]:
+def run_crucible(run: BenchRun, repeats: int, whatifs: list[str] = ()) -> None:
+    """Crucible's ``near_dedup`` as shipped (row ``crucible``: median of ``repeats`` runs in a fresh process after one
+    untimed warm-up call), then one what-if row per ``"BxR"`` of ``whatifs`` (``lsh_params`` replaced in the worker
+    process only; never used for the targets). Adds the rows to ``run.methods``."""
+    methods, work, corpus_path, n, ss, gt = run.methods, run.work, run.corpus_path, run.n, run.ss, run.gt
+    for label, br, repeats in [("crucible", "", repeats)] + [(f"whatif_crucible_{w}", w, 1) for w in whatifs]:
         _log(f"{label}: near_dedup{' with lsh_params -> ' + br if br else ''}")
         got = _worker_result(methods, label, work, "crucible", corpus_path,
                              ["--crucible-repeats", str(repeats), "--bands-rows", br], 600)
@@ -1098,11 +1047,16 @@ def main() -> None:
         }
         _log(f"{label}: {methods[label]['wall_seconds']}s  P={methods[label]['precision']:.4f} R={methods[label]['recall']:.4f}")
 
-    # ---- plain datasketch loop (as specified: MinHashLSH's own (b, r)), and with Crucible's (b, r)
-    limit = args.loop_limit or n
-    loops = [("datasketch_loop", "")]
-    if args.loop_matched and cru_br != ds_br:
-        loops.append(("datasketch_loop_crucible_params", f"{cru_br[0]}x{cru_br[1]}"))
+
+def run_datasketch_loop(run: BenchRun, limit: int, bands_rows: list[tuple[int, int] | None]) -> None:
+    """The plain per-document datasketch loop (:func:`worker_datasketch`) on the first ``limit`` documents (0: all;
+    fewer are timed and extrapolated linearly), once per entry of ``bands_rows``: None = MinHashLSH's own (b, r)
+    (row ``datasketch_loop``), (b, r) = those forced (row ``datasketch_loop_crucible_params``). Adds the rows to
+    ``run.methods``."""
+    methods, work, corpus_path, n, ss, gt = run.methods, run.work, run.corpus_path, run.n, run.ss, run.gt
+    limit = limit or n
+    loops = [("datasketch_loop", "") if br is None else ("datasketch_loop_crucible_params", f"{br[0]}x{br[1]}")
+             for br in bands_rows]
     for name, params in loops:
         _log(f"{name} on {limit} docs")
         got = _worker_result(methods, name, work, "datasketch", corpus_path, ["--limit", str(limit), "--bands-rows", params], 900)
@@ -1140,143 +1094,151 @@ def main() -> None:
         methods[name] = m
         _log(f"{name}: {m['wall_seconds']}s  P={m['precision']:.4f} R={m['recall']:.4f}")
 
-    # ---- datatrove
-    if args.skip_datatrove:
-        methods["datatrove"] = {"skipped": "--skip-datatrove"}
-    elif not args.datatrove_python.exists():
-        methods["datatrove"] = {"error": f"{args.datatrove_python} not found; see benchmarks/README.md for the venv"}
-    else:
-        configs = [("datatrove", "crucible")] + ([("datatrove_defaults", "defaults")] if args.datatrove_defaults else [])
-        for name, cfg in configs:
-            _log(f"datatrove ({cfg})")
-            dt_work = work / f"datatrove_{cfg}"
-            res = work / f"{name}.json"
-            rc, wall, out = run_sub([str(args.datatrove_python), str(BENCH / "datatrove_runner.py"), "--corpus", str(corpus_path),
-                                     "--work", str(dt_work), "--result", str(res), "--config", cfg, "--workers", "2",
-                                     "--buckets", str(cru_br[0]), "--rows", str(cru_br[1])],
-                                    timeout=900, env={**os.environ, "PYTHONPATH": str(BENCH)})
-            if rc != 0 or not res.exists():
-                methods[name] = {"error": f"exit {rc}: {out}"}
-                continue
-            d = json.loads(res.read_text())
-            keep = np.ones(n, dtype=bool)
-            removed = np.array(d.pop("removed_ids"), dtype=np.int64)
-            keep[removed] = False
-            cluster_of = {int(k): int(v) for k, v in d.pop("cluster_of").items()}
-            kept_in = {}
-            for doc, c in cluster_of.items():
-                if keep[doc]:
-                    kept_in.setdefault(c, []).append(doc)
-            mapped = {int(r): kept_in.get(cluster_of.get(int(r), -1), []) for r in removed.tolist()}
-            sec = d["pipeline_seconds"]
-            mc = d["minhash_config"]
-            methods[name] = {
-                **d,
-                "lsh_candidate_probability": lsh_curve(mc["num_buckets"], mc["hashes_per_bucket"]),
-                "docs_timed": n,
-                "wall_seconds": round(sec, 3),
-                "throughput_per_s": round(n / sec, 1),
-                "subprocess_wall_seconds": round(wall, 3),
-                "machine_state": dict(LAST_MACHINE),
-                **score(keep, mapped, ss, gt),
-            }
-            _log(f"{name}: {sec:.1f}s  P={methods[name]['precision']:.4f} R={methods[name]['recall']:.4f}")
-            # the same clusters checked exactly: each cluster split star-wise (input order) on exact Jaccard
-            t0 = time.perf_counter()
-            members: dict[int, list[int]] = {}
-            for doc, c in sorted(cluster_of.items()):
-                members.setdefault(c, []).append(doc)
-            from ops.curation.text import shingles
 
-            sets = {doc: shingles(texts[doc], word_n=WORD_N) for doc in cluster_of}
-            keep_v = np.ones(n, dtype=bool)
-            mapped_v: dict[int, list[int]] = {}
-            for group in members.values():
-                done: set[int] = set()
-                for x, d in enumerate(group):
-                    if d in done:
-                        continue
-                    done.add(d)
-                    for c in group[x + 1:]:
-                        if c not in done and _exact_j(sets[d], sets[c]) >= THRESHOLD:
-                            done.add(c)
-                            keep_v[c] = False
-                            mapped_v[c] = [d]
-            t_ver = time.perf_counter() - t0
-            methods[name + "+verify"] = {
-                "what": f"{name}'s clusters (MinhashDedupCluster save_cluster_id), each split star-wise in input order "
-                        "on exact Jaccard >= 0.8 of ops.curation.text.shingles sets (python; shingling of the "
-                        "clustered docs included)",
-                "docs_timed": n,
-                "wall_seconds": round(sec + t_ver, 3),
-                "seconds_parts": {"datatrove pipeline": round(sec, 3), "exact check (python)": round(t_ver, 3)},
-                "throughput_per_s": round(n / (sec + t_ver), 1),
-                "verified": "exact",
-                "machine_state": dict(LAST_MACHINE),
-                **score(keep_v, mapped_v, ss, gt),
-            }
-            _log(f"{name}+verify: {sec + t_ver:.1f}s  P={methods[name + '+verify']['precision']:.4f} "
-                 f"R={methods[name + '+verify']['recall']:.4f}")
-
-    # ---- peers used idiomatically: rensa (deduplicator and LSH) and datasketch (bulk + insertion_session)
-    for family in ([] if args.skip_peers else ["rensa", "datasketch"]):
-        _log(f"peers: {family}")
-        res_path = work / f"peers_{family}.json"
-        rc, wall, out = run_sub([sys.executable, str(BENCH / "dedup_bench.py"), "--worker", "peers", "--family", family,
-                                 "--corpus", str(corpus_path), "--result", str(res_path)], timeout=1200)
-        if rc != 0 or not res_path.exists():
-            methods[f"{family}_peers"] = {"error": f"exit {rc}: {out}"}
+def run_datatrove(run: BenchRun, python: Path, configs: list[tuple[str, str]], bands_rows: tuple[int, int]) -> None:
+    """datatrove's MinHash pipeline in its own interpreter ``python`` (benchmarks/datatrove_runner.py), once per
+    (row name, config) of ``configs`` (config ``crucible``: Crucible's shingles and ``bands_rows``; ``defaults``: its
+    own), each also re-checked exactly (row ``<name>+verify``). Adds the rows to ``run.methods``."""
+    methods, work, corpus_path, n, ss, gt = run.methods, run.work, run.corpus_path, run.n, run.ss, run.gt
+    texts = run.texts
+    for name, cfg in configs:
+        _log(f"datatrove ({cfg})")
+        dt_work = work / f"datatrove_{cfg}"
+        res = work / f"{name}.json"
+        rc, wall, out = run_sub([str(python), str(BENCH / "datatrove_runner.py"), "--corpus", str(corpus_path),
+                                 "--work", str(dt_work), "--result", str(res), "--config", cfg, "--workers", "2",
+                                 "--buckets", str(bands_rows[0]), "--rows", str(bands_rows[1])],
+                                timeout=900, env={**os.environ, "PYTHONPATH": str(BENCH)})
+        if rc != 0 or not res.exists():
+            methods[name] = {"error": f"exit {rc}: {out}"}
             continue
-        d = json.loads(res_path.read_text())
-        for name, row in d["rows"].items():
-            keep = np.array(row["keep"], dtype=bool)
-            mapped: dict[int, list[int]] = {}
-            for r_, m_ in row["pairs"]:
-                mapped.setdefault(int(r_), []).append(int(m_))
-            sec = d["shingling_seconds"] + row["peer_seconds"]
-            methods[name] = {
-                "what": row["what"],
-                "library": f"{family} {d['version']}",
-                "docs_timed": d["docs"],
-                "wall_seconds": round(sec, 3),
-                "timing": "one run in a fresh process (one process per library, its shingling shared by its rows): "
-                          "python shingling + the library's sketching, indexing, querying + clustering (+ verification)",
-                "seconds_parts": {k: round(v, 3) for k, v in row["seconds_parts"].items()},
-                "shingling_cpu_seconds (process user+sys)": round(d["shingling_cpu_seconds"], 3),
-                "throughput_per_s": round(d["docs"] / sec, 1),
-                "verified": "exact" if name.endswith("+verify") else ("minhash estimate" if (
-                    name.endswith("+estimate") or name.startswith("rensa_dedup")) else "no"),
-                "peak_rss_mb (whole process, all rows)": d["peak_rss_mb"],
-                "machine_state": dict(LAST_MACHINE),
-                **score(keep, mapped, ss, gt),
-            }
-            _log(f"{name}: {sec:.2f}s  P={methods[name]['precision']:.4f} R={methods[name]['recall']:.4f}")
+        d = json.loads(res.read_text())
+        keep = np.ones(n, dtype=bool)
+        removed = np.array(d.pop("removed_ids"), dtype=np.int64)
+        keep[removed] = False
+        cluster_of = {int(k): int(v) for k, v in d.pop("cluster_of").items()}
+        kept_in = {}
+        for doc, c in cluster_of.items():
+            if keep[doc]:
+                kept_in.setdefault(c, []).append(doc)
+        mapped = {int(r): kept_in.get(cluster_of.get(int(r), -1), []) for r in removed.tolist()}
+        sec = d["pipeline_seconds"]
+        mc = d["minhash_config"]
+        methods[name] = {
+            **d,
+            "lsh_candidate_probability": lsh_curve(mc["num_buckets"], mc["hashes_per_bucket"]),
+            "docs_timed": n,
+            "wall_seconds": round(sec, 3),
+            "throughput_per_s": round(n / sec, 1),
+            "subprocess_wall_seconds": round(wall, 3),
+            "machine_state": dict(LAST_MACHINE),
+            **score(keep, mapped, ss, gt),
+        }
+        _log(f"{name}: {sec:.1f}s  P={methods[name]['precision']:.4f} R={methods[name]['recall']:.4f}")
+        # the same clusters checked exactly: each cluster split star-wise (input order) on exact Jaccard
+        t0 = time.perf_counter()
+        members: dict[int, list[int]] = {}
+        for doc, c in sorted(cluster_of.items()):
+            members.setdefault(c, []).append(doc)
+        from ops.curation.text import shingles
 
-    # ---- Crucible once more, after the peers: the machine's load drifts, so the summary takes the slower
-    # of the two Crucible timings (the outputs must be identical: the stage is deterministic)
-    if "wall_seconds" in methods.get("crucible", {}) and not args.skip_peers:
-        _log("crucible again (after the peers)")
-        got = _worker_result(methods, "crucible_after_peers", work, "crucible", corpus_path,
-                             ["--crucible-repeats", str(args.crucible_repeats)], 600)
-        if got is not None:
-            r, meta = got
-            first = np.load(work / "crucible.npz")
-            times = r["times"].tolist()
-            methods["crucible_after_peers"] = {
-                "what": "the 'crucible' row re-timed in a fresh process after all peer rows (timing only)",
-                "wall_seconds": round(float(np.median(times)), 3),
-                "wall_seconds_runs": [round(x, 3) for x in times],
-                "first_call_seconds": round(meta["first_call_seconds"], 3),
-                "cpu_seconds_runs (process user+sys, all threads)": [round(x, 3) for x in meta["cpu_seconds"]],
-                "profile_seconds (one extra instrumented run)": {k: round(v, 3) for k, v in meta["profile_seconds"].items()},
-                "outputs_identical_to_first_run": bool(np.array_equal(first["keep"], r["keep"])
-                                                       and np.array_equal(first["survivor"], r["survivor"])),
-                "machine_state": dict(LAST_MACHINE),
-            }
-            _log(f"crucible_after_peers: {methods['crucible_after_peers']['wall_seconds']}s")
+        sets = {doc: shingles(texts[doc], word_n=WORD_N) for doc in cluster_of}
+        keep_v = np.ones(n, dtype=bool)
+        mapped_v: dict[int, list[int]] = {}
+        for group in members.values():
+            done: set[int] = set()
+            for x, d in enumerate(group):
+                if d in done:
+                    continue
+                done.add(d)
+                for c in group[x + 1:]:
+                    if c not in done and _exact_j(sets[d], sets[c]) >= THRESHOLD:
+                        done.add(c)
+                        keep_v[c] = False
+                        mapped_v[c] = [d]
+        t_ver = time.perf_counter() - t0
+        methods[name + "+verify"] = {
+            "what": f"{name}'s clusters (MinhashDedupCluster save_cluster_id), each split star-wise in input order "
+                    "on exact Jaccard >= 0.8 of ops.curation.text.shingles sets (python; shingling of the "
+                    "clustered docs included)",
+            "docs_timed": n,
+            "wall_seconds": round(sec + t_ver, 3),
+            "seconds_parts": {"datatrove pipeline": round(sec, 3), "exact check (python)": round(t_ver, 3)},
+            "throughput_per_s": round(n / (sec + t_ver), 1),
+            "verified": "exact",
+            "machine_state": dict(LAST_MACHINE),
+            **score(keep_v, mapped_v, ss, gt),
+        }
+        _log(f"{name}+verify: {sec + t_ver:.1f}s  P={methods[name + '+verify']['precision']:.4f} "
+             f"R={methods[name + '+verify']['recall']:.4f}")
 
-    # ---- summary
-    report["methods"] = methods
+
+def run_peers(run: BenchRun, family: str) -> None:
+    """One peer library used idiomatically (``rensa``: its deduplicator and LSH; ``datasketch``: ``MinHash.bulk`` +
+    ``insertion_session``), every variant of :func:`worker_peers` in one fresh process. Adds one row per variant to
+    ``run.methods`` (``<family>_peers`` with the error when the process fails)."""
+    methods, work, corpus_path, ss, gt = run.methods, run.work, run.corpus_path, run.ss, run.gt
+    _log(f"peers: {family}")
+    res_path = work / f"peers_{family}.json"
+    rc, wall, out = run_sub([sys.executable, str(BENCH / "dedup_bench.py"), "--worker", "peers", "--family", family,
+                             "--corpus", str(corpus_path), "--result", str(res_path)], timeout=1200)
+    if rc != 0 or not res_path.exists():
+        methods[f"{family}_peers"] = {"error": f"exit {rc}: {out}"}
+        return
+    d = json.loads(res_path.read_text())
+    for name, row in d["rows"].items():
+        keep = np.array(row["keep"], dtype=bool)
+        mapped: dict[int, list[int]] = {}
+        for r_, m_ in row["pairs"]:
+            mapped.setdefault(int(r_), []).append(int(m_))
+        sec = d["shingling_seconds"] + row["peer_seconds"]
+        methods[name] = {
+            "what": row["what"],
+            "library": f"{family} {d['version']}",
+            "docs_timed": d["docs"],
+            "wall_seconds": round(sec, 3),
+            "timing": "one run in a fresh process (one process per library, its shingling shared by its rows): "
+                      "python shingling + the library's sketching, indexing, querying + clustering (+ verification)",
+            "seconds_parts": {k: round(v, 3) for k, v in row["seconds_parts"].items()},
+            "shingling_cpu_seconds (process user+sys)": round(d["shingling_cpu_seconds"], 3),
+            "throughput_per_s": round(d["docs"] / sec, 1),
+            "verified": "exact" if name.endswith("+verify") else ("minhash estimate" if (
+                name.endswith("+estimate") or name.startswith("rensa_dedup")) else "no"),
+            "peak_rss_mb (whole process, all rows)": d["peak_rss_mb"],
+            "machine_state": dict(LAST_MACHINE),
+            **score(keep, mapped, ss, gt),
+        }
+        _log(f"{name}: {sec:.2f}s  P={methods[name]['precision']:.4f} R={methods[name]['recall']:.4f}")
+
+
+def run_crucible_again(run: BenchRun, repeats: int) -> None:
+    """Crucible once more, after the peers (row ``crucible_after_peers``): the machine's load drifts, so the summary
+    takes the slower of the two Crucible timings; the outputs must be identical (the stage is deterministic)."""
+    methods, work, corpus_path = run.methods, run.work, run.corpus_path
+    _log("crucible again (after the peers)")
+    got = _worker_result(methods, "crucible_after_peers", work, "crucible", corpus_path,
+                         ["--crucible-repeats", str(repeats)], 600)
+    if got is not None:
+        r, meta = got
+        first = np.load(work / "crucible.npz")
+        times = r["times"].tolist()
+        methods["crucible_after_peers"] = {
+            "what": "the 'crucible' row re-timed in a fresh process after all peer rows (timing only)",
+            "wall_seconds": round(float(np.median(times)), 3),
+            "wall_seconds_runs": [round(x, 3) for x in times],
+            "first_call_seconds": round(meta["first_call_seconds"], 3),
+            "cpu_seconds_runs (process user+sys, all threads)": [round(x, 3) for x in meta["cpu_seconds"]],
+            "profile_seconds (one extra instrumented run)": {k: round(v, 3) for k, v in meta["profile_seconds"].items()},
+            "outputs_identical_to_first_run": bool(np.array_equal(first["keep"], r["keep"])
+                                                   and np.array_equal(first["survivor"], r["survivor"])),
+            "machine_state": dict(LAST_MACHINE),
+        }
+        _log(f"crucible_after_peers: {methods['crucible_after_peers']['wall_seconds']}s")
+
+
+def summarize(methods: dict[str, dict], cru_br: tuple[int, int]) -> dict:
+    """The report's ``summary``: Crucible against every peer row (speed-ups, the fastest peer overall and at
+    precision and recall >= 0.99, library-only times, a CPU check), the targets, the timing caveat."""
     cru = dict(methods.get("crucible", {}))
     again = methods.get("crucible_after_peers", {})
     if "wall_seconds" in cru and "wall_seconds" in again and again["wall_seconds"] > cru["wall_seconds"]:
@@ -1353,12 +1315,11 @@ def main() -> None:
         f"other processes were busy when these started (waited {QUIET_WAIT:.0f}s): {noisy}; see machine_state" if noisy
         else "every timed method started on an otherwise idle machine (busy share < 0.15 of all cores)"
     )
-    report["summary"] = summary
-    report["total_benchmark_seconds"] = round(time.perf_counter() - t_start, 1)
-    report["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    write_results(report, args.out, indent=2)
+    return summary
 
-    # ---- table
+
+def print_table(methods: dict[str, dict], summary: dict, gt_pairs: int, out: Path) -> None:
+    """The rows as a text table on stdout, then the summary."""
     print()
     hdr = f"{'method':<32} {'docs':>7} {'wall s':>9} {'docs/s':>9} {'RSS MB':>8} {'removed':>8} {'precision':>9} {'recall':>7}"
     print(hdr)
@@ -1374,7 +1335,113 @@ def main() -> None:
         print(f"{k:<32} {m['docs_timed']:>7} {m['wall_seconds']:>9.2f} {m['throughput_per_s']:>9.0f} "
               f"{(f'{rss:.0f}' if rss else '-'):>8} {m['removed']:>8} {m['precision']:>9.4f} {m['recall']:>7.4f}")
     print(json.dumps(summary, indent=2))
-    print(f"ground truth: {len(gt)} pairs with J >= {THRESHOLD}; wrote {args.out}")
+    print(f"ground truth: {gt_pairs} pairs with J >= {THRESHOLD}; wrote {out}")
+
+
+def main() -> None:
+    ap = bench_parser(__doc__, "dedup.json", full_doc=True)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plant-frac", type=float, default=0.30, help="share of the corpus that is planted near-duplicates")
+    ap.add_argument("--workdir", type=Path, default=BENCH / ".work")
+    ap.add_argument("--crucible-repeats", type=int, default=3)
+    ap.add_argument("--whatif", default="auto",
+                    help="comma-separated bands x rows (e.g. 16x8,9x13) for extra, clearly labelled what-if runs of "
+                         "near_dedup; 'auto' = datasketch's equal-weight (b, r) for 0.8/128 when it differs from "
+                         "Crucible's own lsh_params; '' = none")
+    ap.add_argument("--bands-rows", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--loop-limit", type=int, default=0,
+                    help="docs for the datasketch loop (0 = all); fewer are timed and extrapolated linearly")
+    ap.add_argument("--loop-matched", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the datasketch loop with Crucible's (bands, rows) when they differ from MinHashLSH's")
+    ap.add_argument("--skip-datatrove", action="store_true")
+    ap.add_argument("--datatrove-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
+    ap.add_argument("--datatrove-defaults", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run datatrove with its own defaults (spaCy words, 14x8, numbers->0, no punctuation)")
+    ap.add_argument("--skip-peers", action="store_true", help="skip the rensa and idiomatic datasketch rows")
+    ap.add_argument("--worker", choices=["crucible", "datasketch", "mathgen", "peers"], help=argparse.SUPPRESS)
+    ap.add_argument("--family", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--part", default="0/1", help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--quiet-wait", type=float, default=45.0,
+                    help="before each timed method wait up to this many seconds for other processes to go idle")
+    args = ap.parse_args()
+    global QUIET_WAIT
+    QUIET_WAIT = args.quiet_wait
+
+    if args.worker == "crucible":
+        return worker_crucible(args.corpus, args.result, args.crucible_repeats, args.bands_rows)
+    if args.worker == "datasketch":
+        return worker_datasketch(args.corpus, args.result, args.limit, args.bands_rows)
+    if args.worker == "peers":
+        return worker_peers(args.corpus, args.result, args.family, args.limit)
+    if args.worker == "mathgen":
+        part, procs = map(int, args.part.split("/"))
+        return worker_mathgen(args.result, args.limit, args.seed, part, procs)
+
+    t_start = time.perf_counter()
+    work = args.workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict = {"benchmark": "near-duplicate detection", "command": command_line(__file__),
+                    "machine": machine_info(),
+                    "parameters": {"threshold": THRESHOLD, "num_perm": NUM_PERM, "minhash_seed": SEED,
+                                   "shingles": "word 5-grams of ops.curation.text.tokens (char 3-grams below 5 tokens)"}}
+
+    from datasketch import MinHashLSH
+
+    from ops.curation import minhash
+
+    cru_br = tuple(minhash.lsh_params(THRESHOLD, NUM_PERM))
+    _ds = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
+    ds_br = (int(_ds.b), int(_ds.r))
+    report["parameters"]["crucible_bands_rows"] = list(cru_br)
+    report["parameters"]["datasketch_default_bands_rows"] = list(ds_br)
+    report["code_under_test"] = code_fingerprint()
+
+    # ---- corpus
+    _log(f"building corpus n={args.n}")
+    texts, kind, origin, cinfo = build_corpus(args.n, args.seed, args.plant_frac, work)
+    n = len(texts)
+    corpus_path = work / f"corpus_{n}_{args.seed}.jsonl"
+    with open(corpus_path, "w", encoding="utf-8") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({"id": str(i), "text": t}) + "\n")
+    report["corpus"] = cinfo
+    report["corpus"]["file"] = str(corpus_path.relative_to(ROOT))
+    _log(f"corpus: {cinfo['real_distinct']} real, {cinfo['generated']} generated, {cinfo['planted']} planted")
+
+    ss, gt, report["ground_truth"] = ground_truth(texts, kind, origin, args.seed)
+    run = BenchRun(work, corpus_path, texts, ss, gt)
+
+    # Crucible as shipped, then optional what-if (bands x rows) runs of the same stage
+    if args.whatif == "auto":
+        whatifs = [] if ds_br == cru_br else [f"{ds_br[0]}x{ds_br[1]}"]
+    else:
+        whatifs = [w for w in args.whatif.split(",") if w and w != f"{cru_br[0]}x{cru_br[1]}"]
+    run_crucible(run, args.crucible_repeats, whatifs)
+    # the plain datasketch loop (as specified: MinHashLSH's own (b, r)), and with Crucible's (b, r)
+    run_datasketch_loop(run, args.loop_limit, [None] + ([cru_br] if args.loop_matched and cru_br != ds_br else []))
+    if args.skip_datatrove:
+        run.methods["datatrove"] = {"skipped": "--skip-datatrove"}
+    elif not args.datatrove_python.exists():
+        run.methods["datatrove"] = {"error": f"{args.datatrove_python} not found; see benchmarks/README.md for the venv"}
+    else:
+        run_datatrove(run, args.datatrove_python,
+                      [("datatrove", "crucible")] + ([("datatrove_defaults", "defaults")] if args.datatrove_defaults else []),
+                      cru_br)
+    for family in ([] if args.skip_peers else ["rensa", "datasketch"]):
+        run_peers(run, family)
+    if "wall_seconds" in run.methods.get("crucible", {}) and not args.skip_peers:
+        run_crucible_again(run, args.crucible_repeats)
+
+    report["methods"] = run.methods
+    report["summary"] = summary = summarize(run.methods, cru_br)
+    report["total_benchmark_seconds"] = round(time.perf_counter() - t_start, 1)
+    report["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    write_results(report, args.out, indent=2)
+    print_table(run.methods, summary, len(gt), args.out)
 
 
 if __name__ == "__main__":
