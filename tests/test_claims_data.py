@@ -46,6 +46,7 @@ def small_corpus():
     return bases, texts, cols, info
 
 
+@pytest.mark.slow  # reads every real source and builds a 33k-row corpus with its ground truth
 def test_expanded_corpus_rows_are_what_their_kind_says(small_corpus):
     from ops.curation.text import normalize
 
@@ -66,6 +67,7 @@ def test_expanded_corpus_rows_are_what_their_kind_says(small_corpus):
     assert info["bases_renumberable"] > 1000
 
 
+@pytest.mark.slow  # reads every real source and builds a 33k-row corpus with its ground truth
 def test_expanded_corpus_ground_truth_is_exact(small_corpus):
     from ops.curation.text import shingles
 
