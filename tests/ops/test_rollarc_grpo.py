@@ -242,7 +242,8 @@ def test_masked_tokens_reach_the_rollarc_step_row():
 
     from ops.rl.policy import tiny_policy
     from ops.rl.rollarc.core import _step_row
-    from ops.rl.rollarc.ray_roles import BusyClock, LocalRoles, RoleSpec
+    from ops.rl.rollarc.local_roles import LocalRoles
+    from ops.rl.rollarc.roles_common import BusyClock, RoleSpec
     from ops.rl.rollpacker.stream import StreamTrainer
 
     model = tiny_policy(vocab_size=97, seed=0)

@@ -85,7 +85,7 @@ def test_check_spawns_a_sandboxed_subprocess_and_work_costs_cpu(monkeypatch):
 
 def test_plain_rendering_and_stop_for_the_char_tokenizer(tmp_path):
     from ops.rl.rollarc.core import SYSTEM
-    from ops.rl.rollarc.ray_roles import encode, stop_strings
+    from ops.rl.rollarc.roles_common import encode, stop_strings
 
     tok = sp.build_tokenizer(tmp_path)
     p = sp.Problem("t", 3, 3 * 10 + 2)

@@ -25,7 +25,7 @@ The baseline (``run_monolithic``, in ``ops.rl.rollarc.monolithic``) is the synch
 on the same roles: every trajectory of the batch advances turn by turn in lock step (one batched LLM
 call per turn), the batch waits for its slowest environment, rewards are computed after the whole
 batch, then one optimizer step — nothing overlaps. The trainer's GRPO samples of a step's groups
-(``grpo_samples``) are built in ``ops.rl.rollarc.samples``. Both stay importable from here.
+(``grpo_samples``) are built in ``ops.rl.rollarc.samples``.
 
 Resume (both schedulers): ``start_step=k`` with ``result`` (the ``RunResult`` of steps 0..k-1, e.g.
 ``RunResult.from_dict`` of a checkpoint) continues a run whose roles already hold policy version k;
@@ -518,17 +518,3 @@ async def run_rollarc(roles: Roles, cfg: ArcConfig, tasks: Iterator[Task],
     res.discarded_groups = discarded0 + len(buf.discarded)
     res.statuses = dict(Counter(t["status"] for t in res.trajectories))
     return res
-
-
-def __getattr__(name: str):
-    """``run_monolithic`` and ``grpo_samples`` from their modules (kept importable from ``core``;
-    resolved lazily: those modules import this one)."""
-    if name == "run_monolithic":
-        from .monolithic import run_monolithic
-
-        return run_monolithic
-    if name == "grpo_samples":
-        from .samples import grpo_samples
-
-        return grpo_samples
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -211,7 +211,8 @@ def run_method(method: str, spec: RunSpec, tasks: list, tok, pipes, state: Optio
     trainer file."""
     from .core import RunResult, run_rollarc
     from .monolithic import run_monolithic
-    from .ray_roles import LocalRoles, RayRoles
+    from .local_roles import LocalRoles
+    from .ray_roles import RayRoles
 
     cfg, rs = spec.method_config(method), spec.role_spec
     cur = state.current if state is not None and state.current and state.current["method"] == method else None

@@ -5,7 +5,7 @@ failing one block only its own trajectory; here a tool call runs model-generated
 neither hang its caller (CPU and wall-clock limits) nor reach the host: its files, processes,
 network services, or the channel that carries its result.
 
-Modes (``SANDBOX_MODES``; chosen by config: ``ray_roles.RoleSpec.sandbox``, the environments'
+Modes (``SANDBOX_MODES``; chosen by config: ``roles_common.RoleSpec.sandbox``, the environments'
 ``sandbox`` argument, ``run_python(sandbox=...)``):
 
 * ``bwrap`` (the default) — **kernel-enforced**: Debian's bubblewrap (``bwrap``) starts the call in

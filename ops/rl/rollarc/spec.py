@@ -3,7 +3,7 @@ validation), ``RunConfig`` (the flat configuration the ``rollarc_run`` asset sho
 which builds the RunSpec), ``fingerprint`` (what determines a run's steps) and ``load_spec`` (the
 driver's reading of a spec file). The driver (``ops.rl.rollarc.driver``) runs the spec.
 
-``RunConfig``'s defaults are ``core.ArcConfig``'s, ``ray_roles.RoleSpec``'s and ``RunSpec``'s;
+``RunConfig``'s defaults are ``core.ArcConfig``'s, ``roles_common.RoleSpec``'s and ``RunSpec``'s;
 ``RunConfig.spec`` builds the ``RunSpec`` and validates it, the asset's one check; ``load_spec`` is
 the driver's. Errors name the field as ``rollarc.<field>`` (RollArc, arXiv 2512.22560 §4).
 """
@@ -18,7 +18,7 @@ from typing import Optional
 from ops.rl.grpo import GRPOConfig
 
 from .core import ArcConfig
-from .ray_roles import REWARD_AUTOSCALING, RoleSpec
+from .roles_common import REWARD_AUTOSCALING, RoleSpec
 
 METHODS = ("monolithic", "rollarc", "async0", "rollarc_a1", "rollarc_a2")
 """The methods a run may hold: ``monolithic`` (the synchronous lock-step baseline, ``monolithic.run_monolithic``)
@@ -36,7 +36,7 @@ ENVS = ("frozenlake", "tool_math")
 @dataclass
 class RunSpec:
     """Everything a run needs (JSON-serialisable). ``arc``: ``core.ArcConfig`` fields; ``roles``:
-    ``ray_roles.RoleSpec`` fields; ``envs``: environments mixed round-robin over groups. The
+    ``roles_common.RoleSpec`` fields; ``envs``: environments mixed round-robin over groups. The
     ArcConfig and the RoleSpec are built (and checked) once per spec: ``arc_config``,
     ``role_spec``."""
 
@@ -54,7 +54,7 @@ class RunSpec:
     arc: dict = field(default_factory=dict)
     """``core.ArcConfig`` fields over its defaults (scheduler: steps, G, R, redundancy, async_ratio, ...)."""
     roles: dict = field(default_factory=dict)
-    """``ray_roles.RoleSpec`` fields over its defaults (token budgets, routing, engines, env latency, ...)."""
+    """``roles_common.RoleSpec`` fields over its defaults (token budgets, routing, engines, env latency, ...)."""
     frozenlake_size: int = 4
     """Side of each FrozenLake map (cells; the environment accepts 2..32)."""
     seed: int = 0
@@ -199,7 +199,7 @@ class RunConfig:
     """A RollArc run as a user configures it, flat (the ``rollarc_run`` asset's Launchpad config
     mirrors it): the methods and environments, the scheduler sizes (``core.ArcConfig``: steps,
     groups_per_step G, group_size R, redundancy, async_ratio, max_turns, the turn and episode
-    limits in s, max_failed_fraction), the roles (``ray_roles.RoleSpec``: token budgets, routing,
+    limits in s, max_failed_fraction), the roles (``roles_common.RoleSpec``: token budgets, routing,
     engines per pool, injected env latency, reward replicas, lr, the sampling distribution:
     temperature, top_k, top_p), the trainer's GRPO loss (``grpo_*``: aggregation, scaling, clip, KL;
     ``RoleSpec.grpo``), the held-out evaluation's temperature, seed, local Ray CPUs and the
