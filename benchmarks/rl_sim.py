@@ -54,7 +54,7 @@ PAPER = {
                 "end_to_end_vs_monolithic_sync": [1.35, 2.05]},
 }
 RP_METHODS = ("baseline", "tail_batching", "tail_batching+reward", "rollpacker")
-RA_METHODS = ("monolithic", "traj_async_r0", "rollarc_r1", "rollarc_r2")
+RA_METHODS = ("monolithic", "async0", "rollarc_a1", "rollarc_a2")
 KINDS = ("low", "medium", "heavy")
 
 
@@ -175,7 +175,7 @@ def _sens_row(runs: list[dict]) -> dict:
 def ra_runs(cfg: RollArcConfig, seeds: list[int], methods=RA_METHODS, trainer_gpus: int | None = None) -> tuple[list, dict]:
     """Every method on every seed; the disaggregated split from a pilot unless ``trainer_gpus``."""
     pilot = None
-    if trainer_gpus is None and any(m.startswith("rollarc_r") for m in methods):
+    if trainer_gpus is None and any(m.startswith("rollarc_a") for m in methods):
         pilot = choose_trainer_gpus(cfg)
         trainer_gpus = pilot["trainer_gpus"]
     runs = []
@@ -194,7 +194,7 @@ def ra_summary(runs: list[dict], methods=RA_METHODS) -> dict:
                "discarded_groups": sum(r[m]["discarded_groups"] for r in runs),
                "dropped_trajectories": sum(r[m]["dropped_trajectories"] for r in runs),
                "staleness_hist_seed0": runs[0][m]["staleness_hist"]}
-        for ref in ("monolithic", "traj_async_r0"):
+        for ref in ("monolithic", "async0"):
             if ref in runs[0]:
                 row[f"speedup_vs_{ref}"] = ci95([r[ref]["total_s"] / r[m]["total_s"] for r in runs])
         out[m] = row
@@ -214,12 +214,12 @@ def rollarc_section(base: RollArcConfig, seeds: list[int], sens_seeds: list[int]
     med = replace(base, env_latency="medium", steps=max(4, base.steps // 2))
     tg = head["by_env_latency"]["medium"]["trainer_gpus"]
     # async ratio at the medium latency (same trainer split as the headline)
-    ratios = ["traj_async_r0", "rollarc_r1", "rollarc_r2", "rollarc_r4"]
+    ratios = ["async0", "rollarc_a1", "rollarc_a2", "rollarc_a4"]
     runs, _ = ra_runs(med, sens_seeds, ["monolithic"] + ratios, tg)
     sm = ra_summary(runs, ["monolithic"] + ratios)
-    sens["async_ratio"] = [{"value": int(m[-1]) if m != "traj_async_r0" else 0, "method": m,
+    sens["async_ratio"] = [{"value": int(m[-1]) if m != "async0" else 0, "method": m,
                             "speedup_vs_monolithic": sm[m]["speedup_vs_monolithic"]["mean"],
-                            "speedup_vs_traj_async_r0": sm[m]["speedup_vs_traj_async_r0"]["mean"],
+                            "speedup_vs_async0": sm[m]["speedup_vs_async0"]["mean"],
                             "discarded_groups": sm[m]["discarded_groups"]} for m in ratios]
     axes = {"gpus": [(16, replace(med, gpus=16)), (64, replace(med, gpus=64))],
             "env_mean_s": [(0.25, replace(med, env_mean_s=0.25)), (4.0, replace(med, env_mean_s=4.0))],
@@ -238,7 +238,7 @@ def rollarc_section(base: RollArcConfig, seeds: list[int], sens_seeds: list[int]
             s2 = ra_summary(rr)
             sens[axis].append({"value": val, "trainer_gpus": split["trainer_gpus"],
                                **{f"{m}_vs_monolithic": s2[m]["speedup_vs_monolithic"]["mean"] for m in RA_METHODS[1:]},
-                               **{f"{m}_vs_traj_async_r0": s2[m]["speedup_vs_traj_async_r0"]["mean"] for m in RA_METHODS[2:]}})
+                               **{f"{m}_vs_async0": s2[m]["speedup_vs_async0"]["mean"] for m in RA_METHODS[2:]}})
     sens["trainer_split"] = {kind: head["by_env_latency"][kind]["trainer_split_pilot"] for kind in KINDS}
     return head, sens
 
@@ -280,8 +280,8 @@ def claims(rp: dict, ra: dict, rp_sens: dict, ra_sens: dict) -> list[dict]:
                 "paper_band": [25, 32], "simulated": tr["mean"], "simulated_ci95": tr["ci95"],
                 **_verdict(tr["mean"], tr["ci95"], [25, 32]), "decided_by": ["trace parameters (assumption)"]})
     for kind, d in ra["by_env_latency"].items():
-        for m in ("rollarc_r1", "rollarc_r2"):
-            for ref in ("monolithic", "traj_async_r0"):
+        for m in ("rollarc_a1", "rollarc_a2"):
+            for ref in ("monolithic", "async0"):
                 s = d["methods"][m][f"speedup_vs_{ref}"]
                 out.append({"claim": f"RollArc end-to-end vs synchronous ({kind} env latency, {m} vs {ref})",
                             "paper_band": [1.35, 2.05], "simulated": s["mean"], "simulated_ci95": s["ci95"],
@@ -367,8 +367,8 @@ def main(argv=None) -> int:
     out["claims"] = claims(rp, ra, rp_sens, ra_sens)
     out["deciding_parameters"] = {
         "rollpacker_speedup": _decides(rp_sens, "rollpacker_speedup"),
-        "rollarc_r1_vs_traj_async_r0": _decides_ra(ra_sens, "rollarc_r1_vs_traj_async_r0"),
-        "rollarc_r1_vs_monolithic": _decides_ra(ra_sens, "rollarc_r1_vs_monolithic")}
+        "rollarc_a1_vs_async0": _decides_ra(ra_sens, "rollarc_a1_vs_async0"),
+        "rollarc_a1_vs_monolithic": _decides_ra(ra_sens, "rollarc_a1_vs_monolithic")}
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     out["cpu_s"] = round(time.process_time() - c0, 1)
     out["machine"] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_average_at_end": os.getloadavg()}

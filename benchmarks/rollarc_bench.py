@@ -7,7 +7,7 @@ Sections of the JSON (default benchmarks/results/rollarc.json):
 * ``latency_sweep``: the unchanged schedulers of ``ops.rl.rollarc.core`` on ``SimRoles`` (scaled
   real time, cost model in ``sim.rollarc_roles``) with environment latency low / medium /
   heavy (same mean): ``run_monolithic`` (lock-step turns, colocated static batches, no overlap) vs
-  ``run_rollarc`` at async_ratio 1 and 2 (redundancy 1), plus ``rollarc_sync`` = ``run_rollarc`` with
+  ``run_rollarc`` at async_ratio 1 and 2 (redundancy 1), plus ``async0`` = ``run_rollarc`` with
   async_ratio 0 and redundancy 0 (trajectory-level asynchrony within a step only: it splits the gain
   into "no per-turn barrier" and "rollout overlaps training"). Same seeds, same tasks (in order),
   same number of optimizer steps. Times are simulated seconds (wall / time_scale). Each method runs
@@ -45,11 +45,12 @@ from sim.rollarc_roles import SimConfig, SimRoles  # noqa: E402
 PAPER = {"end_to_end_training_time_reduction_vs_monolithic_sync": [1.35, 2.05],
          "source": "RollArc (arXiv 2512.22560), abstract; baselines: monolithic, synchronous"}
 KINDS = ("low", "medium", "heavy")
-#: name -> (scheduler, async_ratio, redundancy, which time scale)
+#: name -> (scheduler, async_ratio, redundancy, which time scale); names as the driver's
+#: (``ops.rl.rollarc.spec.METHODS``), ``async0`` here without redundancy
 METHODS = {"monolithic": (run_monolithic, 0, 0, "baseline"),
-           "rollarc_sync": (run_rollarc, 0, 0, "sync"),
-           "rollarc_r1": (run_rollarc, 1, 1, "rollarc"),
-           "rollarc_r2": (run_rollarc, 2, 1, "rollarc")}
+           "async0": (run_rollarc, 0, 0, "sync"),
+           "rollarc_a1": (run_rollarc, 1, 1, "rollarc"),
+           "rollarc_a2": (run_rollarc, 2, 1, "rollarc")}
 
 
 def _mean(xs):
@@ -111,7 +112,7 @@ def latency_sweep(args, seeds: list[int]) -> dict:
         out["kinds"][kind] = {"speedup_vs_monolithic": speed, "summary": summary, "runs": runs}
     if not args.quick:
         fid = {}
-        for m in ("monolithic", "rollarc_r2"):
+        for m in ("monolithic", "rollarc_a2"):
             s1 = scales[METHODS[m][3]]
             a = out["kinds"]["heavy"]["runs"][m][str(seeds[0])]["sim_s"]
             b = run_one(m, "heavy", seeds[0], 2 * s1, args)["sim_s"]
@@ -146,12 +147,12 @@ def routing_section(args, seeds: list[int]) -> dict:
                                    "utilisation_uniform": {k: round(v, 3) for k, v in r["uniform"]["utilisation"].items()}}
                                   for s, r in zip(seeds, per)]}
     if not args.quick:      # the same policies end to end: RollArc (ratio 1) on SimRoles, medium latency
-        e2e = {pol: run_one("rollarc_r1", "medium", seeds[0], args.scale_rollarc, args, policy=pol)
+        e2e = {pol: run_one("rollarc_a1", "medium", seeds[0], args.scale_rollarc, args, policy=pol)
                for pol in ("affinity", "uniform")}
-        out["end_to_end_rollarc_r1_medium"] = {
+        out["end_to_end_rollarc_a1_medium"] = {
             pol: {k: r[k] for k in ("sim_s", "trajectories_per_sim_s", "llm_requests_per_pool", "wall_s")}
             for pol, r in e2e.items()}
-        out["end_to_end_rollarc_r1_medium"]["speedup_affinity_vs_uniform"] = round(
+        out["end_to_end_rollarc_a1_medium"]["speedup_affinity_vs_uniform"] = round(
             e2e["uniform"]["sim_s"] / e2e["affinity"]["sim_s"], 3)
     return out
 
@@ -217,8 +218,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-turns", type=int, default=10)
     ap.add_argument("--env-mean-s", type=float, default=1.0, help="mean env step latency (simulated s), every kind")
     ap.add_argument("--scale-baseline", type=float, default=0.005, help="time_scale of run_monolithic")
-    ap.add_argument("--scale-sync", type=float, default=0.01, help="time_scale of rollarc_sync")
-    ap.add_argument("--scale-rollarc", type=float, default=0.02, help="time_scale of rollarc_r1/r2")
+    ap.add_argument("--scale-sync", type=float, default=0.01, help="time_scale of async0")
+    ap.add_argument("--scale-rollarc", type=float, default=0.02, help="time_scale of rollarc_a1/a2")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.groups, args.group_size, args.max_turns = 2, 3, 3, 4

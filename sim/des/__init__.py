@@ -22,8 +22,8 @@ Mechanics (no sleeping, no threads; a run is deterministic given its seed and ta
   ``tail_batching``, ``tail_batching+reward``, ``rollpacker`` (+ stream trainer).
 * RollArc (``simulate_rollarc``): the scheduling rules of ``ops.rl.rollarc.core`` re-expressed as
   events: ``monolithic`` (lock-step turns, waits for the slowest env step, rewards after the batch),
-  ``traj_async_r0`` (trajectory-level asynchrony, async_ratio 0, colocated: rollout and training
-  time-share every GPU), ``rollarc_r1`` / ``rollarc_r2`` (async_ratio 1 / 2, redundant rollouts, a
+  ``async0`` (trajectory-level asynchrony, async_ratio 0, colocated: rollout and training
+  time-share every GPU), ``rollarc_a1`` / ``rollarc_a2`` (async_ratio 1 / 2, redundant rollouts, a
   trainer pool disaggregated from the rollout pool). Every method owns the same GPUs
   (``Allocation``); the disaggregated split is chosen by a pilot on a separate seed.
 

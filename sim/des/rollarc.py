@@ -76,12 +76,13 @@ class RollArcConfig(ServedModel):
 
 
 #: name -> (lock-step or async, async_ratio, uses the config's redundancy, colocated); any
-#: ``rollarc_r<k>`` (k >= 1) is RollArc at async_ratio k.
+#: ``rollarc_a<k>`` (k >= 1) is RollArc at async_ratio k. The names are the driver's
+#: (``ops.rl.rollarc.spec.METHODS``); ``async0`` runs here without redundancy and colocated.
 RA_METHODS = {
     "monolithic": ("lockstep", 0, False, True),
-    "traj_async_r0": ("async", 0, False, True),
-    "rollarc_r1": ("async", 1, True, False),
-    "rollarc_r2": ("async", 2, True, False),
+    "async0": ("async", 0, False, True),
+    "rollarc_a1": ("async", 1, True, False),
+    "rollarc_a2": ("async", 2, True, False),
 }
 
 
@@ -90,9 +91,9 @@ def ra_method(name: str) -> tuple:
     Raises ValueError: unknown name."""
     if name in RA_METHODS:
         return RA_METHODS[name]
-    if name.startswith("rollarc_r") and name[9:].isdigit() and int(name[9:]) >= 1:
+    if name.startswith("rollarc_a") and name[9:].isdigit() and int(name[9:]) >= 1:
         return ("async", int(name[9:]), True, False)
-    raise ValueError(f"unknown RollArc method {name!r}; known: {list(RA_METHODS)} or rollarc_r<k>")
+    raise ValueError(f"unknown RollArc method {name!r}; known: {list(RA_METHODS)} or rollarc_a<k>")
 
 
 class _Trajectory:
@@ -382,7 +383,7 @@ def _run_async(cfg: RollArcConfig, seed: int, cost: Roofline, async_ratio: int, 
 
     loop.at(0.0, produce)
     makespan = loop.run()
-    name = "traj_async_r0" if colocated else f"rollarc_r{async_ratio}"
+    name = "async0" if colocated else f"rollarc_a{async_ratio}"
     return _arc_result(name, cfg, sim, alloc, makespan, st["steps"], st["stale"], st["discarded"], st["generated"],
                        st["dropped"])
 
@@ -435,7 +436,7 @@ def trainer_split_candidates(cfg: RollArcConfig) -> list[int]:
 PILOT_SEED = 1_000_003
 
 
-def choose_trainer_gpus(cfg: RollArcConfig, method: str = "rollarc_r1", pilot_seed: int = PILOT_SEED,
+def choose_trainer_gpus(cfg: RollArcConfig, method: str = "rollarc_a1", pilot_seed: int = PILOT_SEED,
                         pilot_steps: int = 3) -> dict:
     """The trainer pool size for the disaggregated methods: the candidate with the shortest pilot
     run (``pilot_steps`` steps on ``pilot_seed``, never one of the measured seeds) — what an operator
@@ -451,14 +452,14 @@ def choose_trainer_gpus(cfg: RollArcConfig, method: str = "rollarc_r1", pilot_se
 def simulate_rollarc(cfg: RollArcConfig, seed: int = 0, methods: Sequence[str] = tuple(RA_METHODS),
                      trainer_gpus: Optional[int] = None) -> dict:
     """Every method of ``methods`` on ``cfg`` and ``seed``. Returns {"methods": {name: result},
-    "speedup_vs_monolithic", "speedup_vs_traj_async_r0", "trainer_gpus"}."""
+    "speedup_vs_monolithic", "speedup_vs_async0", "trainer_gpus"}."""
     tg = trainer_gpus if trainer_gpus is not None else cfg.trainer_gpus
     if tg is None and any(not ra_method(m)[3] for m in methods):
         tg = choose_trainer_gpus(cfg)["trainer_gpus"]
     ep: dict = {}
     out = {m: run_rollarc_method(cfg, m, seed, tg, ep) for m in methods}
     res = {"methods": out, "trainer_gpus": tg}
-    for ref in ("monolithic", "traj_async_r0"):
+    for ref in ("monolithic", "async0"):
         if ref in out:
             res[f"speedup_vs_{ref}"] = {m: out[ref]["total_s"] / v["total_s"] for m, v in out.items()}
     return res

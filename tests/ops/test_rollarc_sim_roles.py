@@ -229,9 +229,9 @@ def test_benchmark_quick_writes_the_three_sections(tmp_path):
     assert {"latency_sweep", "routing_ablation", "real"} <= set(d)
     assert set(d["latency_sweep"]["kinds"]) == {"low", "medium", "heavy"}
     for kind in d["latency_sweep"]["kinds"].values():
-        assert set(kind["speedup_vs_monolithic"]) == {"rollarc_sync", "rollarc_r1", "rollarc_r2"}
+        assert set(kind["speedup_vs_monolithic"]) == {"async0", "rollarc_a1", "rollarc_a2"}
         assert kind["summary"]["monolithic"]["sim_s_mean"] > 0
-        r2 = kind["runs"]["rollarc_r2"]["0"]
+        r2 = kind["runs"]["rollarc_a2"]["0"]
         assert max(int(k) for k in r2["staleness_hist"]) <= 2
     assert "same_hardware_speedup" in d["routing_ablation"]["default"]
     assert "skipped" in d["real"]

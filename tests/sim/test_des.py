@@ -183,12 +183,12 @@ def test_rollarc_methods_are_deterministic_and_own_the_same_gpus():
             assert m["gpu_seconds_train_busy"] <= al["trainer"] * m["total_s"] * (1 + 1e-9)
             assert m["gpu_seconds_rollout_busy"] <= al["rollout"] * m["total_s"] * (1 + 1e-9)
     assert rollarc_allocation(cfg, "monolithic") == Allocation(colocated=8)
-    assert rollarc_allocation(cfg, "rollarc_r1", 2) == Allocation(rollout=6, trainer=2)
+    assert rollarc_allocation(cfg, "rollarc_a1", 2) == Allocation(rollout=6, trainer=2)
 
 
 def test_rollarc_staleness_stays_within_the_async_ratio():
     cfg = _small_ra(env_latency="medium")
-    for method, ratio in (("traj_async_r0", 0), ("rollarc_r1", 1), ("rollarc_r2", 2)):
+    for method, ratio in (("async0", 0), ("rollarc_a1", 1), ("rollarc_a2", 2)):
         r = run_rollarc_method(cfg, method, seed=0, trainer_gpus=4)
         hist = {int(k): v for k, v in r["staleness_hist"].items()}
         assert max(hist) <= ratio and sum(hist.values()) == 4 * 4, method
@@ -200,7 +200,7 @@ def test_rollarc_staleness_stays_within_the_async_ratio():
 def test_async_ratio_zero_waits_for_the_whole_step_and_lockstep_waits_longer():
     cfg = _small_ra(env_latency="heavy")
     mono = run_rollarc_method(cfg, "monolithic", seed=0)["total_s"]
-    r0 = run_rollarc_method(cfg, "traj_async_r0", seed=0)["total_s"]
+    r0 = run_rollarc_method(cfg, "async0", seed=0)["total_s"]
     assert r0 < mono                       # no per-turn barrier on the same GPUs
 
 
