@@ -19,6 +19,9 @@ when one is missing, so it waits for all of them. The automation sensor's runs c
 ``crucible/stage: curation``, so the instance's one-curation-run limit (deploy/helm/values.yaml)
 applies to them as to every curation job. Training assets get no condition: they run only from a
 person, a job, or an explicit rule.
+
+Default status: ``sources_sensor`` runs (it launches nothing); ``crucible_automation`` is stopped
+until a person turns it on (``AUTOMATION_DEFAULT_STATUS``), so a fresh instance starts no work.
 """
 
 import json
@@ -82,11 +85,19 @@ def with_automation(assets: Iterable) -> list:
     return dg.map_asset_specs(policy, list(assets))
 
 
+AUTOMATION_DEFAULT_STATUS = dg.DefaultSensorStatus.STOPPED
+"""``crucible_automation`` is off on an instance that has never had it switched on: a fresh ``dagster
+dev`` (or a new deployment) must not start the curation graph — source generation, the teacher,
+every curation stage — that nobody asked for. A person turns it on once (the UI's Automation page, or
+``dagster sensor start crucible_automation -m pipelines.definitions``); the instance keeps that state
+across restarts and code reloads. ``sources_sensor`` stays on by default: it launches no run, it only
+keeps the partitions and the source files' data versions current."""
+
 crucible_automation = dg.AutomationConditionSensorDefinition(
     "crucible_automation",
     target=dg.AssetSelection.groups(*AUTOMATED_GROUPS) | dg.AssetSelection.assets(*AUTOMATED_ASSETS),
     run_tags=AUTOMATION_RUN_TAGS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
+    default_status=AUTOMATION_DEFAULT_STATUS,
     minimum_interval_seconds=30,
     description="raw_problems follows its source files and the curation assets follow their parents "
     "(declarative automation); training never starts here. Runs are tagged crucible/stage=curation.",

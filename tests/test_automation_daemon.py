@@ -3,14 +3,15 @@ end to end: a temp DAGSTER_HOME whose run queue limits ``crucible/stage=curation
 time (as deploy/helm/values.yaml does), the code location loaded by the daemon under the ``prod``
 profile (a prod YAML with a local lake, the in-process executor and small ``sizes``), and nothing
 launched by the test: the sources sensor adds the partitions and observes the files, the automation
-sensor launches every run.
+sensor launches every run once the test has turned it on, as a person does.
 
-Checks: every ``raw_problems`` partition is materialized by an automation run at the *prod
+Checks: on the fresh instance nothing runs while the automation sensor is off by default (the
+sources sensor has added the partitions and observed the files); every ``raw_problems`` partition is materialized by an automation run at the *prod
 profile's* sizes (``limit: 3`` from the YAML; the default profile would read all 5,000 MATH rows);
-a source added to the YAML after the daemon loaded the code becomes a partition and is materialized
-without a reload; ``annotated_problems`` is launched only after every source partition (the new one
+a source added to the YAML after the daemon loaded the code becomes a partition through one
+sources_sensor tick (no reload) and is materialized; ``annotated_problems`` is launched only after every source partition (the new one
 included) is materialized; every automation run carries ``crucible/stage=curation`` and no two of
-them ran at once. Slow (about 3-4 minutes on 2 shared cores: each run loads the code location)."""
+them ran at once. Slow (about 4-5 minutes on 2 shared cores: each run loads the code location)."""
 
 import json
 import os
@@ -40,9 +41,26 @@ def _rows(n: int, start: int = 0) -> str:
     return "".join(json.dumps({"q": f"What is {i} + {i}?", "a": str(2 * i)}) + "\n" for i in range(start, start + n))
 
 
+AUTOMATION_INTERVAL_S = 30
+"""crucible_automation's minimum interval (pipelines/sensors.py)."""
+
+
+def _sensor_state(instance, name: str):
+    """The instance's stored state of the sensor ``name`` (None: never stored)."""
+    from dagster._core.scheduler.instigation import InstigatorType
+
+    return next((st for st in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+                 if st.instigator_name == name), None)
+
+
+def _ids(state) -> tuple[str, str]:
+    assert state is not None, "the sensor has no stored state"
+    return state.instigator_origin_id, state.selector_id
+
+
 @pytest.fixture
 def prod_daemon(tmp_path):
-    """(instance, sources.yaml, daemon log path) with a dagster-daemon running on a prod-profile
+    """(instance, sources.yaml, daemon log path, workspace.yaml, env) with a dagster-daemon running on a prod-profile
     code location; the daemon's process group is SIGKILLed at the end."""
     import dagster as dg
 
@@ -76,15 +94,16 @@ def prod_daemon(tmp_path):
     log_path = tmp_path / "daemon.log"
     try:
         with dagster_daemon(ws, env, log_path):
-            yield instance, sources, log_path
+            yield instance, sources, log_path, ws, env
     finally:
         instance.dispose()
 
 
 def test_automation_materializes_at_prod_sizes_waits_for_every_parent_and_takes_a_new_source(prod_daemon):
     import dagster as dg
+    from dagster._core.scheduler.instigation import InstigatorStatus
 
-    instance, sources, log_path = prod_daemon
+    instance, sources, log_path, ws, env = prod_daemon
 
     def tail() -> str:
         return log_path.read_text()[-3000:]
@@ -94,9 +113,25 @@ def test_automation_materializes_at_prod_sizes_waits_for_every_parent_and_takes_
 
     # the sources sensor's first tick: built-ins + the YAML's one source
     _wait(f"source partitions added by the sensor\n{tail()}", lambda: partitions() == BUILTIN + ["ua"], 180)
-    # a source added to the YAML after the daemon loaded the code location
+    # a fresh instance starts no work (issue 43, noticed): the automation sensor is off until a person
+    # turns it on, while the sources sensor (no runs) has added the partitions and observed the files
+    _wait(f"source files observed\n{tail()}", lambda: instance.get_latest_data_version_record(
+        dg.AssetKey("source_files"), partition_key="ua"), 120)
+    time.sleep(AUTOMATION_INTERVAL_S * 2 + 5)               # two automation ticks, had it been running
+    assert instance.get_runs() == [], "a fresh instance started runs nobody asked for"
+    state = _sensor_state(instance, "crucible_automation")
+    assert state is None or state.status != InstigatorStatus.RUNNING
+    on = subprocess.run([str(BIN / "dagster"), "sensor", "start", "crucible_automation", "-w", str(ws)], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert on.returncode == 0, on.stderr[-3000:]
+
+    # a source added to the YAML after the daemon loaded the code location: the sources sensor's tick
+    # adds it (the partition is in the instance; no reload of the code location is asked for)
     sources.write_text(sources.read_text() + "  - {name: ub, path: ub.jsonl, fields: {problem: q, answer: a}}\n")
     _wait(f"the new source's partition, without a reload\n{tail()}", lambda: partitions() == BUILTIN + ["ua", "ub"], 200)
+    ticks = instance.get_ticks(*_ids(_sensor_state(instance, "sources_sensor")))
+    assert [list(r.added_partitions) for t in ticks for r in t.dynamic_partitions_request_results
+            if r.added_partitions and "ub" in r.added_partitions] == [["ub"]]    # one sources_sensor tick added it
 
     def raw(key):
         recs = instance.fetch_materializations(

@@ -120,7 +120,14 @@ def test_a_killed_run_commits_nothing_leaves_nothing_and_is_resumed(daemon_home,
         time.sleep(3.0)                                   # what an orphan would have written by now
         assert _sha(committed) == before and json.loads(state.read_text())["step"] == killed_at_step
 
-        failed = _wait("the run marked failed", lambda: (r := instance.get_run_by_id(run.run_id)).status
+        # run monitoring's own verdict on this run, whichever watcher reports first below: the launcher's
+        # health check (what the daemon polls every POLL_S) finds the killed worker gone
+        from dagster._core.launcher import WorkerStatus
+
+        health = instance.run_launcher.check_run_worker_health(instance.get_run_by_id(run.run_id))
+        assert health.status == WorkerStatus.FAILED and f"pid {worker}" in health.msg, health
+        assert instance.run_monitoring_enabled and instance.run_monitoring_settings["poll_interval_seconds"] == POLL_S
+        failed = _wait("the run marked failed (not left STARTED)", lambda: (r := instance.get_run_by_id(run.run_id)).status
                        == dg.DagsterRunStatus.FAILURE and r, 10 * POLL_S + 20)
         msgs = [e.message for e in instance.all_logs(run.run_id) if e.message]
         # marked failed by whichever watcher saw the death first: the code server that started the run

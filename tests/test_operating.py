@@ -266,6 +266,9 @@ def test_curation_follows_its_sources_and_training_never_starts_by_itself(defs):
 
     sensor = defs.resolve_sensor_def("crucible_automation")
     assert sensor.run_tags == AUTOMATION_RUN_TAGS and AUTOMATION_RUN_TAGS["crucible/stage"] == "curation"
+    # a fresh instance starts no work: automation is off until turned on; the sources sensor (no runs) is on
+    assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    assert defs.resolve_sensor_def("sources_sensor").default_status == dg.DefaultSensorStatus.RUNNING
 
 
 def test_child_is_requested_only_after_both_parent_partitions(defs, user_dir):
