@@ -115,7 +115,8 @@ def fields_of(source: type, *, exclude: Iterable[str] = (), base: type | None = 
 
     Returns:
         A ``Config`` subclass named ``<source>Fields`` in the caller's module, registered with
-        ``@mirrors``'s check (the own fields of ``base`` stay own).
+        ``@mirrors``'s check (the own fields of ``base``, and the fields ``base`` has that ``source``
+        lacks, count as own: ``base``'s own entry checks them).
 
     Raises:
         TypeError: ``source`` is not a dataclass, or ``exclude`` names a field it does not have.
@@ -141,5 +142,6 @@ def fields_of(source: type, *, exclude: Iterable[str] = (), base: type | None = 
         fields[name] = (_launchpad_type(hints[name]), pydantic.Field(**kw))
     module = sys._getframe(1).f_globals.get("__name__", __name__)
     cls = pydantic.create_model(f"{source.__name__}Fields", __base__=base, __module__=module, **fields)
-    MIRRORS[cls] = (source, MIRRORS.get(base, (None, frozenset()))[1])
+    inherited = frozenset(n for n in getattr(base, "model_fields", {}) if n not in names)  # checked by base's own entry
+    MIRRORS[cls] = (source, MIRRORS.get(base, (None, frozenset()))[1] | inherited)
     return cls

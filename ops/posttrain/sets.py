@@ -29,6 +29,7 @@ import re
 import polars as pl
 
 from .data import generated_rows
+from .stages import Stage1Inputs
 
 EVAL_COLUMNS = {"item_id": pl.String, "problem": pl.String, "answer": pl.String, "response": pl.String,
                 "answer_type": pl.String, "module": pl.String, "level": pl.String, "difficulty": pl.Int64,
@@ -52,7 +53,7 @@ def _difficulty(v) -> int | None:
 
 
 def stage1_sets(sft: pl.DataFrame | None, benchmarks: pl.DataFrame | None, modules: list[str], train_per_module: int,
-                eval_per_module: int, train_seed: int, eval_seed: int, heldout_fraction: float = 0.05,
+                eval_per_module: int, train_seed: int, eval_seed: int, heldout_fraction: float = Stage1Inputs.heldout_fraction,
                 benchmark_items: int = 16, benchmark_names: tuple[str, ...] = ("math500", "gsm8k_test"),
                 levels: tuple[str, ...] = ("train-easy", "train-medium"), seed: int = 0,
                 arithmetic_items: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:

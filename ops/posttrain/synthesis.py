@@ -355,3 +355,95 @@ def teacher_synthesis(client, targets: list[dict], failed: pl.DataFrame, retriev
                       "difficulty": int(diff) if diff not in ("None", "") else None, "domain": "math", "origin": "teacher"})
     stats["agreed"] = len(items)
     return items, stats
+
+
+@dataclass
+class TargetedArms:
+    """The result of :func:`targeted_arms`: both arms and what the asset reports about them."""
+
+    both: pl.DataFrame
+    """The targeted arm and the random control (column ``arm``; ``target`` = cell, ``teacher`` or null)."""
+    targeted: pl.DataFrame
+    random: pl.DataFrame
+    rejected: pl.DataFrame
+    """Every rejected item (generator pool and teacher) with its ``reason``."""
+    report: FilterReport
+    """The generator pool's filter funnel."""
+    teacher_report: FilterReport | None
+    teacher_stats: dict
+    """requested / parsed / agreed (and dropped_eval_template) of teacher synthesis."""
+    teacher_kept: int
+    retrieved: list[dict]
+    """Per target, the retrieved documents: target, similarity, document (first 160 characters)."""
+    inputs: int
+    """Pool items plus teacher items considered."""
+    eval_templates: int
+    pool_templates: int
+
+
+def targeted_arms(params: SynthesisParams, targets: list[dict], items: pl.DataFrame, train: pl.DataFrame, ev: pl.DataFrame,
+                  curated: pl.DataFrame | None, bench: pl.DataFrame | None, teacher=None) -> TargetedArms:
+    """Targeted synthesis end to end (module docstring): retrieval over the curated corpus (problem +
+    solution; else the stage-1 training rows), the synthesis-side generator pool of the evaluation's
+    modules, teacher items from ``teacher(failed, retriever, docs) -> (items, stats)`` when given
+    (those in an evaluation template dropped), the filter (corpus = stage-1 training problems +
+    curated problems; benchmarks = ``bench`` + the evaluation items), and the two arms of
+    ``params.budget`` items.
+
+    Args:
+        targets: failure_regions' targets (module, difficulty, failure_mass, regions).
+        items: failure_regions' scored items (module, problem, failure_mass).
+        train, ev: sft_checkpoint's training and evaluation tables.
+        curated, bench: decontaminated_problems and benchmark_problems, or None when absent.
+
+    Raises:
+        RuntimeError: an evaluation template is also a synthesis-pool template (a broken
+            ``ops.posttrain.data.template_side`` split).
+    """
+    from ops.posttrain.data import template_of
+    from ops.posttrain.sets import pool_rows
+
+    modules = sorted(set(ev.filter(pl.col("module").is_not_null())["module"].to_list()))
+    corpus = train["problem"].to_list() + (curated["problem"].to_list() if curated is not None else [])
+    benchmarks = ([{"benchmark": b, "item_id": i, "problem": p} for b, i, p in bench.select("benchmark", "item_id", "problem").iter_rows()]
+                  if bench is not None else [])
+    benchmarks += [{"benchmark": "posttrain_eval", "item_id": i, "problem": p} for i, p in ev.select("item_id", "problem").iter_rows()]
+    flt = ItemFilter(corpus, benchmarks, near_threshold=params.near_threshold, num_perm=params.num_perm,
+                     verify_timeout_s=params.verify_timeout_s, workers=params.workers)
+    if curated is not None and curated.height:
+        docs = [f"{p}\n{s or ''}".strip() for p, s in curated.select("problem", "solution").iter_rows()]
+    else:
+        docs = [f"{p}\n{r}" for p, r in train.select("problem", "response").iter_rows()]
+    retr = Retriever(docs)
+    failed = items.filter(pl.col("failure_mass") > 0)
+    retrieved = []
+    for t in targets:
+        q = failed.filter(pl.col("module") == t["module"])["problem"].head(5).to_list()
+        if q:
+            for j, sim in retr.query([" ".join(q)], k=params.retrieval_k)[0]:
+                retrieved.append({"target": f"{t['module']}|{t['difficulty']}", "similarity": round(sim, 3), "document": docs[j][:160]})
+
+    pool = pool_rows(modules, params.pool_per_module, params.pool_seed)  # synthesis-side templates only
+    key = pl.concat_str("module", "template", separator="\x1f")
+    eval_templates = set(ev.filter(pl.col("template").is_not_null()).select(key).to_series().to_list())
+    pool_templates = set(pool.select(key).to_series().to_list())
+    if eval_templates & pool_templates:  # template_side makes this impossible; a broken split must not go unseen
+        raise RuntimeError(f"targeted_synthesis: {len(eval_templates & pool_templates)} (module, template) pairs are both "
+                           "evaluation and synthesis templates")
+    kept, rejected, rep = flt.run(pool.to_dicts())
+    kept_df = pl.DataFrame(kept, schema=pool.schema) if kept else pool.head(0)
+    t_items, t_stats = teacher(failed, retr, docs) if teacher is not None else ([], {"requested": 0, "parsed": 0, "agreed": 0})
+    if t_items:  # a teacher question in an evaluation template is dropped (the held-out rule covers every source)
+        n0 = len(t_items)
+        t_items = [it for it in t_items if f"{it['module']}\x1f{template_of(it['problem'])}" not in eval_templates]
+        t_stats["dropped_eval_template"] = n0 - len(t_items)
+    t_kept, t_rej, t_rep = flt.run(t_items) if t_items else ([], [], None)
+    targeted = select_targeted(kept_df, targets, max(0, params.budget - len(t_kept)), seed=params.seed)
+    if t_kept:
+        targeted = pl.concat([targeted, pl.DataFrame(t_kept).with_columns(target=pl.lit("teacher"))], how="diagonal_relaxed")
+    random = select_random(kept_df, targeted.height, seed=params.seed).with_columns(target=pl.lit(None, pl.String))
+    both = pl.concat([targeted.with_columns(arm=pl.lit("targeted")), random.with_columns(arm=pl.lit("random"))],
+                     how="diagonal_relaxed")
+    rej = pl.DataFrame(rejected + t_rej) if (rejected or t_rej) else pl.DataFrame({"reason": []}, schema={"reason": pl.String})
+    return TargetedArms(both, targeted, random, rej, rep, t_rep, t_stats, len(t_kept), retrieved, pool.height + len(t_items),
+                        len(eval_templates), len(pool_templates))
