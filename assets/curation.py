@@ -14,8 +14,9 @@ from ops import figures
 from ops.curation import dedup
 from ops.curation.annotate import AnnotateParams
 from ops.curation.decontam import DecontamConfig
+from ops.curation.decontam.report import decontam_eval, decontam_tables, math500_truth
 from ops.curation.sampling import SftParams
-from ops.curation.sources import BUILTIN_SOURCES, SourceError
+from ops.curation.sources import SourceError
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
@@ -26,7 +27,8 @@ from .sources import current_source_keys
 
 GROUP = "curation"
 PROBLEM_SCHEMA = {**RAW_SCHEMA, **ANNOTATION_SCHEMA}
-# Run-config defaults, meanings and validation live in the ops dataclasses (assets/_config.py).
+# Run-config defaults, meanings and validation live in the ops dataclasses (assets/_config.py), the work in ops.curation
+merge_clusters = dedup.merge_clusters  # its former home; tests/assets/test_curation_assets.py reads it here
 
 
 @mirrors(AnnotateParams, own=("allow_missing_sources",))
@@ -38,33 +40,15 @@ class AnnotateConfig(fields_of(AnnotateParams)):
 
 
 def _llm_labels(context, rows: list[dict], config: AnnotateParams, lake: LakeResource, teacher: TeacherResource) -> dict:
-    """The ``llm`` provenance path: the teacher labels the domain of rows the classifier is unsure of."""
-    from ops.curation.annotate import DOMAINS
-    from ops.curation.distill import select_rows
-    from ops.teacher.client import ChatRequest
-    from ops.teacher.prompts import label_messages, parse_label
+    """The ``llm`` provenance path: the teacher labels the domain of rows the classifier is unsure of
+    (ops.curation.annotate.llm_label_requests / apply_llm_labels)."""
+    from ops.curation.annotate import apply_llm_labels, llm_label_requests
 
-    unsure = select_rows([r for r in rows if r["needs_llm_label"]], config.llm_label_max_rows, seed=config.seed)
-    if not unsure:
+    reqs = llm_label_requests(rows, config)
+    if not reqs:
         return {"asked": 0}
-    reqs = [ChatRequest.make(label_messages(r["problem"], list(DOMAINS)), {"temperature": 0.0, "max_tokens": 8}, tag=r["problem_id"])
-            for r in unsure]
     with teacher.session(lake.base / "teacher" / "cache.sqlite", log=context.log) as client:
-        results = client.complete(reqs)
-    by_id = {r["problem_id"]: r for r in rows}
-    labelled = failed = unparsed = 0
-    for res in results:
-        if res.status != "ok":
-            failed += 1
-            continue
-        label = parse_label(res.text, list(DOMAINS))
-        if label is None:
-            unparsed += 1
-            continue
-        row = by_id[res.request.tag]
-        row.update(domain=label, domain_provenance="llm", needs_llm_label=False)
-        labelled += 1
-    return {"asked": len(unsure), "labelled": labelled, "unparsed": unparsed, "failed": failed}
+        return apply_llm_labels(rows, client.complete(reqs))
 
 
 @dg.asset(deps=["raw_problems"], group_name=GROUP, code_version="2", kinds={"scikit-learn", "parquet"})
@@ -162,7 +146,7 @@ def near_deduped_problems(context: dg.AssetExecutionContext, config: DedupConfig
     ex = lake.read("exact_deduped_problems")
     exact_clusters = lake.read("exact_deduped_problems", name="clusters.parquet")
     kept, near_clusters, stats = dedup.near_dedup_frame(ex.drop("text_md5"), params=params)
-    clusters = merge_clusters(exact_clusters, near_clusters)
+    clusters = dedup.merge_clusters(exact_clusters, near_clusters)
     path, version = lake.write(kept, "near_deduped_problems")
     cpath, cversion = lake.write(clusters, "dedup_clusters")
     removed = near_clusters.filter(~pl.col("is_survivor"))
@@ -183,82 +167,17 @@ def near_deduped_problems(context: dg.AssetExecutionContext, config: DedupConfig
     )
 
 
-def merge_clusters(exact: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
-    """One cluster table over both stages, keyed by the *final* survivor.
-
-    A row removed as an exact duplicate of X belongs to X's final cluster: X itself, or the near
-    survivor that removed X. Each cluster has exactly one ``is_survivor`` row.
-    """
-    near_removed = near.filter(~pl.col("is_survivor")).select("problem_id", final="cluster_id")
-    ex_removed = (
-        exact.filter(~pl.col("is_survivor"))
-        .join(near_removed.rename({"problem_id": "matched_to"}), on="matched_to", how="left")
-        .with_columns(cluster_id=pl.coalesce("final", "matched_to"))
-        .drop("final")
-    )
-    nr = near.filter(~pl.col("is_survivor"))
-    removed = pl.concat([ex_removed.select(dedup.CLUSTER_SCHEMA.keys()), nr.select(dedup.CLUSTER_SCHEMA.keys())])
-    survivors = pl.concat(
-        [exact.filter(pl.col("is_survivor")), near.filter(pl.col("is_survivor"))]
-    ).unique("problem_id", keep="first")
-    survivors = survivors.filter(pl.col("problem_id").is_in(removed["cluster_id"].implode()))
-    survivors = survivors.with_columns(cluster_id=pl.col("problem_id"), matched_to=pl.col("problem_id"),
-                                       stage=pl.lit("survivor"), jaccard=pl.lit(1.0))
-    return pl.concat([survivors.select(dedup.CLUSTER_SCHEMA.keys()), removed]).sort("cluster_id", "is_survivor", "problem_id", descending=[False, True, False])
-
-
 @mirrors(DecontamConfig)
 class DecontaminationConfig(fields_of(DecontamConfig, exclude=("num_perm",))):
     """The Launchpad face of ops.curation.decontam.DecontamConfig (meanings and defaults there)."""
 
 
 def _teacher_judge(context, lake: LakeResource, teacher: TeacherResource):
-    """A decontamination judge (ops.curation.decontam.Judge) on the teacher resource: one greedy request per
-    pair, 4 tokens; a failed request is None (the detector then fails closed)."""
-    from ops.curation.decontam import judge_messages
-    from ops.teacher.client import ChatRequest
+    """A decontamination judge (ops.curation.decontam.judge.teacher_judge) on the teacher resource, its calls
+    cached under the lake."""
+    from ops.curation.decontam.judge import teacher_judge
 
-    def judge(pairs):
-        reqs = [ChatRequest.make(judge_messages(a, b), {"temperature": 0.0, "max_tokens": 4}, tag=str(k))
-                for k, (a, b) in enumerate(pairs)]
-        with teacher.session(lake.base / "teacher" / "cache.sqlite", log=context.log) as client:
-            results = client.complete(reqs)
-        by_tag = {r.request.tag: (r.text if r.status == "ok" else None) for r in results}
-        return [by_tag.get(str(k)) for k in range(len(pairs))]
-
-    return judge
-
-
-def decontam_eval(bench: pl.DataFrame, pool: list[str], params, embedder=None, per_kind: int = 40) -> dict:
-    """Precision and recall per layer on the labelled decontamination set built from ``bench``'s MATH-500 items
-    (ops.curation.decontam_set), for the run's own settings without the judge."""
-    import dataclasses
-
-    from ops.curation.decontam import Decontaminator
-    from ops.curation.decontam_set import evaluate, labelled_set
-
-    rows = labelled_set(bench.to_dicts(), pool, per_kind=per_kind)
-    det = Decontaminator(bench.filter(pl.col("benchmark") == "math500").to_dicts(), dataclasses.replace(params, judge=False),
-                         embedder=embedder)
-    return evaluate(rows, det.run([r["problem"] for r in rows]))
-
-
-def decontam_tables(df: pl.DataFrame, bench: pl.DataFrame, flags: list) -> tuple[pl.DataFrame, pl.DataFrame, pl.Series]:
-    """(kept, report, removed mask) of a decontamination: ``df``'s rows without the flagged ones, and the
-    contamination report (one row per removal: the row, the benchmark item and its text, layer, score,
-    needs_review, judge_reply); ``flags`` one detector result per row of ``df`` (None: clean)."""
-    mask = pl.Series([f is not None for f in flags], dtype=pl.Boolean)
-    flagged = [f or {} for f in flags]
-    report = df.select("problem_id", "source", "record", "problem").with_columns(
-        benchmark=pl.Series([f.get("benchmark") for f in flagged], dtype=pl.String),
-        item_id=pl.Series([f.get("item_id") for f in flagged], dtype=pl.String),
-        layer=pl.Series([f.get("layer") for f in flagged], dtype=pl.String),
-        score=pl.Series([f.get("score") for f in flagged], dtype=pl.Float64),
-        needs_review=pl.Series([bool(f.get("needs_review")) for f in flagged], dtype=pl.Boolean),
-        judge_reply=pl.Series([f.get("judge_reply") for f in flagged], dtype=pl.String),
-    ).filter(mask)
-    report = report.join(bench.select("item_id", benchmark_problem="problem"), on="item_id", how="left")
-    return df.filter(~mask), report, mask
+    return teacher_judge(lambda: teacher.session(lake.base / "teacher" / "cache.sqlite", log=context.log))
 
 
 @dg.multi_asset(
@@ -277,11 +196,7 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
                             teacher: TeacherResource):
     import time
 
-    import numpy as np
-
-    from ops.curation.decontam import (DecontamConfig, Decontaminator, MiniLMEmbedder, default_cache_dir,
-                                       ground_truth_scores, layer_counts)
-    from ops.curation.text import normalize
+    from ops.curation.decontam import DecontamConfig, Decontaminator, MiniLMEmbedder, default_cache_dir, layer_counts
 
     params = DecontamConfig(**config.model_dump())  # ranges checked once, here
     df = lake.read("near_deduped_problems")
@@ -295,20 +210,9 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
     flags = det.run_stable(df["problem"].to_list())
     wall = time.perf_counter() - t0
     kept, report, mask = decontam_tables(df, bench, flags)
-    # ground truth: MATH-500 is a verbatim subset of the MATH test set
-    m500 = set(normalize(p) for p in bench.filter(pl.col("benchmark") == "math500")["problem"].to_list())
-    is_math = (df["source"] == "math_test").to_numpy()
-    truth = np.zeros(df.height, dtype=bool)
-    truth[is_math] = [normalize(p) in m500 for p in df.filter(pl.Series(is_math))["problem"].to_list()]
-    removed_m500 = pl.Series([bool(f) and f["benchmark"] == "math500" for f in flags]).to_numpy()
-    scores = ground_truth_scores(removed_m500[is_math], truth[is_math])
-    near_dups = report.filter((pl.col("source") == "math_test") & (pl.col("benchmark") == "math500")).filter(
-        ~pl.col("problem").map_elements(normalize, return_dtype=pl.String).is_in(list(m500))
-    )
+    truth = math500_truth(df, bench, flags, report)  # MATH-500 is a verbatim subset of the MATH test set
     # the labelled set: real MATH test problems outside MATH-500 (and GSM8K test items) as its clean rows
-    pool = df.filter((pl.col("source") == "math_test") & ~pl.Series(truth))["problem"].to_list() + \
-        bench.filter(pl.col("benchmark") == "gsm8k_test")["problem"].to_list()
-    labelled = decontam_eval(bench, pool, params, embedder) if bench.filter(pl.col("benchmark") == "math500").height else {}
+    labelled = decontam_eval(bench, truth.clean_pool, params, embedder) if bench.filter(pl.col("benchmark") == "math500").height else {}
     path, version = lake.write(kept, "decontaminated_problems")
     lake.write_json(config.model_dump(), "decontaminated_problems/config.json")
     rpath, rversion = lake.write(report, "contamination_report")
@@ -327,9 +231,9 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
         detector_wall_s=dg.MetadataValue.float(round(wall, 3)),
         embedding_cache=dg.MetadataValue.json({"encoded": embedder.encoded, "encoded_benchmark": embedder.encoded_benchmark,
                                                "benchmark_cache_files": embedder.benchmark_cache_paths}),
-        math500_recall=dg.MetadataValue.float(scores["recall"]),
-        math500_precision=dg.MetadataValue.float(scores["precision"]),
-        math500_ground_truth=dg.MetadataValue.json(scores),
+        math500_recall=dg.MetadataValue.float(truth.scores["recall"]),
+        math500_precision=dg.MetadataValue.float(truth.scores["precision"]),
+        math500_ground_truth=dg.MetadataValue.json(truth.scores),
         labelled_set=dg.MetadataValue.json(labelled),
         labelled_set_precision=dg.MetadataValue.float(labelled.get("precision", float("nan"))),
         labelled_set_recall=dg.MetadataValue.float(labelled.get("recall", float("nan"))),
@@ -342,13 +246,8 @@ def decontaminated_problems(context: dg.AssetExecutionContext, config: Decontami
         "contamination_report", rpath, rversion, report.height, report.height,
         summary=md_table(summary),
         removed_per_layer=dg.MetadataValue.json(by_layer),
-        math_test_near_duplicates_of_math500=md_table(near_dups.select("problem_id", "record", "item_id", "layer", "score"), 50),
+        math_test_near_duplicates_of_math500=md_table(truth.near_duplicates.select("problem_id", "record", "item_id", "layer", "score"), 50),
     )
-
-
-STRATA = ["domain", "difficulty", "answer_type"]
-SFT_COLUMNS = ["problem_id", "source", "record", "domain", "difficulty", "answer_type", "problem", "answer",
-               "response", "response_source"]
 
 
 @mirrors(SftParams)
@@ -356,43 +255,10 @@ class SftConfig(fields_of(SftParams)):
     """The Launchpad face of ops.curation.sampling.SftParams (meanings and ranges there)."""
 
 
-def _card(df: pl.DataFrame, plan: dict, lineage: dict, context: dg.AssetExecutionContext) -> str:
-    strata = df.group_by(STRATA).len(name="rows").sort(STRATA)
-    rows = "\n".join(f"| {d} | {k} | {a} | {n} |" for d, k, a, n in strata.iter_rows())
-    lin = "\n".join(f"| {name} | {v['data_version']} | {v['rows']} |" for name, v in lineage.items())
-    return f"""---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.parquet
-license: other
-task_categories: [text-generation]
----
-# Crucible STEM SFT dataset
-
-Verified responses to curated STEM problems (Logics-STEM curation: annotate, exact + MinHash dedup,
-benchmark decontamination, verified distillation, stratified sampling).
-Rows: {df.height}. Dagster run: `{context.run.run_id}`.
-
-Load: `datasets.load_dataset("parquet", data_dir="<this folder>")["train"]`
-
-## Lineage (upstream tables and their data versions)
-| table | data version | rows |
-|---|---|---|
-{lin}
-
-## Strata (domain x difficulty x answer type)
-| domain | difficulty | answer type | rows |
-|---|---|---|---|
-{rows}
-"""
-
-
 @dg.asset(deps=["distilled_problems"], group_name=GROUP, code_version="1", kinds={"huggingface", "parquet"})
 def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: LakeResource) -> dg.MaterializeResult:
     """Stratified sample of verified problems, in the Hugging Face datasets layout with a card."""
-    from ops.curation.sampling import stratified_sample
+    from ops.curation.sampling import STRATA, dataset_card, sft_rows, stratified_sample, stratum_histogram
 
     params = SftParams(**config.model_dump())  # ranges checked once, here
     dist = lake.read("distilled_problems")
@@ -402,12 +268,7 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
     if verified.height < params.target_size:
         context.log.warning(f"sft_dataset: target_size {params.target_size} > {verified.height} verified rows; publishing all of them")
     sample, plan = stratified_sample(verified, STRATA, params.target_size, params.stratum_floor, seed=params.seed)
-    sample = sample.select(SFT_COLUMNS).with_columns(
-        messages=pl.concat_list(
-            pl.struct(role=pl.lit("user"), content=pl.col("problem")),
-            pl.struct(role=pl.lit("assistant"), content=pl.col("response")),
-        )
-    )
+    sample = sft_rows(sample)
     lineage = {}
     for name in ("raw_problems", "annotated_problems", "exact_deduped_problems", "near_deduped_problems",
                  "decontaminated_problems", "distilled_problems"):
@@ -416,15 +277,10 @@ def sft_dataset(context: dg.AssetExecutionContext, config: SftConfig, lake: Lake
                 lineage[f"raw_problems[{k}]"] = lake.table_info(name, k)
         else:
             lineage[name] = lake.table_info(name)
-    final, version = lake.write_hf_dataset(sample, "sft_dataset", _card(sample, plan, lineage, context))
+    final, version = lake.write_hf_dataset(sample, "sft_dataset", dataset_card(sample, lineage, context.run.run_id))
     lake.write_json({"plan": plan, "target_size": params.target_size, "stratum_floor": params.stratum_floor,
                      "tolerance": params.tolerance}, "sft_dataset.plan.json")
-    before = verified.group_by(STRATA).len(name="rows").sort(STRATA)
-    after = sample.group_by(STRATA).len(name="rows")
-    joined = before.join(after, on=STRATA, how="left", suffix="_after").fill_null(0)
-    labels = ["|".join(str(x) for x in r[:3]) for r in joined.iter_rows()]
-    fig = figures.grouped_bars(labels, {"verified (before)": joined["rows"].to_list(), "sft_dataset (after)": joined["rows_after"].to_list()},
-                               "stratum histogram before / after sampling")
+    fig = figures.grouped_bars(*stratum_histogram(verified, sample), "stratum histogram before / after sampling")
     return table_result(
         None, final, version, verified.height, sample.height,
         strata=dg.MetadataValue.int(len(plan)),

@@ -290,3 +290,37 @@ def annotate(rows: list[dict], seed: int = AnnotateParams.seed, max_per_class: i
         )
         out.append(o)
     return out, report
+
+
+def llm_label_requests(rows: list[dict], params: AnnotateParams) -> list:
+    """The ``llm`` provenance path's requests: for up to ``params.llm_label_max_rows`` rows the
+    classifier is unsure of (``needs_llm_label``; ops.curation.distill.select_rows, seeded), one
+    greedy 8-token teacher request asking for the domain (tag = problem_id). Returns ChatRequests."""
+    from ops.curation.distill import select_rows
+    from ops.teacher.client import ChatRequest
+    from ops.teacher.prompts import label_messages
+
+    unsure = select_rows([r for r in rows if r["needs_llm_label"]], params.llm_label_max_rows, seed=params.seed)
+    return [ChatRequest.make(label_messages(r["problem"], list(DOMAINS)), {"temperature": 0.0, "max_tokens": 8}, tag=r["problem_id"])
+            for r in unsure]
+
+
+def apply_llm_labels(rows: list[dict], results: list) -> dict:
+    """Set the teacher's domain (provenance ``llm``) on ``rows`` (in place) from the results of
+    :func:`llm_label_requests`; a failed request or a reply that names no domain leaves the row as
+    it was. Returns counts: asked, labelled, unparsed, failed."""
+    from ops.teacher.prompts import parse_label
+
+    by_id = {r["problem_id"]: r for r in rows}
+    labelled = failed = unparsed = 0
+    for res in results:
+        if res.status != "ok":
+            failed += 1
+            continue
+        label = parse_label(res.text, list(DOMAINS))
+        if label is None:
+            unparsed += 1
+            continue
+        by_id[res.request.tag].update(domain=label, domain_provenance="llm", needs_llm_label=False)
+        labelled += 1
+    return {"asked": len(results), "labelled": labelled, "unparsed": unparsed, "failed": failed}

@@ -256,3 +256,30 @@ def near_dedup_frame(
         records.append((ids[s], ids[r], srcs[r], False, "near", ids[s], float(res.similarity[r])))
     kept = df.filter(pl.Series(res.keep))
     return kept, _clusters_frame(records), res.stats
+
+
+def merge_clusters(exact: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
+    """One cluster table over both stages, keyed by the *final* survivor.
+
+    ``exact`` and ``near``: cluster tables of :func:`exact_dedup` and :func:`near_dedup_frame`
+    (columns :data:`CLUSTER_SCHEMA`). A row removed as an exact duplicate of X belongs to X's final
+    cluster: X itself, or the near survivor that removed X. Each cluster has exactly one
+    ``is_survivor`` row; sorted by cluster, survivor first, then problem_id.
+    """
+    near_removed = near.filter(~pl.col("is_survivor")).select("problem_id", final="cluster_id")
+    ex_removed = (
+        exact.filter(~pl.col("is_survivor"))
+        .join(near_removed.rename({"problem_id": "matched_to"}), on="matched_to", how="left")
+        .with_columns(cluster_id=pl.coalesce("final", "matched_to"))
+        .drop("final")
+    )
+    nr = near.filter(~pl.col("is_survivor"))
+    removed = pl.concat([ex_removed.select(CLUSTER_SCHEMA.keys()), nr.select(CLUSTER_SCHEMA.keys())])
+    survivors = pl.concat(
+        [exact.filter(pl.col("is_survivor")), near.filter(pl.col("is_survivor"))]
+    ).unique("problem_id", keep="first")
+    survivors = survivors.filter(pl.col("problem_id").is_in(removed["cluster_id"].implode()))
+    survivors = survivors.with_columns(cluster_id=pl.col("problem_id"), matched_to=pl.col("problem_id"),
+                                       stage=pl.lit("survivor"), jaccard=pl.lit(1.0))
+    return pl.concat([survivors.select(CLUSTER_SCHEMA.keys()), removed]).sort("cluster_id", "is_survivor", "problem_id",
+                                                                              descending=[False, True, False])

@@ -111,3 +111,66 @@ def stratified_sample(df: pl.DataFrame, strata: list[str], target: int, floor: i
     sample = ranked.join(alloc_df, on=strata, how="left").filter(pl.col("_r") <= pl.col("_alloc"))
     plan = {"|".join(str(x) for x in k): v for k, v in sorted(alloc.items(), key=lambda kv: str(kv[0]))}
     return sample.drop("_h", "_r", "_alloc").sort("problem_id"), plan
+
+
+STRATA = ["domain", "difficulty", "answer_type"]
+"""The annotation strata of the SFT sample (domain x difficulty x answer type)."""
+SFT_COLUMNS = ["problem_id", "source", "record", "domain", "difficulty", "answer_type", "problem", "answer",
+               "response", "response_source"]
+"""The columns ``sft_dataset`` publishes, before the chat ``messages``."""
+
+
+def sft_rows(sample: pl.DataFrame) -> pl.DataFrame:
+    """``sample``'s :data:`SFT_COLUMNS` plus ``messages``: the user's problem and the assistant's
+    response, the chat layout the Hugging Face SFT trainers read. Raises polars' ColumnNotFoundError
+    naming a missing column."""
+    return sample.select(SFT_COLUMNS).with_columns(
+        messages=pl.concat_list(
+            pl.struct(role=pl.lit("user"), content=pl.col("problem")),
+            pl.struct(role=pl.lit("assistant"), content=pl.col("response")),
+        )
+    )
+
+
+def stratum_histogram(before: pl.DataFrame, after: pl.DataFrame) -> tuple[list[str], dict[str, list[int]]]:
+    """Rows per stratum before and after sampling: (labels ``domain|difficulty|answer_type``,
+    {"verified (before)": counts, "sft_dataset (after)": counts}), strata of ``before`` in order."""
+    b = before.group_by(STRATA).len(name="rows").sort(STRATA)
+    joined = b.join(after.group_by(STRATA).len(name="rows"), on=STRATA, how="left", suffix="_after").fill_null(0)
+    labels = ["|".join(str(x) for x in r[:3]) for r in joined.iter_rows()]
+    return labels, {"verified (before)": joined["rows"].to_list(), "sft_dataset (after)": joined["rows_after"].to_list()}
+
+
+def dataset_card(df: pl.DataFrame, lineage: dict, run_id: str) -> str:
+    """The Hugging Face dataset card (README.md with a ``configs`` header) of the SFT dataset ``df``:
+    row count, the Dagster run, lineage (table -> {data_version, rows}) and rows per stratum."""
+    strata = df.group_by(STRATA).len(name="rows").sort(STRATA)
+    rows = "\n".join(f"| {d} | {k} | {a} | {n} |" for d, k, a, n in strata.iter_rows())
+    lin = "\n".join(f"| {name} | {v['data_version']} | {v['rows']} |" for name, v in lineage.items())
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.parquet
+license: other
+task_categories: [text-generation]
+---
+# Crucible STEM SFT dataset
+
+Verified responses to curated STEM problems (Logics-STEM curation: annotate, exact + MinHash dedup,
+benchmark decontamination, verified distillation, stratified sampling).
+Rows: {df.height}. Dagster run: `{run_id}`.
+
+Load: `datasets.load_dataset("parquet", data_dir="<this folder>")["train"]`
+
+## Lineage (upstream tables and their data versions)
+| table | data version | rows |
+|---|---|---|
+{lin}
+
+## Strata (domain x difficulty x answer type)
+| domain | difficulty | answer type | rows |
+|---|---|---|---|
+{rows}
+"""

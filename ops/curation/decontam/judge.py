@@ -21,6 +21,23 @@ def judge_messages(problem: str, benchmark_item: str) -> list[dict]:
             {"role": "user", "content": JUDGE_PROMPT.format(a=problem[:2000], b=benchmark_item[:2000])}]
 
 
+def teacher_judge(session: Callable) -> Judge:
+    """A :data:`Judge` on an OpenAI-compatible teacher: one greedy request per pair, 4 tokens, sent
+    together in one ``session()`` (a context manager yielding an ``ops.teacher.client`` client); a
+    failed request is None (the detector then fails closed)."""
+    from ops.teacher.client import ChatRequest
+
+    def judge(pairs: list[tuple[str, str]]) -> list[str | None]:
+        reqs = [ChatRequest.make(judge_messages(a, b), {"temperature": 0.0, "max_tokens": 4}, tag=str(k))
+                for k, (a, b) in enumerate(pairs)]
+        with session() as client:
+            results = client.complete(reqs)
+        by_tag = {r.request.tag: (r.text if r.status == "ok" else None) for r in results}
+        return [by_tag.get(str(k)) for k in range(len(pairs))]
+
+    return judge
+
+
 def parse_judge_reply(text: str | None) -> bool | None:
     """True for a reply whose first word is yes, False for no, None for anything else (garbage, empty,
     an error): the caller treats None as contaminated (fail-closed)."""
