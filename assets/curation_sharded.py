@@ -21,12 +21,12 @@ import os
 import dagster as dg
 import polars as pl
 
-from ops.curation.decontam_shard import max_syncs
+from ops.curation.decontam_shard import max_syncs, parquet_bytes
 from resources.lake import LakeResource
 from resources.teacher import TeacherResource
 
 from ._meta import table_result
-from .curation import DedupConfig, merge_clusters
+from .curation import DedupConfig
 
 GROUP = "curation_sharded"
 N_SHARDS = int(os.environ.get("CRUCIBLE_DEDUP_SHARDS", "8"))
@@ -39,12 +39,9 @@ def dedup_shards(context: dg.AssetExecutionContext, config: DedupConfig, lake: L
     """One shard: its valid rows exact-deduped (``kept`` with ``text_md5``), its exact clusters and the band keys
     of its survivors (``band_keys.parquet``: problem_id, band, key)."""
     from ops.curation import dedup, shard
-    from ops.curation.text import text_hash
 
     params = dedup.NearDedupParams(**config.model_dump())
-    valid = lake.read("annotated_problems").filter(pl.col("is_valid"))
-    md5 = pl.Series([text_hash(p) for p in valid["problem"].to_list()], dtype=pl.String)
-    rows = valid.filter(pl.Series(shard.shard_of(md5, N_SHARDS) == int(context.partition_key)))
+    rows = shard.rows_of_shard(lake.read("annotated_problems").filter(pl.col("is_valid")), N_SHARDS, context.partition_key)
     kept, clusters = dedup.exact_dedup(rows, params.source_priority)
     keys = shard.key_table(kept["problem_id"].to_list(), shard.band_keys(kept["problem"].to_list(), params))
     key = context.partition_key
@@ -81,7 +78,7 @@ def near_dedup_merge(context: dg.AssetExecutionContext, config: DedupConfig, lak
     removed = near_clusters.filter(~pl.col("is_survivor"))["problem_id"]
     out = kept.filter(~pl.col("problem_id").is_in(removed.implode()))
     out = out.with_columns(_rank=pl.Series(dedup.survivor_rank(out, params.source_priority))).sort("_rank").drop("_rank")
-    clusters = merge_clusters(exact_clusters, near_clusters)
+    clusters = dedup.merge_clusters(exact_clusters, near_clusters)
     path, version = lake.write(out, "near_deduped_problems_sharded")
     cpath, cversion = lake.write(clusters, "dedup_clusters_sharded")
     yield table_result("near_deduped_problems_sharded", path, version, kept.height, out.height,
@@ -112,15 +109,6 @@ def sync_name(k: int) -> str:
     return f"decontam_sync_{k:02d}"
 
 
-def _parquet_bytes(df: pl.DataFrame) -> int:
-    """Bytes of ``df`` as the lake's Parquet (zstd): what a table costs to move between machines."""
-    import io
-
-    buf = io.BytesIO()
-    df.write_parquet(buf, compression="zstd")
-    return buf.getbuffer().nbytes
-
-
 def _saved_config(lake: LakeResource):
     """The run configuration every shard's first step saved (they must agree)."""
     from ops.curation.decontam import DecontamConfig
@@ -148,13 +136,11 @@ def _detector(params, lake: LakeResource, key: str | None = None, judge=None):
 def _shard_rows(lake: LakeResource, key: str) -> pl.DataFrame:
     """The shard's rows of near_deduped_problems (``ordinal``: the row's position there), by normalised-text MD5
     as dedup_shards splits."""
-    from ops.curation import shard
-    from ops.curation.text import text_hash
+    from ops.curation.shard import rows_of_shard
 
     df = lake.read("near_deduped_problems").with_row_index("ordinal").select(pl.col("ordinal").cast(pl.Int64),
                                                                              "problem_id", "problem")
-    md5 = pl.Series([text_hash(p) for p in df["problem"].to_list()], dtype=pl.String)
-    return df.filter(pl.Series(shard.shard_of(md5, N_SHARDS) == int(key)))
+    return rows_of_shard(df, N_SHARDS, key)
 
 
 def _run_step(context: dg.AssetExecutionContext, lake: LakeResource, k: int, config=None) -> dg.MaterializeResult:
@@ -190,7 +176,7 @@ def _run_step(context: dg.AssetExecutionContext, lake: LakeResource, k: int, con
     stats_bytes = 0
     if local is not None:
         lake.write(local.table, name, key, name="stats.parquet", refresh=False)
-        stats_bytes = _parquet_bytes(local.table)
+        stats_bytes = parquet_bytes(local.table)
     lake.write_json(local.meta() if local is not None else {"kind": None}, f"{name}/{key}/stats.json")
     return table_result(None, path, version, rows.height, flags.height,
                         removed=dg.MetadataValue.int(flags.height),
@@ -249,11 +235,11 @@ def _sync_asset(k: int) -> dg.AssetsDefinition:
         merged = merge_stats(parts, det)
         path, version = lake.write(merged.table, sync_name(k), refresh=False)
         lake.write_json(merged.meta(), f"{sync_name(k)}/stats.json")
-        local_bytes = sum(_parquet_bytes(p.table) for p in parts)
+        local_bytes = sum(parquet_bytes(p.table) for p in parts)
         return table_result(None, path, version, sum(p.table.height for p in parts), merged.table.height,
                             point=dg.MetadataValue.text(f"{merged.kind} (round {merged.round})"),
                             shard_statistics_bytes=dg.MetadataValue.int(local_bytes),
-                            merged_statistics_bytes=dg.MetadataValue.int(_parquet_bytes(merged.table)),
+                            merged_statistics_bytes=dg.MetadataValue.int(parquet_bytes(merged.table)),
                             rows=dg.MetadataValue.int(merged.rows))
 
     return sync
@@ -274,8 +260,8 @@ DECONTAM_SYNC_POINTS = [_sync_asset(k) for k in range(1, DECONTAM_SYNCS + 1)]
 def decontam_assemble(context: dg.AssetExecutionContext, lake: LakeResource):
     """The shards' removals on near_deduped_problems' rows, in its order: the single-process tables."""
     from ops.curation.decontam import layer_counts
-
-    from .curation import decontam_tables
+    from ops.curation.decontam.report import decontam_tables
+    from ops.curation.decontam_shard import flags_of_shards
 
     last, keys = step_name(DECONTAM_SYNCS + 1), DEDUP_SHARDS.get_partition_keys()
     missing = [k for k in keys if k not in set(lake.partitions(last))]
@@ -286,15 +272,11 @@ def decontam_assemble(context: dg.AssetExecutionContext, lake: LakeResource):
     if sum(sizes) != df.height:
         raise ValueError(f"the shards hold {sum(sizes)} rows, near_deduped_problems {df.height}: rerun {step_name(1)}")
     metas = [lake.read_json(f"{last}/{k}/state.json") for k in keys]
-    flags: list[dict | None] = [None] * df.height
-    for k in keys:
-        for o, bench_, item, layer, score, review, reply, _ in lake.read(last, k).iter_rows():
-            flags[o] = {"benchmark": bench_, "item_id": item, "layer": layer, "score": score, "needs_review": review,
-                        "judge_reply": reply}
+    flags = flags_of_shards(df.height, [lake.read(last, k) for k in keys])
     kept, report, mask = decontam_tables(df, bench, flags)
     points = [lake.read_json(f"{sync_name(j)}/stats.json") for j in range(1, DECONTAM_SYNCS + 1)]
     used = [p for p in points if p["kind"] is not None]
-    moved = sum(_parquet_bytes(lake.read(sync_name(j))) for j, p in enumerate(points, 1) if p["kind"] is not None)
+    moved = sum(parquet_bytes(lake.read(sync_name(j))) for j, p in enumerate(points, 1) if p["kind"] is not None)
     path, version = lake.write(kept, "decontaminated_problems_sharded")
     rpath, rversion = lake.write(report, "contamination_report_sharded")
     by_layer = layer_counts(flags)

@@ -81,6 +81,29 @@ class SyncStats:
         return cls(meta["kind"], int(meta["round"]), table, int(meta["rows"]), dict(meta.get("info") or {}))
 
 
+def parquet_bytes(df: pl.DataFrame) -> int:
+    """Bytes of ``df`` as the lake's Parquet (zstd): what a table costs to move between machines."""
+    import io
+
+    buf = io.BytesIO()
+    df.write_parquet(buf, compression="zstd")
+    return buf.getbuffer().nbytes
+
+
+def flags_of_shards(n_rows: int, tables: Sequence[pl.DataFrame]) -> list[dict | None]:
+    """The detector's flags over the whole table (None: clean) from the shards' removal tables (columns in
+    order: ordinal, benchmark, item_id, layer, score, needs_review, judge_reply, and one more). Raises
+    IndexError naming the ordinal when a shard names a row past ``n_rows``."""
+    flags: list[dict | None] = [None] * n_rows
+    for t in tables:
+        for o, bench, item, layer, score, review, reply, _ in t.iter_rows():
+            if not 0 <= o < n_rows:
+                raise IndexError(f"shard removal names row ordinal {o}; the table has {n_rows} rows")
+            flags[o] = {"benchmark": bench, "item_id": item, "layer": layer, "score": score, "needs_review": review,
+                        "judge_reply": reply}
+    return flags
+
+
 def _empty(kind: str) -> pl.DataFrame:
     if kind == "judge":
         return pl.DataFrame(schema=JUDGE_ENTRY_SCHEMA)

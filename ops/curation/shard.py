@@ -45,6 +45,15 @@ def shard_of(text_md5: pl.Series, n_shards: int) -> np.ndarray:
     return (text_md5.str.slice(0, 8).str.to_integer(base=16).to_numpy().astype(np.int64) % n_shards)
 
 
+def rows_of_shard(df: pl.DataFrame, n_shards: int, key: str | int) -> pl.DataFrame:
+    """The rows of ``df`` (column ``problem``) whose normalised-text MD5 falls in shard ``key`` of
+    ``n_shards`` (:func:`shard_of`): how ``dedup_shards`` and the decontamination steps split a table."""
+    from .text import text_hash
+
+    md5 = pl.Series([text_hash(p) for p in df["problem"].to_list()], dtype=pl.String)
+    return df.filter(pl.Series(shard_of(md5, n_shards) == int(key)))
+
+
 def band_keys(texts: list[str], params: NearDedupParams | None = None) -> np.ndarray:
     """Per text, one 64-bit key per LSH band of its MinHash signature (near_dedup's shingles, signatures,
     ``lsh_params`` banding); with ``threshold == 1.0`` one key: the hash of the sorted shingle set.
