@@ -151,6 +151,14 @@ class ObjectStoreLake:
     until the manifest names the new one, and never an uploaded-but-uncommitted version; a write
     killed before step 2 leaves the manifest and the previous version untouched.
 
+    Concurrent writers (S3 and S3-compatible servers, through s3fs): the manifest PUT is a
+    conditional write based on the manifest the writer read before its uploads (``If-Match:
+    <ETag>`` of that manifest, or ``If-None-Match: *`` when the key had none; S3 conditional writes,
+    AWS since 2024-11 / 2024-08, MinIO, moto). Of two writers that read the same manifest, the
+    second to commit gets ``LakeConflictError`` naming the key; its objects are deleted and nothing
+    of its write becomes visible. Other fsspec filesystems (``memory://``, GCS through gcsfs) have
+    no conditional PUT here: the last manifest wins (``conditional_commits`` is False).
+
     Garbage collection (after each commit): the manifest's ``history`` keeps the ids of the last
     ``keep_versions`` committed versions (current first), whose objects are kept; a version that
     falls out of the history is deleted at once; an orphan (uploaded, never committed: a killed
@@ -184,6 +192,13 @@ class ObjectStoreLake:
         self.prefix = self.prefix.rstrip("/")
         self.keep_versions = keep_versions
         self.orphan_grace_s = orphan_grace_s
+
+    @property
+    def conditional_commits(self) -> bool:
+        """True when a manifest commit is a conditional PUT (s3fs: ``If-Match`` / ``If-None-Match``),
+        so a concurrent commit of the same key fails with ``LakeConflictError``."""
+        protocol = self.fs.protocol
+        return bool({"s3", "s3a"} & set([protocol] if isinstance(protocol, str) else protocol))
 
     # -- naming --------------------------------------------------------------------------------
     def _split(self, key: str) -> tuple[str, str]:
@@ -219,6 +234,40 @@ class ObjectStoreLake:
             raw = self.fs.cat_file(path)
         except FileNotFoundError:
             return None
+        return self._parse_manifest(path, raw)
+
+    def manifest_etag(self, key: str, attempts: int = 3) -> tuple[dict | None, str | None]:
+        """The committed manifest of ``key`` and the ETag of the object it was read from
+        ((None, None) when never committed; the ETag is None on filesystems without conditional
+        commits). Pass the pair as ``commit(..., base=...)`` to base a commit on this manifest.
+        The HEAD and the GET are tied by ``If-Match``; a manifest replaced between them is read
+        again, up to ``attempts`` times.
+
+        Raises:
+            LakeConflictError: the manifest changed under each of the ``attempts`` reads.
+            ValueError: the manifest is not a Crucible manifest (names it).
+        """
+        if not self.conditional_commits:
+            return self.manifest(key), None
+        path = self._manifest_path(key)
+        for _ in range(attempts):
+            self.fs.invalidate_cache(path)
+            try:
+                with self.fs.open(path, "rb") as f:     # s3fs: HEAD, then a GET with If-Match: <its ETag>
+                    etag = f.details.get("ETag")
+                    raw = f.read()
+            except FileNotFoundError:
+                return None, None
+            except OSError as e:
+                if _precondition_failed(e):
+                    continue
+                raise
+            if not etag:
+                raise OSError(f"lake manifest {self.uri(path)}: the server returned no ETag; conditional commits need one")
+            return self._parse_manifest(path, raw), etag
+        raise LakeConflictError(f"lake manifest {self.uri(path)} changed under each of {attempts} reads")
+
+    def _parse_manifest(self, path: str, raw: bytes) -> dict:
         try:
             doc = json.loads(raw)
         except ValueError as e:
@@ -275,12 +324,21 @@ class ObjectStoreLake:
         return [n for n in names if not n.startswith(("_", "."))]
 
     # -- commit --------------------------------------------------------------------------------
-    def commit(self, key: str, files: dict[str, str | Path], version: str, extra: dict | None = None) -> dict:
+    def commit(self, key: str, files: dict[str, str | Path], version: str, extra: dict | None = None,
+               base: tuple[dict | None, str | None] | None = None) -> dict:
         """Upload ``files`` ({path inside the version: local file}) as a new version of ``key``,
         then write the manifest (the commit), then garbage-collect. For a single-file key pass
         ``{basename: local_file}``. Returns the new manifest.
 
+        ``base``: the (manifest, ETag) pair this write is based on (``manifest_etag``, read when a
+        step read the key); default: the manifest read at the start of this call, before the
+        uploads. On S3 the manifest PUT carries ``If-Match: <ETag>`` (``If-None-Match: *`` when
+        the base had no manifest), so the commit fails if anyone committed ``key`` since.
+
         Raises:
+            LakeConflictError: another writer committed ``key`` after ``base`` was read (names
+                the key and the base version): this write's objects are deleted, nothing of it
+                is visible, the winner's version stays current.
             OSError: an upload failed or an uploaded object has the wrong size: nothing is
                 committed (the manifest and the previous version are unchanged).
             ValueError: ``files`` is empty or a path in it is absolute or climbs (``..``).
@@ -293,6 +351,7 @@ class ObjectStoreLake:
         for rel in files:
             if rel.startswith("/") or ".." in rel.split("/"):
                 raise ValueError(f"commit of {key!r}: file path {rel!r} must be relative and stay inside the version")
+        previous, etag = base if base is not None else self.manifest_etag(key)
         now = datetime.datetime.now(datetime.timezone.utc)
         vid = f"{now:%Y%m%dT%H%M%S%fZ}-{version}-{secrets.token_hex(4)}"
         vdir = self._version_dir(key, vid)
@@ -313,12 +372,32 @@ class ObjectStoreLake:
             except Exception:
                 pass
             raise
-        previous = self.manifest(key)
         old_history = list(previous.get("history", [previous["id"]])) if previous else []
         history = [vid] + [h for h in old_history if h != vid][: self.keep_versions - 1]
         doc = {"format": MANIFEST_FORMAT, "key": key.strip("/"), "id": vid, "version": version, "files": meta,
                "committed_at": now.isoformat(), "history": history, **(extra or {})}
-        self.fs.pipe_file(self._manifest_path(key), json.dumps(doc, indent=1, sort_keys=True).encode())
+        body = json.dumps(doc, indent=1, sort_keys=True).encode()
+        mpath = self._manifest_path(key)
+        if not self.conditional_commits:
+            self.fs.pipe_file(mpath, body)
+        else:
+            try:
+                if etag:                             # replace exactly the manifest the base read
+                    self.fs.pipe_file(mpath, body, IfMatch=etag)
+                else:                                # the base had none: create only
+                    self.fs.pipe_file(mpath, body, mode="create")
+            except (OSError, FileExistsError) as e:
+                lost = _precondition_failed(e) or isinstance(e, FileExistsError) or (etag and isinstance(e, FileNotFoundError))
+                try:                                 # never committed: best effort (else an orphan for gc())
+                    self.fs.rm(vdir, recursive=True)
+                except Exception:
+                    pass
+                if not lost:
+                    raise
+                based = f"version {previous['id']}" if previous else "no committed version"
+                raise LakeConflictError(f"commit of {self.location(key)} (based on {based}) lost to a concurrent "
+                                        f"commit: {self.uri(mpath)} changed since it was read; nothing of this "
+                                        f"write is visible: rerun on the new version") from None
         self.gc(key, history, dropped=[h for h in old_history if h not in history], now=now)
         return doc
 
@@ -370,20 +449,24 @@ class ObjectStoreLake:
 
         return pl.read_parquet(io.BytesIO(self.read_bytes(key)))
 
-    def write_json(self, obj, key: str, indent: int = 2, staging: str | Path | None = None) -> None:
-        """Commit ``obj`` as JSON (keys sorted, non-JSON values as ``str``, as ``write_json_atomic``)."""
+    def write_json(self, obj, key: str, indent: int = 2, staging: str | Path | None = None,
+                   base: tuple[dict | None, str | None] | None = None) -> None:
+        """Commit ``obj`` as JSON (keys sorted, non-JSON values as ``str``, as ``write_json_atomic``).
+        ``base``: as in ``commit``. Raises LakeConflictError when a concurrent commit won."""
         with tempfile.TemporaryDirectory(prefix=".lake-stage.", dir=staging) as d:
             name = self._split(key)[1]
             tmp = Path(d) / name
             tmp.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=str), encoding="utf-8")
-            self.commit(key, {name: tmp}, file_sha256(tmp)[:16])
+            self.commit(key, {name: tmp}, file_sha256(tmp)[:16], base=base)
 
-    def write_dir(self, build: str | Path, key: str, version: str, extra: dict | None = None) -> dict:
+    def write_dir(self, build: str | Path, key: str, version: str, extra: dict | None = None,
+                  base: tuple[dict | None, str | None] | None = None) -> dict:
         """Commit every file under the local folder ``build`` as the directory key ``key``
-        (e.g. a Hugging Face dataset). Returns the manifest."""
+        (e.g. a Hugging Face dataset). ``base``: as in ``commit``. Returns the manifest. Raises
+        LakeConflictError when a concurrent commit won."""
         build = Path(build)
         files = {p.relative_to(build).as_posix(): p for p in sorted(build.rglob("*")) if p.is_file()}
-        return self.commit(key, files, version, extra)
+        return self.commit(key, files, version, extra, base=base)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,11 +478,25 @@ DATA_VERSION_KEY = "crucible.data_version"
 ROWS_KEY = "crucible.rows"
 DTYPES_KEY = "crucible.polars_dtypes"
 _RESTORED_DTYPES = ("UInt8", "UInt16", "UInt32", "UInt64", "Categorical")
+_NO_DATA_CHANGE_OPS = ("VACUUM START", "VACUUM END")
+DEFAULT_VACUUM_RETENTION_HOURS = 168      # Delta's delta.deletedFileRetentionDuration default (1 week)
 
 
 class LakeConflictError(RuntimeError):
-    """A table commit lost against a concurrent commit of the same table (Delta Lake's optimistic
-    concurrency): nothing of the losing write is visible; rerun the step on the new version."""
+    """A commit lost against a concurrent commit of the same table (Delta Lake's optimistic
+    concurrency) or of the same JSON file / dataset folder (``ObjectStoreLake``'s conditional
+    manifest PUT): nothing of the losing write is visible; rerun the step on the new version."""
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """True when ``e`` (an s3fs-translated error) is an S3 conditional-request failure: 412
+    PreconditionFailed, or 409 ConditionalRequestConflict (AWS: a concurrent conditional write of the
+    same key in flight)."""
+    cause = e.__cause__
+    resp = getattr(cause, "response", None) or {}
+    code = (resp.get("Error") or {}).get("Code", "")
+    status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
 def parquet_data_version(df: pl.DataFrame) -> str:
@@ -534,8 +631,18 @@ class DeltaTables:
 
     @staticmethod
     def _commit_info(dt) -> dict:
-        hist = dt.history(1)
-        return hist[0] if hist else {}
+        """The commit info of the newest commit that wrote the current data: VACUUM's own commits
+        (``VACUUM START`` / ``VACUUM END``, no data change) are skipped, so the data version and
+        the dtypes to restore survive a vacuum."""
+        limit = 5
+        while True:
+            hist = dt.history(limit)
+            for h in hist:
+                if h.get("operation") not in _NO_DATA_CHANGE_OPS:
+                    return h
+            if len(hist) < limit:
+                return hist[0] if hist else {}
+            limit *= 4
 
     def info(self, key: str) -> dict:
         """``{"data_version", "rows", "table_version"}`` of the current version (from the commit
@@ -551,3 +658,52 @@ class DeltaTables:
     def file_uris(self, key: str) -> list[str]:
         """URLs of the Parquet files of the current version (what DuckDB's ``read_parquet`` reads)."""
         return sorted(self._table(key).file_uris())
+
+    def vacuum(self, table_uri: str, retention_hours: int | None = None, dry_run: bool = False,
+               enforce_retention_duration: bool = True) -> list[str]:
+        """Delta ``VACUUM`` of the table at ``table_uri`` (a full vacuum: every file the log does not
+        reference, a killed writer's uncommitted Parquet files included, and files of versions
+        overwritten more than the retention ago), deleting only files older than
+        ``retention_hours`` (None: the table's ``delta.deletedFileRetentionDuration``, default 168
+        h). Time travel to versions whose files were removed stops working. Returns the paths,
+        relative to the table, deleted (or, with ``dry_run``, that would be).
+
+        A retention shorter than the table's configured one is refused unless
+        ``enforce_retention_duration`` is False: a writer still uploading for longer than the
+        retention would lose its files before its commit (Delta Lake protocol, "VACUUM").
+
+        Raises:
+            ValueError: a retention below the table's minimum while enforced, or a negative one
+                (names the table).
+            FileNotFoundError: no Delta table at ``table_uri``.
+        """
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError, TableNotFoundError
+
+        if retention_hours is not None and retention_hours < 0:
+            raise ValueError(f"vacuum of {table_uri}: retention_hours must be >= 0, got {retention_hours}")
+        try:
+            dt = DeltaTable(table_uri, storage_options=self.storage_options)
+        except TableNotFoundError:
+            raise FileNotFoundError(f"{table_uri} is not a Delta table") from None
+        try:
+            return sorted(dt.vacuum(retention_hours=retention_hours, dry_run=dry_run,
+                                    enforce_retention_duration=enforce_retention_duration, full=True))
+        except DeltaError as e:
+            if "retention" in str(e).lower():
+                raise ValueError(f"vacuum of {table_uri}: {e}; pass a longer retention, or disable the "
+                                 "enforcement when no writer is running") from None
+            raise
+
+
+def find_delta_tables(fs, prefix: str) -> list[str]:
+    """Filesystem paths (no protocol) of the Delta tables under ``prefix``: the folders that hold a
+    ``_delta_log/`` (one listing of every object under ``prefix``), sorted."""
+    prefix = prefix.rstrip("/")
+    try:
+        fs.invalidate_cache(prefix)
+        paths = fs.find(prefix)
+    except FileNotFoundError:
+        return []
+    return sorted({p.split("/_delta_log/", 1)[0] for p in paths if "/_delta_log/" in p})
+

@@ -7,6 +7,7 @@
     crucible demo --skip curation      # reuse the curated data already in the lake
     crucible sources                   # list source partitions
     crucible lineage sft_dataset       # every upstream step: run, data/code version, figures, checks
+    crucible lake vacuum --dry-run     # Delta VACUUM of an s3:// lake's tables (168 h retention)
 
 Runs are recorded in the instance, so ``dagster dev`` shows them, their metadata and checks.
 """
@@ -220,6 +221,35 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
     return 0
 
 
+def run_lake_vacuum(args) -> int:
+    """``crucible lake vacuum``: Delta VACUUM of every table of the lake (``LakeResource.vacuum``);
+    prints the files removed per table. Exit 2 with one line on a local root or a refused retention."""
+    from ops.lake import DEFAULT_VACUUM_RETENTION_HOURS
+    from pipelines.profiles import ProfileError, load_profile
+
+    try:
+        lake = load_profile().resources["lake"]
+    except ProfileError as e:
+        print(f"crucible lake vacuum: {e}", file=sys.stderr)
+        return 2
+    changes = {k: v for k, v in (("root", args.root), ("endpoint_url", args.endpoint_url), ("region", args.region))
+               if v is not None}
+    if changes:
+        lake = lake.model_copy(update=changes)
+    try:
+        removed = lake.vacuum(args.retention_hours, args.dry_run, not args.no_enforce_retention)
+    except ValueError as e:
+        print(f"crucible lake vacuum: {e}", file=sys.stderr)
+        return 2
+    verb = "would remove" if args.dry_run else "removed"
+    hours = args.retention_hours if args.retention_hours is not None else f"the tables' own ({DEFAULT_VACUUM_RETENTION_HOURS} by default)"
+    print(f"lake {lake.root}: {len(removed)} Delta tables, retention {hours} h")
+    for table, files in removed.items():
+        print(f"{table}: {verb} {len(files)} files" + "".join(f"\n  {f}" for f in files))
+    print(f"total: {verb} {sum(len(f) for f in removed.values())} files")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -236,7 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("asset", help="asset key, e.g. sft_dataset")
     lin.add_argument("--storage-id", type=int, default=None, help="a specific materialization (default: latest)")
     lin.add_argument("--json", action="store_true", help="print JSON instead of text")
+    lake = sub.add_parser("lake", help="maintenance of an object-store lake (the active profile's lake.root)")
+    lake_sub = lake.add_subparsers(dest="lake_cmd", required=True)
+    vac = lake_sub.add_parser("vacuum", help="Delta VACUUM of every table: delete files no version references "
+                              "(killed writers' uploads, overwritten versions) older than the retention")
+    vac.add_argument("--retention-hours", type=int, default=None,
+                     help="keep unreferenced files younger than this (default: the tables' own, Delta's 168 h)")
+    vac.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    vac.add_argument("--no-enforce-retention", action="store_true",
+                     help="accept a retention below the tables' own (only when no writer is running)")
+    vac.add_argument("--root", default=None, help="lake root URL (default: the active profile's lake.root)")
+    vac.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: the profile's)")
+    vac.add_argument("--region", default=None, help="S3 region (default: the profile's)")
     args = parser.parse_args(argv)
+    if args.cmd == "lake":
+        return run_lake_vacuum(args)
     if args.cmd == "setup":
         return run_setup(args.check)
     if args.cmd == "demo":

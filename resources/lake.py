@@ -62,7 +62,9 @@ class LakeResource(dg.ConfigurableResource):
       Polars, DuckDB, Spark and Trino read; a concurrent commit conflicts with
       ``ops.lake.LakeConflictError``; earlier versions readable by ``read(..., version=n)``); JSON
       files and dataset folders are committed without rename (``ops.lake.ObjectStoreLake``: the new
-      version's objects under a version-unique key, then the manifest ``_latest/<name>.json``). ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
+      version's objects under a version-unique key, then the manifest ``_latest/<name>.json`` by a
+      conditional PUT, so a concurrent commit conflicts there too); ``vacuum`` removes
+      unreferenced Delta files. ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
       folders, checkpoints: files that need rename, SQLite or mmap), and the catalog is
       ``<work_dir>/catalog.duckdb`` (never on the object store).
     """
@@ -243,10 +245,27 @@ class LakeResource(dg.ConfigurableResource):
         p = self.path(asset, partition, name)
         return {"data_version": lake.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
 
+    def vacuum(self, retention_hours: int | None = None, dry_run: bool = False,
+               enforce_retention_duration: bool = True) -> dict[str, list[str]]:
+        """Delta ``VACUUM`` of every Delta table under an object-store root
+        (``ops.lake.DeltaTables.vacuum``: files the log does not reference, a killed writer's
+        uploads included, older than ``retention_hours``; None = the table's retention, Delta's
+        168 h by default). Returns {table URL: files deleted (dry run: that would be), relative to
+        the table}.
+
+        Raises:
+            ValueError: a local root (its tables are plain Parquet files, nothing to vacuum), a
+                negative retention, or one shorter than a table's while enforced (names the table).
+        """
+        store = self.store
+        return {store.uri(p): self.tables.vacuum(store.uri(p), retention_hours, dry_run, enforce_retention_duration)
+                for p in lake.find_delta_tables(store.fs, store.prefix)}
+
     # -- other committed files ---------------------------------------------------------------------
     def write_json(self, obj, key: str, indent: int = 2) -> None:
         """Write ``obj`` as JSON at ``<root>/<key>`` (e.g. ``decontaminated_problems/config.json``),
-        atomically (local: ``ops.lake.write_json_atomic``; object store: committed)."""
+        atomically (local: ``ops.lake.write_json_atomic``; object store: committed). Raises
+        ops.lake.LakeConflictError (s3 root) when another writer committed the key during this write."""
         if self.remote:
             self.store.write_json(obj, key, indent=indent, staging=self._staging())
         else:
@@ -269,7 +288,9 @@ class LakeResource(dg.ConfigurableResource):
     def write_hf_dataset(self, df: pl.DataFrame, asset: str, card: str) -> tuple[Path | str, str]:
         """Publish ``df`` as the Hugging Face dataset folder ``<root>/<asset>`` (``data/train-00000-
         of-00001.parquet`` and the card ``README.md``; ``ops.lake.write_hf_dataset``) and point the
-        catalog view ``<asset>`` at it. Returns (location, data version of the Parquet file)."""
+        catalog view ``<asset>`` at it. Returns (location, data version of the Parquet file).
+        Raises ops.lake.LakeConflictError (s3 root) when another writer committed the folder during
+        this write (nothing of this one is visible)."""
         if not self.remote:
             final = self.base / asset
             version = lake.write_hf_dataset(df, final, card)

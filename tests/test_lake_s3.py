@@ -104,8 +104,10 @@ def test_curation_group_into_s3_and_back(s3, tmp_path):
     log = [json.loads(line) for line in s3lake.store.fs.cat_file(f"{BUCKET}/lake/near_deduped_problems/data.delta/{first}").splitlines()]
     info = next(a["commitInfo"] for a in log if "commitInfo" in a)
     assert info["crucible.data_version"] == got["near_deduped_problems"] and info["crucible.rows"] == str(kept.height)
-    assert [a["add"]["path"] for a in log if "add" in a] and all(k.startswith("lake/near_deduped_problems/data.delta/")
-                                                                 for k in _keys(s3, "lake/near_deduped_problems/"))
+    assert [a["add"]["path"] for a in log if "add" in a]
+    stray = [k for k in _keys(s3, "lake/near_deduped_problems/")           # figures: assets/_meta.py, content-named PNGs
+             if not k.startswith(("lake/near_deduped_problems/data.delta/", "lake/near_deduped_problems/_figures/"))]
+    assert not stray, stray
     # no table or JSON on local disk: only the catalog
     local_files = [p for p in (tmp_path / "work").rglob("*") if p.is_file()]
     assert not [p for p in local_files if p.suffix in (".parquet", ".json")], local_files
@@ -605,3 +607,137 @@ def test_training_group_materializes_on_an_s3_root(s3, tmp_path):
     for t in ("ctr_events/data", "ctr_model/data", "gba_run/sync/data", "gba_run/gba/data"):
         assert f"train/{t}.delta/_delta_log/00000000000000000000.json" in keys, t
     assert not list(work.glob("*/data.parquet")) and not list(work.glob("*/*/data.parquet"))   # no table on local disk
+
+
+def test_two_writers_of_one_json_file_or_folder_conflict_loudly(s3, tmp_path):
+    """ObjectStoreLake's manifest commit is a conditional PUT (If-Match on the manifest's ETag,
+    If-None-Match on a new key): of two writers based on the same manifest, the second loses."""
+    from ops.lake import LakeConflictError, ObjectStoreLake
+
+    lake = _lake(s3, tmp_path, "jsonrace")
+    store = lake.store
+    assert store.conditional_commits
+    lake.write_json({"v": 0}, "t/config.json")
+    base = store.manifest_etag("t/config.json")
+    assert base[0]["id"] and base[1]
+    other = ObjectStoreLake(lake.root, {"endpoint_url": s3, "use_listings_cache": False,
+                                        "client_kwargs": {"region_name": "us-east-1"}})   # a second writer
+    other.write_json({"v": "winner"}, "t/config.json", base=base)
+    with pytest.raises(LakeConflictError, match=rf"s3://{BUCKET}/jsonrace/t/config.json \(based on version {base[0]['id']}\)"):
+        store.write_json({"v": "loser"}, "t/config.json", base=base)
+    assert lake.read_json("t/config.json") == {"v": "winner"}
+    doc = store.manifest("t/config.json")
+    assert doc["history"] == [doc["id"], base[0]["id"]]          # the winner's history: nothing lost
+    assert sorted(k.split("/")[4] for k in _keys(s3, "jsonrace/t/_v/config.json/")) == sorted(doc["history"])  # loser's objects gone
+
+    # a new key: both saw no manifest (If-None-Match: *); a dataset folder
+    empty = store.manifest_etag("ds")
+    assert empty == (None, None)
+    build = tmp_path / "build"
+    (build / "data").mkdir(parents=True)
+    pl.DataFrame({"x": [1, 2]}).write_parquet(build / "data" / "train-00000-of-00001.parquet")
+    (build / "README.md").write_text("# first\n")
+    other.write_dir(build, "ds", "v1", {"rows": 2}, base=empty)
+    (build / "README.md").write_text("# second\n")
+    with pytest.raises(LakeConflictError, match=rf"s3://{BUCKET}/jsonrace/ds \(based on no committed version\)"):
+        store.write_dir(build, "ds", "v2", {"rows": 2}, base=empty)
+    assert store.read_bytes("ds", "README.md") == b"# first\n"
+    assert lake.read_dataset("ds")["x"].to_list() == [1, 2]
+
+    # without an explicit base, a commit is based on the manifest read before its uploads
+    fs, real_put = store.fs, store.fs.put_file
+
+    def put_after_a_rival_commit(lpath, rpath, **kw):   # the rival commits while this writer uploads
+        fs.put_file = real_put
+        other.write_json({"v": "rival"}, "t/config.json")
+        return real_put(lpath, rpath, **kw)
+
+    fs.put_file = put_after_a_rival_commit
+    try:
+        with pytest.raises(LakeConflictError, match="lost to a concurrent commit"):
+            lake.write_json({"v": "late"}, "t/config.json")
+    finally:
+        fs.put_file = real_put
+    assert lake.read_json("t/config.json") == {"v": "rival"}
+    lake.write_json({"v": "next"}, "t/config.json")              # based on the rival's version: commits
+    assert lake.read_json("t/config.json") == {"v": "next"}
+
+
+def test_a_killed_loser_leaves_an_orphan_the_next_commit_removes(s3, tmp_path):
+    """When the loser cannot clean up (its delete fails), its version folder is an orphan that no
+    reader sees and the next commit's gc removes once older than orphan_grace_s."""
+    from ops.lake import LakeConflictError
+
+    lake = _lake(s3, tmp_path, "orphan", orphan_grace_s=0.0)
+    store = lake.store
+    lake.write_json({"v": 0}, "c.json")
+    base = store.manifest_etag("c.json")
+    lake.write_json({"v": 1}, "c.json")
+    fs, real_rm = store.fs, store.fs.rm
+    fs.rm = lambda *a, **k: (_ for _ in ()).throw(OSError("connection reset (injected)"))
+    try:
+        with pytest.raises(LakeConflictError):
+            store.write_json({"v": "loser"}, "c.json", base=base)
+    finally:
+        fs.rm = real_rm
+    doc = store.manifest("c.json")
+    present = {k.split("/")[3] for k in _keys(s3, "orphan/_v/c.json/")}
+    assert len(present) == 3 and set(doc["history"]) < present   # the loser's folder is left over
+    assert lake.read_json("c.json") == {"v": 1}
+    lake.write_json({"v": 2}, "c.json")
+    doc = store.manifest("c.json")
+    assert {k.split("/")[3] for k in _keys(s3, "orphan/_v/c.json/")} == set(doc["history"])
+
+
+def _vacuum_cli(s3, root, *args):
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", "lake", "vacuum", "--root", root, "--endpoint-url", s3,
+                           "--region", "us-east-1", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "CRUCIBLE_PROFILE": "default"})
+
+
+def test_lake_vacuum_removes_unreferenced_delta_files_and_the_tables_still_read(s3, tmp_path):
+    lake = _lake(s3, tmp_path, "vac")
+    v0 = pl.DataFrame({"x": pl.Series([1, 2], dtype=pl.UInt8), "s": ["a", "b"]})
+    v1 = pl.DataFrame({"x": pl.Series([3], dtype=pl.UInt8), "s": ["c"]})
+    lake.write(v0, "t", refresh=False)
+    lake.write(v1, "t", refresh=False)                   # v0's file is now unreferenced (overwritten)
+    lake.write(pl.DataFrame({"y": [7]}), "p", "k1", refresh=False)
+    before = lake.table_info("t")
+    table = f"{BUCKET}/vac/t/data.delta"
+    current = lake.tables.file_uris("t/data.parquet")
+    assert len(current) == 1
+    buf = io.BytesIO()
+    pl.DataFrame({"x": [99]}).write_parquet(buf)             # what a writer killed before its commit leaves
+    orphan = "part-00000-killed-writer-c000.snappy.parquet"
+    lake.store.fs.pipe_file(f"{table}/{orphan}", buf.getvalue())
+    overwritten = {k.rpartition("/")[2] for k in _keys(s3, "vac/t/data.delta/part-")} - {orphan} - \
+        {u.rpartition("/")[2] for u in current}
+    assert len(overwritten) == 1
+
+    res = _vacuum_cli(s3, lake.root, "--dry-run")           # default retention (168 h): everything is younger
+    assert res.returncode == 0, res.stderr
+    assert f"s3://{table}: would remove 0 files" in res.stdout and f"s3://{BUCKET}/vac/p/k1/data.delta: would remove 0 files" in res.stdout
+    res = _vacuum_cli(s3, lake.root, "--retention-hours", "1")   # below Delta's 168 h: refused while enforced
+    assert res.returncode == 2 and "minimum retention" in res.stderr and "Traceback" not in res.stderr
+    assert "vac/" in res.stderr and ".delta" in res.stderr     # names the table
+
+    res = _vacuum_cli(s3, lake.root, "--retention-hours", "0", "--no-enforce-retention", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert f"s3://{table}: would remove 2 files" in res.stdout and orphan in res.stdout
+    assert orphan in {k.rpartition("/")[2] for k in _keys(s3, "vac/t/data.delta/")}      # a dry run deletes nothing
+    res = _vacuum_cli(s3, lake.root, "--retention-hours", "0", "--no-enforce-retention")
+    assert res.returncode == 0, res.stderr
+    assert f"s3://{table}: removed 2 files" in res.stdout and "total: removed 2 files" in res.stdout
+    left = {k.rpartition("/")[2] for k in _keys(s3, "vac/t/data.delta/part-")}
+    assert left == {u.rpartition("/")[2] for u in current}   # the orphan and the overwritten file went; the current one stays
+    assert lake.read("t").equals(v1)                         # reads, dtypes restored (UInt8) past VACUUM's own commits
+    assert lake.table_info("t") == before
+    assert lake.read("p", "k1")["y"].to_list() == [7]
+    lake.write(pl.DataFrame({"x": pl.Series([4], dtype=pl.UInt8), "s": ["d"]}), "t", refresh=False)   # still writable
+    assert lake.read("t")["x"].to_list() == [4]
+
+
+def test_lake_vacuum_on_a_local_root_is_one_clear_line(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pipelines.cli", "lake", "vacuum", "--root", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "CRUCIBLE_PROFILE": "default"})
+    assert res.returncode == 2 and "is a local folder, not an object store" in res.stderr and "Traceback" not in res.stderr
