@@ -11,14 +11,14 @@ import polars as pl
 
 from ops.lm.checkpoint import describe_saved
 from ops.mixture.probe import PROBE_BASE_INITS, PROBE_REPEAT_RATIOS, PROBE_SEEDS, ProbePlan, base_dir_name, run_dir_name
-from ops.mixture.probe_grid import (base_partition_meta, base_rows, base_runs, base_settings, content_version,
+from ops.mixture.probe_grid import (base_partition_meta, base_rows, base_runs, base_settings,
                                     distinct_ints, grid_from_env, partition_table, probe_partition_meta, probe_runs,
                                     read_probe_runs, seeds_at, stage_committed_bases)
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
 from ._config import fields_of, mirrors
-from ._meta import image, md_table
+from ._meta import image, md_table, partition_versions
 from .launch import committed_fingerprint, launch, run_dir_for, stage_committed, staged
 
 # single-run backfills and the multi-to-single-dimension mapping are marked beta in Dagster 1.13
@@ -50,18 +50,12 @@ def current_probe_folders(lake: LakeResource) -> tuple[dict[str, str], list[str]
 
 def _partition_versions(context: dg.AssetExecutionContext, per_key: dict) -> dg.DataVersion:
     """Record each partition's own data version, row count and figures on its materialization
-    (``per_key``: partition key -> metadata with ``partition_data_version``), and return the step's
-    data version: that partition's version when the run materializes one partition; for a range
-    run, the hash of every partition's version in key order — Dagster (1.13) writes one data-version
-    tag for all partitions of a step, so the per-partition version is the
-    ``partition_data_version`` metadata entry, which ``crucible lineage`` reports
-    (case ``partition-data-versions``, docs/mixture.md)."""
-    for key, meta in per_key.items():
-        context.add_asset_metadata(meta, partition_key=key)
-    versions = [str(m["partition_data_version"]) for m in per_key.values()]
-    if len(versions) == 1:
-        return dg.DataVersion(versions[0])
-    return dg.DataVersion(content_version(*(v.encode() for v in versions)))
+    (``per_key``: partition key -> metadata with ``partition_data_version``) and return the step's
+    data version: that partition's version for a one-partition run; for a range run, the JSON that
+    names every partition's version (``assets._meta.range_data_version``: Dagster (1.13) writes one
+    data-version tag for all partitions of a step). ``crucible lineage`` reports the per-partition
+    version (case ``partition-data-versions``, docs/operations.md "Range runs")."""
+    return partition_versions(context, per_key)
 
 
 def probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: str, plan: ProbePlan, timeout_s: float,
