@@ -213,7 +213,6 @@ def dagster_daemon(workspace: Path, env: dict, log_path: Path):
     """A real ``dagster-daemon run`` on ``workspace`` in its own session (stdout/stderr to ``log_path``),
     yielded as its Popen; its process group is SIGKILLed at exit and reaped within 30 s. The instance's
     SQLite storages must exist before (two processes racing to create them fail)."""
-    import signal
     import subprocess
     import sys
 
@@ -223,11 +222,19 @@ def dagster_daemon(workspace: Path, env: dict, log_path: Path):
         try:
             yield daemon
         finally:
-            try:
-                os.killpg(daemon.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            daemon.wait(timeout=30)
+            kill_group(daemon)
+
+
+def kill_group(proc, timeout_s: float = 30.0) -> None:
+    """SIGKILL the process group of ``proc`` (a Popen started with ``start_new_session=True``: servers
+    here may ignore SIGINT/SIGTERM) and reap it within ``timeout_s`` (subprocess.TimeoutExpired past it)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=timeout_s)
 
 
 def wait_for(what: str, fn, timeout_s: float, every_s: float = 0.5):

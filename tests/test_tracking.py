@@ -5,8 +5,6 @@ MLflow run tagged with the Dagster run; a crashed launch's retry appends to the 
 unreachable server costs a warning, never the training; the message-to-metric mapping."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 from ops.launcher import free_port
 from ops.tracking import EXPERIMENT_ENV, URI_ENV, flatten_message
 from tests.assets.test_rl_policy import SMALL as ASSET_CONFIG
-from tests.conftest import wait_until_serving
+from tests.conftest import kill_group, wait_until_serving
 
 SMALL = {k: v for k, v in ASSET_CONFIG.items() if k != "timeout_s"}       # the worker spec has no launch timeout
 
@@ -39,11 +37,7 @@ def mlflow_server(tmp_path_factory):
         wait_until_serving(proc, f"{uri}/health", 180, tmp / "server.log", "mlflow server")
         yield uri
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
+        kill_group(proc)
         log.close()
 
 
