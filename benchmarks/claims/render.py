@@ -51,7 +51,19 @@ def format_estimate(claim: dict) -> str:
     d = int(m.get("decimals", 2))
     lo, hi = claim["ci95"]
     if claim["kind"] == "speed_ratio":
-        return f"{_num(claim['estimate'], d, False)}x [{_num(lo, d, False)}, {_num(hi, d, False)}]"
+        cell = f"{_num(claim['estimate'], d, False)}x [{_num(lo, d, False)}, {_num(hi, d, False)}]"
+        # the other baselines the rule names (``against``): each its own ratio, so the cell never shows
+        # one peer's ratio as if it were the claim against all of them
+        versus = claim.get("metrics", {}).get(m["name"], {}).get("versus", {})
+        others = [(arm, v) for arm, v in versus.items() if v.get("estimate") is not None and v.get("ci95")]
+        if others:
+            arms = claim.get("arms", [])
+            cell = f"vs {arms[1]} {cell}" if len(arms) > 1 else cell
+            for arm, v in others:
+                vlo, vhi = v["ci95"]
+                cell += (f"; vs {arm} {_num(v['estimate'], d, False)}x "
+                         f"[{_num(vlo, d, False)}, {_num(vhi, d, False)}]")
+        return cell
     return f"{_num(claim['estimate'], d, True)} [{_num(lo, d, True)}, {_num(hi, d, True)}] {m['unit']}"
 
 
@@ -66,7 +78,10 @@ def cells(claim: dict) -> dict[str, str]:
     else:
         verdict = claim["verdict"]
     if seeds.get("failed"):
-        verdict += f" ({seeds['failed']} failed)"
+        # attempts that raised before a result (logged with their errors, never dropped); a seed is
+        # counted in "run" only once it has an ok record
+        n = seeds["failed"]
+        verdict += f" ({n} failed attempt{'s' if n != 1 else ''} logged)"
     machines = "; ".join(f"{m['cpu_model']}, {m['cores']} cores" for m in claim.get("machine", [])) or "-"
     m = claim["metric"]
     metric = f"{m['name']} ({m['unit']}, {m['direction']} better)"
