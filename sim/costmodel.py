@@ -61,9 +61,9 @@ class ClusterModel:
 
 
 # FIFO reward scheduling and the stream trainer's piecewise-capacity queue: the same model as the
-# discrete-event simulator's (one implementation, in sim/des.py).
-from .des import _reward_done as _rewards  # noqa: E402
-from .des import _train_end as _train  # noqa: E402
+# discrete-event simulator's (one implementation, in sim/des/rollpacker.py).
+from .des.rollpacker import _reward_done as _rewards  # noqa: E402
+from .des.rollpacker import _train_end as _train  # noqa: E402
 
 def step_timeline(rnd: RoundResult, cm: ClusterModel, reward_overlap: bool, stream_train: bool, rng: random.Random,
                   prompt_tokens: int = 200) -> dict:

@@ -28,9 +28,12 @@ from ops.rl.types import Prompt
 from ops.rl.weights import export_state, sync_weights
 
 
-SLOW = "\\boxed{" + "+".join(f"\\frac{{{i}}}{{{i + 1}}}" for i in range(1, 60)) + "}"
-"""A final answer whose verification against "2" takes ~0.8 s warm on this machine (a 59-term sum of
-fractions), far past the 0.1 s limit below: a real verifier timeout, not a simulated one."""
+def slow_answer(salt: int = 0) -> str:
+    """A final answer whose verification takes ~1 s on a quiet 2-core machine (a 600-term sum of
+    fractions; 0.43 s at 300 terms, 0.11 s at 60), ten times the 0.1 s limit below, and slower under
+    load: a real verifier timeout, not a simulated one. ``salt`` makes each item's text distinct, so
+    no parse cache in a worker that survived an item can make the next one fast."""
+    return "\\boxed{" + "+".join(f"\\frac{{{i}}}{{{i + 1 + salt}}}" for i in range(1, 600)) + "}"
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +48,10 @@ def timing_out_scorer():
 
 
 def _slow_client(scorer):
-    """``RewardClient.score`` over the real scorer, every response's final answer replaced by SLOW."""
+    """``RewardClient.score`` over the real scorer, every response's final answer replaced by a distinct
+    ``slow_answer``."""
     client = RewardClient(LocalRewardTransport(scorer), timeout_s=30, max_retries=0)
-    return lambda items: client.score([RewardItem(it.key, SLOW, it.answer) for it in items])
+    return lambda items: client.score([RewardItem(it.key, slow_answer(j), it.answer) for j, it in enumerate(items)])
 
 
 def test_a_real_verifier_timeout_scores_zero_and_a_service_fault_stays_failed(timing_out_scorer):
