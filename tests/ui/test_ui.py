@@ -217,16 +217,15 @@ def test_ui_shows_every_group_and_materializes_an_asset(tmp_path):
             page.wait_for_timeout(1000)
             page.screenshot(path=str(RESULTS / "finished_run.png"), full_page=True)
 
-            # 4. the materialization's figure (a PNG in Markdown metadata) opens from the asset page
+            # 4. the materialization's figure: a PNG written to the lake (assets._meta.image), its path in
+            # the metadata; the asset page lists the entry with that path
             page.goto(f"{base}/assets/ctr_events")
             row = page.locator("tr", has=page.get_by_text("figure", exact=True))
-            row.get_by_text("Show Markdown", exact=False).first.click()
-            plot = page.locator("img[alt='splits']")
-            plot.first.wait_for(state="visible")
-            width = plot.first.evaluate("img => img.naturalWidth")
-            assert width > 200, f"the figure did not render (naturalWidth {width})"
+            row.first.wait_for(state="visible")
+            shown = row.first.inner_text()
+            assert "_figures/" in shown and ".png" in shown, f"the figure row shows {shown!r}, not the figure's lake path"
             page.wait_for_timeout(500)
-            page.screenshot(path=str(RESULTS / "metadata_plot.png"))
+            page.screenshot(path=str(RESULTS / "metadata_plot.png"), full_page=True)
         finally:
             browser.close()
 
@@ -237,7 +236,10 @@ def test_ui_shows_every_group_and_materializes_an_asset(tmp_path):
         try:
             runs = instance.get_runs()
             assert [r.status for r in runs] == [dg.DagsterRunStatus.SUCCESS]
-            assert instance.get_latest_materialization_event(dg.AssetKey("ctr_events")) is not None
+            event = instance.get_latest_materialization_event(dg.AssetKey("ctr_events"))
+            assert event is not None
+            figure = event.asset_materialization.metadata["figure"].value   # the PNG the UI row names
+            assert Path(figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(figure).stat().st_size > 2_000
         finally:
             instance.dispose()
     for name in ("asset_graph.png", "launched.png", "finished_run.png", "metadata_plot.png"):
