@@ -235,3 +235,47 @@ def test_max_runtime_follows_the_prod_yamls_launch_timeouts(tmp_path):
     # rollpacker_job: rl_policy at the prod default (172,800 s) and rollpacker_run at the YAML's 400,000 s
     assert got["rp"] == (3 * 172_800 + 90) + (3 * 400_000 + 90) + 259_200 + 900
     assert got["auto"] == 259_200 + 900                                          # automation runs: no launch
+
+
+def test_a_run_past_its_max_runtime_is_ended_and_marked_failed_by_run_monitoring(daemon_home, tmp_path):
+    """Issue 43 item 1, the hung run: a run whose ``dagster/max_runtime`` (8 s here) passes while its
+    launched training still runs (60 steps of 1 s: from the bound's view, hung) is canceled and marked
+    FAILURE by the daemon's run monitoring ("Exceeded maximum runtime"), within a few poll intervals
+    of the bound; every process of the run (worker, launch, watchdog) is gone within BOUND_S of the
+    verdict, and nothing is committed."""
+    import dagster as dg
+
+    from ops.launch import alive, process_tree
+
+    home, ws, env, daemon = daemon_home
+    lake = tmp_path / "lake"
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        cfg = {"ops": {"kill_model": {"config": {"lake": str(lake), "steps": 60, "step_s": 1.0, "tag": "h"}}}}
+        cli = subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", str(ws), "-j", "kill_job",
+                              "--config-json", json.dumps(cfg), "--tags", json.dumps({"dagster/max_runtime": "8"})],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, start_new_session=True)
+        assert cli.returncode == 0, cli.stderr[-3000:]
+        run = _wait("the launched run", lambda: next(iter(instance.get_runs(dg.RunsFilter(job_name="kill_job"))), None), 60)
+        assert run.tags["dagster/max_runtime"] == "8"
+        state = lake / "kill_model" / f".run-{run.run_id}" / "state" / "state.json"
+        _wait("training under way", lambda: state.exists() and json.loads(state.read_text())["step"] >= 1, 90, 0.2)
+        start = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.RUN_START).records
+        tree = process_tree(start[0].event_log_entry.dagster_event.pid)
+        failed = _wait("the run failed by its max_runtime", lambda: (r := instance.get_run_by_id(run.run_id)).status
+                       == dg.DagsterRunStatus.FAILURE and r, 8 + 10 * POLL_S + 30)
+        msgs = [e.message for e in instance.all_logs(run.run_id) if e.message]
+        assert any("Exceeded maximum runtime of 8 seconds" in m or "exceeding maximum runtime of 8 seconds" in m
+                   for m in msgs), msgs[-8:]
+        assert json.loads(state.read_text())["step"] < 60          # ended by the bound, not by finishing
+        t0 = time.monotonic()
+        while alive(tree) and time.monotonic() - t0 < BOUND_S:
+            time.sleep(0.1)
+        left = alive(tree)
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+        assert not left, f"processes of the run ended by max_runtime left after {BOUND_S} s"
+        assert not (lake / "kill_model" / "committed" / "model.txt").exists()   # nothing committed
+        assert failed.status == dg.DagsterRunStatus.FAILURE
+    finally:
+        instance.dispose()
