@@ -44,6 +44,20 @@ def _wait(what: str, fn, timeout_s: float, every_s: float = 0.5):
     return wait_for(what, fn, timeout_s, every_s)
 
 
+def _assert_gone_within_bound(tree: list[int], what: str) -> None:
+    """Every pid of ``tree`` gone within BOUND_S; a survivor is SIGKILLed (nothing left behind) and fails
+    the test naming ``what``."""
+    from ops.launch import alive
+
+    t0 = time.monotonic()
+    while alive(tree) and time.monotonic() - t0 < BOUND_S:
+        time.sleep(0.1)
+    left = alive(tree)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"processes of {what} left after {BOUND_S} s"
+
+
 @pytest.fixture
 def daemon_home(tmp_path):
     """(DAGSTER_HOME, workspace.yaml, env) with a dagster-daemon running on them; the daemon's
@@ -75,7 +89,7 @@ def test_a_killed_run_commits_nothing_leaves_nothing_and_is_resumed(daemon_home,
     materialization changes the committed output."""
     import dagster as dg
 
-    from ops.launch import alive, process_tree
+    from ops.launch import process_tree
     from resources.compute import ComputeResource
     from tests._kill_defs import kill_model
 
@@ -110,13 +124,7 @@ def test_a_killed_run_commits_nothing_leaves_nothing_and_is_resumed(daemon_home,
         os.kill(worker, signal.SIGKILL)
         killed_at_step = json.loads(state.read_text())["step"]
 
-        t0 = time.monotonic()
-        while alive(tree) and time.monotonic() - t0 < BOUND_S:
-            time.sleep(0.1)
-        left = alive(tree)
-        for p in left:
-            os.kill(p, signal.SIGKILL)
-        assert not left, f"processes of the killed run left after {BOUND_S} s"
+        _assert_gone_within_bound(tree, "the killed run")
         time.sleep(3.0)                                   # what an orphan would have written by now
         assert _sha(committed) == before and json.loads(state.read_text())["step"] == killed_at_step
 
@@ -245,7 +253,7 @@ def test_a_run_past_its_max_runtime_is_ended_and_marked_failed_by_run_monitoring
     verdict, and nothing is committed."""
     import dagster as dg
 
-    from ops.launch import alive, process_tree
+    from ops.launch import process_tree
 
     home, ws, env, daemon = daemon_home
     lake = tmp_path / "lake"
@@ -268,13 +276,7 @@ def test_a_run_past_its_max_runtime_is_ended_and_marked_failed_by_run_monitoring
         assert any("Exceeded maximum runtime of 8 seconds" in m or "exceeding maximum runtime of 8 seconds" in m
                    for m in msgs), msgs[-8:]
         assert json.loads(state.read_text())["step"] < 60          # ended by the bound, not by finishing
-        t0 = time.monotonic()
-        while alive(tree) and time.monotonic() - t0 < BOUND_S:
-            time.sleep(0.1)
-        left = alive(tree)
-        for p in left:
-            os.kill(p, signal.SIGKILL)
-        assert not left, f"processes of the run ended by max_runtime left after {BOUND_S} s"
+        _assert_gone_within_bound(tree, "the run ended by max_runtime")
         assert not (lake / "kill_model" / "committed" / "model.txt").exists()   # nothing committed
         assert failed.status == dg.DagsterRunStatus.FAILURE
     finally:
