@@ -39,10 +39,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def corpora(variant: str):
+def corpora(variant: str, general_docs: int = 0):
     """(general train texts, general val texts, domain train texts, domain val texts) for ``variant``
-    (``benchmarks.claims.adapters.dcpt.general_variant``: reviews | titles). Raises ValueError for an
-    unknown variant."""
+    (``benchmarks.claims.adapters.dcpt.general_variant``: reviews | titles); ``general_docs`` > 0 keeps only
+    the first that many general training documents (the general corpus's role shrunk: a small corpus
+    repeated for many epochs; the validation split is unchanged). Raises ValueError for an unknown variant."""
     import polars as pl
 
     from benchmarks.claims.adapters.dcpt import _math_problems, general_variant
@@ -51,7 +52,8 @@ def corpora(variant: str):
     g = general_variant(variant)
     d = domain_corpus(_math_problems())
     part = lambda df, s: df.filter(pl.col("split") == s)["text"].to_list()  # noqa: E731
-    return part(g, "train"), part(g, "val"), part(d, "train"), part(d, "val")
+    gtr = part(g, "train")
+    return (gtr[:general_docs] if general_docs > 0 else gtr), part(g, "val"), part(d, "train"), part(d, "val")
 
 
 def main() -> int:
@@ -59,6 +61,7 @@ def main() -> int:
     ap.add_argument("--general", default="titles,reviews")
     ap.add_argument("--sizes", default="xs,s")
     ap.add_argument("--inits", default="0,1,2")
+    ap.add_argument("--general-docs", type=int, default=0, help="keep the first N general training documents (0: all)")
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--batch", type=int, default=16)
@@ -105,7 +108,7 @@ def main() -> int:
 
     for variant in args.general.split(","):
         t0 = time.monotonic()
-        gtr, gva, dtr, dva = corpora(variant)
+        gtr, gva, dtr, dva = corpora(variant, args.general_docs)
         tok = train_tokenizer(gtr + dtr, args.vocab)
         streams = {"g_train": _encode(tok, gtr), "g_val": _encode(tok, gva), "d_train": _encode(tok, dtr), "d_val": _encode(tok, dva)}
         val_g, val_d = blocks(streams["g_val"], args.val_seqs), blocks(streams["d_val"], args.val_seqs)
