@@ -230,3 +230,74 @@ def test_claims_json_is_what_the_registry_and_logs_give():
     committed = json.loads(Layout().summary.read_text())
     assert committed == json.loads(json.dumps(summarize(Layout()))), \
         "claims.json is stale: python -m benchmarks.claims summarize"
+
+
+TOY_ACC = '''
+def run_seed(seed, arm_order, workdir, speedup=2.0):
+    """Two metrics per run: a time (speed claim) and an accuracy (non-inferiority claim)."""
+    acc = {1000: (0.50, 0.52), 1001: (0.61, 0.60), 1002: (0.55, 0.58), 1003: (0.70, 0.69)}[seed]
+    return {"fast": {"wall_s": 1.0 / speedup, "acc": acc[0]}, "slow": {"wall_s": 1.0, "acc": acc[1]}}
+'''
+
+ACC_DESIGN = """\
+id: toy-acc
+paper: "A toy paper, section 2"
+statement: "fast is not worse than slow by more than 5 points"
+label: simulated
+arms: [fast, slow]
+metric: {name: acc, unit: fraction, direction: higher}
+kind: non_inferiority
+unit: "one seed of toy-speed's runs"
+seeds: [1000, 1001, 1002, 1003]
+test: "paired t-interval"
+decision_rule: {margin: 0.05, rule: "shown if ci95 lower > -0.05"}
+order: "toy-speed's"
+warmup: "toy-speed's"
+command: "toyacc:run_seed"
+params: {speedup: 2.0}
+budget_minutes: 1
+runs_from: toy-speed
+"""
+
+
+def _acc_repo(repo, acc_design):
+    """The speed claim and the accuracy claim both on ``toyacc:run_seed`` (a module of its own: the
+    other tests' ``toyclaim`` stays imported in this process)."""
+    (repo.root / "toyacc.py").write_text(TOY_ACC)
+    speed = repo.designs / "toy-speed.yaml"
+    speed.write_text(speed.read_text().replace("toyclaim:run_seed", "toyacc:run_seed"))
+    (repo.designs / "toy-acc.yaml").write_text(acc_design)
+
+
+def test_a_claim_decided_on_another_claims_runs(repo):
+    """runs_from: the accuracy claim is decided on the speed claim's logged runs (one run, two claims):
+    it runs nothing itself, and its summary is the paired interval over exactly those runs' accuracies."""
+    _acc_repo(repo, ACC_DESIGN)
+    git(repo.root, "add", ".")
+    commit(repo.root, "accuracy claim on the speed claim's runs")
+    register("toy-speed", repo)
+    register("toy-acc", repo)
+    with pytest.raises(ClaimError, match="runs_from.*run toy-speed|decided on toy-speed"):
+        run("toy-acc", layout=repo, in_process=True)
+    run("toy-speed", seeds=[1000, 1001, 1002], layout=repo, in_process=True)
+    summary = json.loads(repo.summary.read_text())["claims"]
+    acc = summary["toy-acc"]
+    assert acc["runs_from"] == "toy-speed" and acc["log"].endswith("toy-speed.jsonl")
+    assert acc["seeds"]["run"] == 3 and acc["status"] == "incomplete" and acc["verdict"] == "incomplete"
+    # mean of (fast - slow) over seeds 1000-1002: (-0.02 + 0.01 - 0.03) / 3
+    assert acc["estimate"] == pytest.approx(-0.04 / 3)
+    assert not repo.log("toy-acc").exists()
+    run("toy-speed", seeds=[1003], layout=repo, in_process=True)
+    acc = json.loads(repo.summary.read_text())["claims"]["toy-acc"]
+    assert acc["seeds"]["run"] == 4 and acc["estimate"] == pytest.approx(-0.03 / 4)
+    assert summary["toy-speed"]["estimate"] == pytest.approx(2.0)
+
+
+def test_runs_from_refuses_a_source_with_other_params(repo):
+    _acc_repo(repo, ACC_DESIGN.replace("speedup: 2.0", "speedup: 3.0"))
+    git(repo.root, "add", ".")
+    commit(repo.root, "mismatched params")
+    register("toy-speed", repo)
+    register("toy-acc", repo)
+    with pytest.raises(ClaimError, match="command and params must equal toy-speed"):
+        run("toy-acc", layout=repo, in_process=True)

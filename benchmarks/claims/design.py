@@ -5,8 +5,10 @@ simulated), ``arms`` (first = treatment, second = baseline), ``metric`` (one map
 ``name``, ``unit``, ``direction``: higher | lower, optional ``margin`` and ``decimals``), ``kind``,
 ``unit``, ``seeds`` (fresh: >= 1000), ``test``, ``decision_rule`` (``margin``, ``rule``), ``order``,
 ``warmup``, ``command`` (``module:function``) with fixed kwargs under ``params`` (top level or inside a
-``command`` mapping), ``budget_minutes``. A design that breaks one of them raises ``DesignError``
-naming the file and the field.
+``command`` mapping), ``budget_minutes``; optional ``runs_from``: another claim's id whose logged
+runs this claim is decided on (the same command, params and arms; its seeds a subset of that claim's),
+for two claims about one run (a speed-up and the accuracy beside it). A design that breaks one of them
+raises ``DesignError`` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class Design:
     ratio_interval: str = "delta"
     against: tuple[str, ...] = ()
     """The arms the treatment must beat (``decision_rule.against``; default: the second arm)."""
+    runs_from: str | None = None
+    """Another claim whose log holds this claim's runs (``runs_from``): nothing runs under this id."""
     raw: dict = field(default_factory=dict)
 
     def arm_order(self, seed: int) -> list[str]:
@@ -199,10 +203,13 @@ def load_design(path: Path) -> Design:
     budget = raw["budget_minutes"]
     _need(isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0, path,
           "budget_minutes", f"a number > 0, got {budget!r}")
+    runs_from = raw.get("runs_from")
+    _need(runs_from is None or (isinstance(runs_from, str) and bool(_ID.match(runs_from)) and runs_from != cid),
+          path, "runs_from", f"another claim's id, got {runs_from!r}")
     return Design(id=cid, path=path, sha256=sha256_of(path), paper=raw["paper"].strip(),
                   statement=raw["statement"].strip(), label=raw["label"], arms=tuple(arms), metrics=metrics,
                   kind=kind, unit=raw["unit"].strip(), seeds=tuple(seeds), test=test.strip(), margin=margin,
                   rule=rule["rule"].strip(), order=raw["order"].strip(), warmup=raw["warmup"].strip(),
                   command=cmd, params=dict(params), budget_minutes=float(budget), n_resamples=n_resamples,
                   rng_seed=rng_seed, ratio_interval="delta" if "delta" in test.lower() else "bootstrap",
-                  against=tuple(against), raw=raw)
+                  against=tuple(against), runs_from=runs_from, raw=raw)

@@ -234,6 +234,28 @@ def _run_child(design: Design, seed: int, order: list[str], workdir: Path, layou
     return json.loads(out.read_text())
 
 
+def source_runs(design: Design, layout: Layout = Layout()) -> tuple[Design, dict, list[dict]]:
+    """For a design with ``runs_from``: the source claim's design, registry entry and log records
+    under its registered sha whose seed is one of ``design``'s seeds.
+
+    Raises:
+        ClaimError: the source is not registered or changed since, or its command, params or arms
+            differ from ``design``'s, or ``design`` lists a seed the source does not register.
+    """
+    src, entry = registered_design(design.runs_from, layout)
+    where = f"{design.id} (runs_from {src.id})"
+    if (src.command, src.params) != (design.command, design.params):
+        raise ClaimError(f"{where}: command and params must equal {src.id}'s: the runs are that claim's")
+    if set(src.arms) != set(design.arms):
+        raise ClaimError(f"{where}: arms {list(design.arms)} differ from {src.id}'s {list(src.arms)}")
+    extra = [s for s in design.seeds if s not in src.seeds]
+    if extra:
+        raise ClaimError(f"{where}: seeds {extra} are not registered by {src.id} ({list(src.seeds)})")
+    recs = [r for r in read_log(layout.log(src.id))
+            if r.get("design_sha256") == entry["design_sha256"] and r.get("seed") in design.seeds]
+    return src, entry, recs
+
+
 def logged_seeds(claim_id: str, sha: str, layout: Layout = Layout()) -> set[int]:
     """Seeds with a successful run under design ``sha`` in the claim's log."""
     return {r["seed"] for r in read_log(layout.log(claim_id))
@@ -257,6 +279,10 @@ def run(claim_id: str, seeds: Optional[Sequence[int]] = None, layout: Layout = L
             remaining seeds still run; ClaimError is raised at the end naming the failed seeds.
     """
     design, entry = registered_design(claim_id, layout)
+    if design.runs_from:
+        source_runs(design, layout)  # validates the pairing
+        raise ClaimError(f"{claim_id} is decided on {design.runs_from}'s runs (runs_from): "
+                         f"python -m benchmarks.claims run {design.runs_from}")
     done = logged_seeds(claim_id, design.sha256, layout)
     if seeds is None:
         todo = [s for s in design.seeds if s not in done]
@@ -358,6 +384,10 @@ def summarize_claim(design: Design, entry: Optional[dict], records: list[dict]) 
                 "verdict": None, "machine": []}
     sha = entry["design_sha256"]
     mine = [r for r in records if r.get("design_sha256") == sha]
+    if design.runs_from:  # records are the source claim's, already filtered to its registered sha
+        mine = records
+        base["runs_from"] = design.runs_from
+        base["log"] = f"benchmarks/results/claims/{design.runs_from}.jsonl"
     ok = [r for r in mine if r.get("status") == "ok"]
     failed = [r for r in mine if r.get("status") != "ok"]
     planned = len(design.seeds)
@@ -419,7 +449,11 @@ def summarize(layout: Layout = Layout()) -> dict:
     claims = {}
     for path in sorted(layout.designs.glob("*.yaml")):
         design = load_design(path)
-        claims[design.id] = summarize_claim(design, reg.get(design.id), read_log(layout.log(design.id)))
+        if design.runs_from and reg.get(design.id):
+            records = source_runs(design, layout)[2]
+        else:
+            records = read_log(layout.log(design.id))
+        claims[design.id] = summarize_claim(design, reg.get(design.id), records)
     missing = sorted(set(reg) - set(claims))
     if missing:
         raise ClaimError(f"{layout.rel(layout.registry)} registers {missing} but no design file exists")
