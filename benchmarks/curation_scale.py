@@ -56,6 +56,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._cli import ROOT, bench_parser, command_line, previous_results, write_results  # noqa: E402
+from benchmarks._proc import process_tree_rss  # noqa: E402
 
 BENCH = ROOT / "benchmarks"
 if str(BENCH) not in sys.path:
@@ -404,9 +405,7 @@ class TreeSampler:
     """Peak summed RSS of a process and all its descendants, sampled every ``every`` seconds (psutil)."""
 
     def __init__(self, pid: int, every: float = 0.2):
-        import psutil
-
-        self.proc = psutil.Process(pid)
+        self.pid = pid
         self.every, self.peak, self.peak_procs = every, 0, 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -417,17 +416,11 @@ class TreeSampler:
 
         while not self._stop.is_set():
             try:
-                procs = [self.proc] + self.proc.children(recursive=True)
-                total = 0
-                for p in procs:
-                    try:
-                        total += p.memory_info().rss
-                    except psutil.Error:
-                        pass
-                if total > self.peak:
-                    self.peak, self.peak_procs = total, len(procs)
+                total, procs = process_tree_rss(self.pid)
             except psutil.Error:
                 return
+            if total > self.peak:
+                self.peak, self.peak_procs = total, procs
             self._stop.wait(self.every)
 
     def stop(self) -> None:

@@ -131,20 +131,15 @@ def worker(tool: str, corpus: Path, result: Path) -> None:
 
 
 def _tree_rss_bytes(pid: int) -> int:
+    """Summed RSS (bytes) of ``pid``'s process tree (``benchmarks._proc.process_tree_rss``); 0 once it is gone."""
     import psutil
 
+    from benchmarks._proc import process_tree_rss
+
     try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
+        return process_tree_rss(pid)[0]
     except psutil.Error:
         return 0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
 
 
 def _run_tool(tool: str, corpus: Path, workdir: Path, timeout_s: float, memory_cap_gib: float | None = None) -> dict | None:
