@@ -5,11 +5,6 @@ schedulers) may import this package; ``tests/test_import_direction.py`` checks i
 import what they share with production code from ``ops`` (direction: ``sim`` -> ``ops``).
 
 Modules:
-    rollpacker     RollPacker's trace-driven simulated engine (log-normal lengths, continuous
-                   batching, decode throughput model): ``SimEngine``, ``LogNormalTrace``,
-                   ``ScriptedTrace``
-    costmodel      RollPacker's paper-scale step-time model (reward scheduling, stream trainer):
-                   ``ClusterModel``, ``epoch_time``
     rollarc        RollArc's discrete-event simulator of the agentic workload and the routing
                    ablation: ``TurnShapes`` (the per-turn token law, shared with
                    ``traces.AgenticTurns``), ``AgenticWorkload``, ``simulate``, ``routing_ablation``
@@ -17,8 +12,8 @@ Modules:
                    ``SimConfig``, ``SimRoles``
     roofline       roofline step costs (vendor peaks, model shapes, KV cache) with the GPU
                    calibration override: ``Roofline``, ``HardwareProfile``, ``ModelConfig``
-    traces         keyed workload traces: ``LogNormalLaw`` (the length law, base of both log-normal
-                   traces), ``LogNormalLengths``, ``MeasuredLengths``, ``AgenticTurns``
+    traces         keyed workload traces: ``LogNormalLaw`` (the length law), ``LogNormalLengths``,
+                   ``MeasuredLengths``, ``ScriptedLengths``, ``AgenticTurns``
     des            the discrete-event simulator of both papers on equal GPUs (a package: ``engine``,
                    the virtual clock, event queue, engine instances and ``ServedModel``, the model /
                    GPUs / roofline base of both configs; ``rollpacker`` and ``rollarc``, one module

@@ -12,8 +12,8 @@ turn the environment takes a log-normal ``env`` time before the next prompt exis
 turn: the final step that ends the episode). The workload is drawn once per seed, so both policies
 serve exactly the same requests.
 
-Engine (``PoolProfile``, the decode cost model of ``sim.rollpacker`` with the per-sequence
-term dropped and prefill added): each engine continuously batches up to max_batch sequences. An
+Engine (``PoolProfile``, a decode cost model of a fixed step time with prefill added; the
+retired trace-driven RollPacker engine's model without its per-sequence term): each engine continuously batches up to max_batch sequences. An
 iteration that admits new requests (FCFS from its queue) prefills their prompts and advances every
 running sequence by one token: it lasts prefill_tokens / prefill_tok_s + 1 / decode_tok_s. An
 iteration without admissions is one decode step, 1 / decode_tok_s. A request arriving at a busy

@@ -13,6 +13,7 @@ faces exactly the same responses and environments.
   lengths log-normal around 256 tokens: the paper publishes no length histogram; these defaults
   give max/median ~25-32 over a 1,024-response step (``tail_ratio`` measures it).
 * ``MeasuredLengths`` — replays a measured trace JSON (schema below) instead.
+* ``ScriptedLengths`` — fixed lengths per prompt (the schedulers' tests).
 * ``AgenticTurns`` — token shapes of tool-use / ReAct-style episodes (task prompt, a long first
   reasoning turn, short later actions, observations re-sent as context; prefix cache on the
   history). [assumption] the RollArc paper publishes no per-turn token model; the defaults are the
@@ -73,8 +74,7 @@ class LogNormalLaw:
     """The heavy-tailed response-length law of RollPacker's workload (module docstring):
     log L = log(median) + sigma_prompt z_p + sigma_response z, clipped to [min_len, max_len] tokens;
     z_p is the prompt's difficulty (fixed per prompt), z fresh for every response. The base of
-    ``LogNormalLengths`` (keyed draws, ``sim.des``) and ``sim.rollpacker.LogNormalTrace``
-    (sequential draws, ``SimEngine``); they differ in where z_p and z come from."""
+    ``LogNormalLengths`` (keyed draws, ``sim.des``), which says where z_p and z come from."""
 
     median: float = 1000.0
     """Median response length (tokens, > 0 in ``LogNormalLengths``). [assumption] 1,000 (module docstring)."""
@@ -178,6 +178,42 @@ class MeasuredLengths:
 
     def describe(self) -> dict:
         return {"kind": "measured", "source": self.source, "prompts": len(self.prompts), "seed": self.seed}
+
+
+@dataclass
+class ScriptedLengths:
+    """Fixed response lengths, for tests of the schedulers on ``sim.des.DESEngine``:
+    ``by_prompt[uid][i]`` is the length (tokens) of sample i of that prompt at every rollout (samples
+    beyond the list repeat its last value; ``default`` for a uid not listed); every prompt has
+    ``prompt_len`` tokens.
+
+    Raises: ValueError: a length, ``default`` or ``prompt_len`` below 1 (naming the prompt).
+    """
+
+    by_prompt: dict
+    """uid -> response lengths (tokens, >= 1, non-empty)."""
+    default: int = 1
+    """Length of every sample of a prompt not in ``by_prompt`` (tokens, >= 1)."""
+    prompt_len: int = 16
+    """Prompt tokens of every prompt (>= 1)."""
+
+    def __post_init__(self):
+        for uid, lens in self.by_prompt.items():
+            if not lens or any(int(x) < 1 for x in lens):
+                raise ValueError(f"ScriptedLengths.by_prompt[{uid!r}] must be a non-empty list of lengths >= 1, got {lens!r}")
+        if self.default < 1 or self.prompt_len < 1:
+            raise ValueError(f"ScriptedLengths: default and prompt_len must be >= 1, got {self.default}, {self.prompt_len}")
+
+    def prompt_tokens(self, uid: str) -> int:
+        return self.prompt_len
+
+    def lengths(self, uid: str, n: int, draw: int = 0) -> list[int]:
+        got = list(self.by_prompt.get(uid) or [self.default])
+        return [int(got[min(i, len(got) - 1)]) for i in range(n)]
+
+    def describe(self) -> dict:
+        return {"kind": "scripted", "prompts": len(self.by_prompt), "default": self.default,
+                "prompt_len": self.prompt_len}
 
 
 def tail_ratio(trace, n_prompts: int = 128, n: int = 8, steps: int = 20) -> dict:

@@ -122,10 +122,10 @@ def test_scanner_sees_the_production_packages():
 @pytest.mark.parametrize("source, modname, expected", [
     ("import sim", "ops.x", True),
     ("import sim.rollarc as r", "ops.x", True),
-    ("from sim import rollpacker", "assets.x", True),
-    ("from sim.costmodel import epoch_time", "ops.rl.rollpacker.loop", True),
+    ("from sim import des", "assets.x", True),
+    ("from sim.des.rollpacker import rollpacker_step", "ops.rl.rollpacker.loop", True),
     ("def f():\n    from sim.rollarc_roles import SimRoles\n", "ops.rl.rollarc.driver", True),
-    ("import importlib\nimportlib.import_module('sim.rollpacker')", "resources.x", True),
+    ("import importlib\nimportlib.import_module('sim.des')", "resources.x", True),
     ("__import__('sim')", "pipelines.x", True),
     ("from .sim import x", "ops.rl.rollarc.core", False),        # ops.rl.rollarc.sim, not top-level sim
     ("from . import sim", "ops.rl.rollarc.core", False),

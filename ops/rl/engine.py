@@ -12,7 +12,7 @@ Backends:
   distribution (temperature, top-k, top-p: ``ops.lm.sampling``) and records the log-probabilities
   of exactly the distribution that was sampled — the trainer scores with the same function.
 * ``VLLMEngine`` (GPU, optional extra): imported only when selected.
-* ``sim.rollpacker.SimEngine`` (outside ``ops``; benchmarks and tests only): simulated time, for paper-scale runs.
+* ``sim.des.DESEngine`` (outside ``ops``; benchmarks and tests only): simulated time, for paper-scale runs.
 
 ``guarded_generate`` bounds any call (an engine that stalls inside one forward pass cannot check its
 own deadline): past the hard limit the call is abandoned and every response not yet delivered is

@@ -27,7 +27,9 @@ class DESEngine:
     Each ``generate`` call is a fresh rollout on ``instances`` engines: the requests, prompt-major,
     are split into contiguous chunks, one per instance (veRL's data-parallel dispatch: the samples
     of a prompt share an engine and its prefix cache). ``on_finish`` is called in finish order;
-    its first True ends the call (the rest come back ``abort``).
+    its first True ends the call (the rest come back ``abort``). At ``timeout_s`` simulated seconds
+    the unfinished responses come back ``timeout`` with the tokens generated so far, and
+    ``on_finish`` sees each of them (request order), as ``ops.rl.engine`` engines do.
 
     Args: trace: ``LogNormalLengths`` | ``MeasuredLengths``. cost: Roofline. instances: engines.
         engine_kw: ``Instance`` options (max_seqs, token_budget, ...).
@@ -53,7 +55,7 @@ class DESEngine:
         insts = make_instances(loop, self.cost, self.instances, **self.engine_kw)
         meta, reqs = [], []
         out: dict = {}
-        state = {"stopped": None}
+        state = {"stopped": None, "timed_out": False}
 
         def done(t, req):
             if state["stopped"] is not None:
@@ -62,6 +64,8 @@ class DESEngine:
             c = Completion(uid, i, [], [], "length" if capped else "stop", self.version, t_finish_s=t,
                            num_tokens=min(L, max_new_tokens))
             out[req.rid] = c
+            if len(out) == total:
+                state["all_done"] = t
             if on_finish is not None and on_finish(c):
                 state["stopped"] = t
                 loop.stop()
@@ -81,12 +85,18 @@ class DESEngine:
             chunk[j] += 1
             insts[j].submit(0.0, r)
         if math.isfinite(timeout_s):
-            loop.at(timeout_s, lambda t: (state.__setitem__("stopped", t), loop.stop()))
+            def on_timeout(t):
+                if "all_done" not in state:
+                    state.update(stopped=t, timed_out=True)
+                    loop.stop()
+
+            loop.at(timeout_s, on_timeout)
         loop.run()
         self.events += loop.events
         self.preemptions += sum(i.preemptions for i in insts)
-        t_end = state["stopped"] if state["stopped"] is not None else loop.now
-        reason = "abort" if state["stopped"] is not None and len(out) < total else "timeout"
+        # a timer that fired after the last finish moved loop.now: the rollout ended at that finish
+        t_end = state["stopped"] if state["stopped"] is not None else state.get("all_done", loop.now)
+        reason = "timeout" if state["timed_out"] else "abort"
         where = {}
         for inst in insts:
             for rid in inst.running:
@@ -96,7 +106,9 @@ class DESEngine:
                 inst = where.get(rid)
                 ntok = inst.generated_by(t_end, rid) if inst is not None else 0
                 uid, i, _, _ = meta[rid]
-                out[rid] = Completion(uid, i, [], [], reason, self.version, t_finish_s=t_end, num_tokens=ntok)
+                out[rid] = c = Completion(uid, i, [], [], reason, self.version, t_finish_s=t_end, num_tokens=ntok)
+                if reason == "timeout" and on_finish is not None:
+                    on_finish(c)
         # seq_s counts running sequences up to each instance's last boundary: close the open runs
         seq_busy = 0.0
         busy = 0.0

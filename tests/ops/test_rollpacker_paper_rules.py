@@ -133,16 +133,19 @@ def test_no_round_is_cut_by_the_wall_clock_unless_asked(tok, kind):
 
 def test_short_rounds_train_shorter_responses_than_the_baseline():
     """The selection of keeping the first R0 of ceil(eta R0) responses, on the production planner and
-    acceptance rule over the simulated engine (heavy-tailed lengths, median 100, P0 = R0 = 8, 12 steps,
-    eta 1.25): every prompt is trained once in both, but tail batching's trained responses are 16-22%
-    shorter on each of 3 seeds (measured 190.7 -> 149.5, 182.2 -> 152.7, 181.5 -> 149.8 tokens)."""
-    from sim.rollpacker import LogNormalTrace, SimEngine
+    acceptance rule over the discrete-event simulator's engine (``sim.des.DESEngine``, one 7B engine on an
+    H800; heavy-tailed lengths, median 100, P0 = R0 = 8, 12 steps, eta 1.25): every prompt is trained
+    once in both, but tail batching's trained responses are 17-20% shorter on each of 3 seeds (measured
+    168.5 -> 134.5, 158.4 -> 130.6, 173.8 -> 139.3 tokens)."""
+    from sim.des import DESEngine
+    from sim.roofline import H800, QWEN25_7B, Roofline
+    from sim.traces import LogNormalLengths
 
     for seed in range(3):
         mean = {}
         for tb in (False, True):
             prompts = [Prompt(f"p{i}", [1], "") for i in range(8 * 12)]
-            res = run_epoch(SimEngine(LogNormalTrace(median=100, seed=seed, max_len=4096)),
+            res = run_epoch(DESEngine(LogNormalLengths(median=100, seed=seed, max_len=4096), Roofline(H800, QWEN25_7B), 1),
                             RoundPlanner(prompts, TailBatching(8, 8, 1.25, enabled=tb)), 4096, 1e9)
             assert sorted(g.prompt.uid for r in res for g in r.groups) == sorted(p.uid for p in prompts)
             mean[tb] = statistics.fmean(c.length for r in res for g in r.groups for c in g.completions)

@@ -1,5 +1,6 @@
 """Tail batching invariants (RollPacker §4.1) on scripted and heavy-tailed length traces, with the
-unchanged scheduler driving the simulated engine."""
+unchanged scheduler driving the discrete-event simulator's engine (``sim.des.DESEngine``: continuous
+batching, roofline step costs of a 7B model on an H800)."""
 
 from collections import Counter
 
@@ -7,7 +8,15 @@ import pytest
 
 from ops.rl.rollpacker.scheduler import RoundPlanner, SchedulerConfigError, TailBatching, run_epoch
 from ops.rl.types import Prompt
-from sim.rollpacker import LogNormalTrace, ScriptedTrace, SimEngine
+from sim.des import DESEngine
+from sim.roofline import H800, QWEN25_7B, Roofline
+from sim.traces import LogNormalLengths, ScriptedLengths
+
+COST = Roofline(H800, QWEN25_7B)
+
+
+def engine_on(trace, instances=1):
+    return DESEngine(trace, COST, instances)
 
 
 def prompts(n, prefix="p"):
@@ -30,7 +39,7 @@ def epoch(engine, ps, cfg, max_new_tokens=100_000):
 
 def test_every_step_trains_exactly_p0_by_r0_on_policy_samples():
     cfg = TailBatching(prompts_per_step=4, responses_per_prompt=3, eta=1.25)
-    engine = SimEngine(LogNormalTrace(median=200, seed=1), instances=2)
+    engine = engine_on(LogNormalLengths(median=200, seed=1), instances=2)
     rounds, versions = epoch(engine, prompts(40), cfg)
     for r, v in zip(rounds, versions):
         assert len(r.groups) == 4 and all(len(g.completions) == 3 for g in r.groups)
@@ -45,7 +54,7 @@ def test_a_long_prompt_is_aborted_in_a_short_round_and_trained_in_a_long_round()
     lengths = {f"p{i}": [10 + i, 20 + i, 30 + i, 40 + i] for i in range(8)}
     lengths["p1"] = [5000] * 4
     cfg = TailBatching(prompts_per_step=4, responses_per_prompt=3, eta=1.25)   # launch 5 x 4
-    engine = SimEngine(ScriptedTrace(lengths), instances=1)
+    engine = engine_on(ScriptedLengths(lengths))
     rounds, _ = epoch(engine, prompts(8), cfg)
     first = rounds[0]
     assert first.plan.kind == "short" and [p.uid for p in first.plan.prompts] == ["p0", "p1", "p2", "p3", "p4"]
@@ -61,9 +70,9 @@ def test_a_long_prompt_is_aborted_in_a_short_round_and_trained_in_a_long_round()
 
 def test_over_an_epoch_the_trained_prompts_equal_the_baselines():
     ps = prompts(48)
-    trace = dict(median=300, seed=7)
-    tb_rounds, _ = epoch(SimEngine(LogNormalTrace(**trace), instances=3), ps, TailBatching(4, 4, eta=1.5))
-    base_rounds, _ = epoch(SimEngine(LogNormalTrace(**trace), instances=3), ps, TailBatching(4, 4, enabled=False))
+    trace = LogNormalLengths(median=300, seed=7)
+    tb_rounds, _ = epoch(engine_on(trace, instances=3), ps, TailBatching(4, 4, eta=1.5))
+    base_rounds, _ = epoch(engine_on(trace, instances=3), ps, TailBatching(4, 4, enabled=False))
     tb = Counter(g.prompt.uid for r in tb_rounds for g in r.groups)
     base = Counter(g.prompt.uid for r in base_rounds for g in r.groups)
     assert tb == base == Counter({p.uid: 1 for p in ps})
@@ -78,7 +87,7 @@ def test_over_an_epoch_the_trained_prompts_equal_the_baselines():
 
 def test_long_round_period_is_one_over_eta_minus_one_short_rounds_on_a_steady_trace():
     cfg = TailBatching(prompts_per_step=8, responses_per_prompt=2, eta=1.25)   # 10 launched, 2 queued
-    rounds, _ = epoch(SimEngine(LogNormalTrace(median=100, seed=3)), prompts(200), cfg)
+    rounds, _ = epoch(engine_on(LogNormalLengths(median=100, seed=3)), prompts(200), cfg)
     kinds = "".join(r.plan.kind[0].upper() for r in rounds)
     assert kinds == "SSSSL" * 5
     assert kinds.count("S") / kinds.count("L") == pytest.approx(1 / (1.25 - 1))
@@ -88,7 +97,7 @@ def test_the_epoch_tail_is_trained_not_dropped():
     # 12 prompts, P0 = 4, eta = 1.25: 5 launched per short round; after two short rounds 2 fresh
     # prompts are left (< P0) and join the 2 queued ones for a final long round
     cfg = TailBatching(prompts_per_step=4, responses_per_prompt=2, eta=1.25)
-    rounds, _ = epoch(SimEngine(LogNormalTrace(median=100, seed=5)), prompts(12), cfg)
+    rounds, _ = epoch(engine_on(LogNormalLengths(median=100, seed=5)), prompts(12), cfg)
     assert [r.plan.kind for r in rounds] == ["short", "short", "long"]
     assert [p.uid for p in rounds[2].plan.prompts][2:] == ["p10", "p11"]
     assert sorted(g.prompt.uid for r in rounds for g in r.groups) == sorted(p.uid for p in prompts(12))
@@ -98,13 +107,14 @@ def test_the_epoch_tail_is_trained_not_dropped():
 def test_a_stalled_round_ends_at_the_timeout_and_counts_the_timeouts():
     lengths = {f"p{i}": [10] * 4 for i in range(4)}
     lengths["p2"] = [10, 10, 10_000_000, 10]                 # one response never ends
-    engine = SimEngine(ScriptedTrace(lengths), step_base_s=0.01, step_per_seq_s=0.0)
+    engine = engine_on(ScriptedLengths(lengths))
     cfg = TailBatching(prompts_per_step=4, responses_per_prompt=4, enabled=False)
     [r] = run_epoch(engine, RoundPlanner(prompts(4), cfg), max_new_tokens=10**9, timeout_s=5.0)
     assert r.metrics["rollout_s"] == pytest.approx(5.0) and r.metrics["finish_timeout"] == 1
     assert r.metrics["trained_timeout"] == 1 and len(r.groups) == 4
     [c] = [c for g in r.groups for c in g.completions if c.finish_reason == "timeout"]
-    assert 0 < c.length <= 500
+    # the tokens it generated in 5 s: at least one, at most 5 s over the fastest decode step there is
+    assert 0 < c.length <= 5.0 / COST.decode_step_s(1, 1)
 
 
 @pytest.mark.parametrize("kw, field", [

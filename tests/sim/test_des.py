@@ -12,6 +12,7 @@ from ops.rl.rollpacker.scheduler import RoundPlan, run_round
 from ops.rl.types import Prompt
 from sim.des import (Allocation, DESEngine, EventLoop, Instance, Request, RollArcConfig, RollPackerConfig,
                      rollarc_allocation, run_rollarc_method, simulate_rollarc, simulate_rollpacker)
+from sim.des.rollpacker import _reward_done, _train_end
 from sim.roofline import CALIBRATION_SCHEMA, H800, QWEN25_7B, Calibration, Roofline
 from sim.traces import LENGTH_TRACE_SCHEMA, AgenticTurns, LogNormalLengths, MeasuredLengths, tail_ratio
 
@@ -149,6 +150,27 @@ def test_rollpacker_simulation_is_deterministic_and_trains_every_prompt_once():
     # the reward scheduler and the stream trainer only remove waiting: each stage is no slower
     t = [a["methods"][m]["total_s"] for m in ("tail_batching", "tail_batching+reward", "rollpacker")]
     assert t[0] >= t[1] >= t[2]
+
+
+def test_each_rollpacker_stage_shortens_the_epoch():
+    # baseline > + tail batching > + reward scheduler > + stream trainer (RollPacker §6's ablation order)
+    m = simulate_rollpacker(_small_rp(), seed=0)["methods"]
+    t = [m[k]["total_s"] for k in ("baseline", "tail_batching", "tail_batching+reward", "rollpacker")]
+    assert t[0] > t[1] > t[2] > t[3]
+
+
+def test_rewards_queue_fifo_on_the_workers():
+    assert _reward_done([0.0, 0.0, 0.0], [1.0, 2.0, 3.0], workers=1) == [1.0, 3.0, 6.0]
+    assert _reward_done([5.0, 0.0], [1.0, 1.0], workers=2) == [6.0, 1.0]
+
+
+def test_stream_training_uses_drained_instances_before_the_rollout_ends():
+    # 4 GPUs in 2 instances of 2; one instance drains at t=2, rollout ends at t=10; 8 GPU-s of work ready at 0
+    assert _train_end([0.0], [8.0], [2.0, 10.0], 10.0, gpus=4, gpus_per_instance=2, stream=True) == pytest.approx(6.0)
+    # without the stream trainer the work starts after the rollout on all GPUs
+    assert _train_end([0.0], [8.0], [2.0, 10.0], 10.0, gpus=4, gpus_per_instance=2, stream=False) == pytest.approx(12.0)
+    # work left at the rollout's end finishes on every GPU
+    assert _train_end([0.0], [40.0], [2.0, 10.0], 10.0, gpus=4, gpus_per_instance=2, stream=True) == pytest.approx(16.0)
 
 
 def test_every_rollpacker_method_owns_the_same_gpus():

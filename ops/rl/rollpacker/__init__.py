@@ -9,6 +9,6 @@ Modules:
     loop       one RL step on a real engine: rollout, reward scheduler, advantages, training
     driver     the Ray driver launched by the ``rollpacker_run`` asset through Dagster Pipes
 
-The simulated engine and the paper-scale step-time model live outside ``ops``, in ``sim.rollpacker``
-and ``sim.costmodel`` (benchmarks and tests only).
+The simulated engine and the paper-scale step-time model live outside ``ops``, in the discrete-event
+simulator ``sim.des`` (``DESEngine``, ``simulate_rollpacker``; benchmarks and tests only).
 """

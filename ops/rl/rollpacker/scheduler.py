@@ -19,7 +19,7 @@ long round follows every 1/(eta-1) short rounds (4 for eta = 1.25).
 
 The engine is anything with ``generate(prompts, n, max_new_tokens, stop, timeout_s, on_finish)``
 (``ops.rl.engine``): the transformers engine, vLLM, the Ray engine pool or the simulated engine of
-``sim.rollpacker`` (benchmarks and tests only).
+``sim.des`` (``DESEngine``; benchmarks and tests only).
 """
 
 from __future__ import annotations
