@@ -1,6 +1,7 @@
 """The command-line frame the benchmark scripts share: the parser (description from the script's
 docstring, ``--out`` under ``benchmarks/results``, the common ``--seeds`` and ``--quick``), the
-command line a results JSON records, and reading and writing that JSON.
+command line a results JSON records, reading and writing that JSON, and reading a JSON-lines file
+(``jsonl_records``).
 
 A script puts the repository root on ``sys.path`` (it runs as ``python benchmarks/<name>.py``) and
 imports from here::
@@ -20,7 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -73,6 +74,27 @@ def previous_results(path: str | Path) -> dict:
     the others' last figures."""
     p = Path(path)
     return json.loads(p.read_text()) if p.exists() else {}
+
+
+def jsonl_records(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[int, dict]]:
+    """(line number from 1, record) for every non-blank line of the JSON-lines file ``path`` (UTF-8),
+    in order.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ``error`` (ValueError unless the caller names its own): a line that is not JSON, or not a
+            JSON object; the message names the file and the line.
+    """
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise error(f"{path}:{n}: not a JSON line ({e})") from e
+        if not isinstance(rec, dict):
+            raise error(f"{path}:{n}: a line must be a JSON object, got {type(rec).__name__}")
+        yield n, rec
 
 
 def write_results(result: dict, path: str | Path, indent: int = 1, default: Callable = str) -> Path:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import importlib.util
-import json
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._cli import ROOT, bench_parser, command_line, write_results  # noqa: E402
+from benchmarks._cli import ROOT, bench_parser, command_line, jsonl_records, write_results  # noqa: E402
 
 PAIRS = ROOT / "benchmarks" / "data" / "verify_pairs.jsonl"
 BEFORE_REV = "0fc7e1d"
@@ -48,13 +47,7 @@ _MODULES: dict[str, object] = {}
 def load_pairs(path: Path) -> list[dict]:
     """The labelled pairs. Raises ValueError naming the file, line and field of a bad record."""
     out, seen = [], set()
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e})") from e
+    for n, rec in jsonl_records(path):
         for field, kind in (("id", str), ("gold", str), ("pred", str), ("equivalent", bool), ("style", str), ("source", str)):
             if not isinstance(rec.get(field), kind):
                 raise ValueError(f"{path}:{n}: field {field!r} missing or not {kind.__name__} (record {rec.get('id')!r})")

@@ -1,5 +1,6 @@
-"""``benchmarks._proc.process_tree_rss`` on a real process tree, and its two callers (the dedup
-claims' memory cap and the curation scale benchmark's tree sampler)."""
+"""The helpers the benchmark scripts share: ``benchmarks._proc.process_tree_rss`` on a real process
+tree and its two callers (the dedup claims' memory cap, the curation scale benchmark's tree sampler);
+``benchmarks._cli.jsonl_records`` and its two callers (the claims runner's log, verify_bench's pairs)."""
 
 import subprocess
 import sys
@@ -69,3 +70,40 @@ def test_the_dedup_cap_and_the_curation_sampler_read_the_tree(tree):
         time.sleep(0.05)
     s.stop()
     assert s.peak > 200 * MIB and s.peak_procs == 2
+
+
+def test_jsonl_records_skips_blank_lines_and_names_the_bad_line(tmp_path):
+    from benchmarks._cli import jsonl_records
+
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"a": 1}\n\n  \n{"a": 2}\n')
+    assert list(jsonl_records(p)) == [(1, {"a": 1}), (4, {"a": 2})]
+    p.write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(ValueError, match=r"x\.jsonl:2: not a JSON line"):
+        list(jsonl_records(p))
+    p.write_text('{"a": 1}\n\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"x\.jsonl:3: a line must be a JSON object, got list"):
+        list(jsonl_records(p))
+
+
+def test_the_claims_log_and_the_verify_pairs_read_through_jsonl_records(tmp_path):
+    from benchmarks.claims.runner import ClaimError, read_log
+    from benchmarks.verify_bench import load_pairs
+
+    assert read_log(tmp_path / "absent.jsonl") == []
+    log = tmp_path / "claim.jsonl"
+    log.write_text('{"seed": 1000}\n"a string"\n')
+    with pytest.raises(ClaimError, match=r"claim\.jsonl:2: a line must be a JSON object"):
+        read_log(log)
+    log.write_text('{"seed": 1000}\n\n{"seed": 1001}\n')
+    assert [r["seed"] for r in read_log(log)] == [1000, 1001]
+    pairs = tmp_path / "pairs.jsonl"
+    good = '{"id": "a", "gold": "1", "pred": "1.0", "equivalent": true, "style": "decimal", "source": "t"}'
+    pairs.write_text(good + "\n\n" + good.replace('"id": "a"', '"id": "b"').replace("true", '"yes"') + "\n")
+    with pytest.raises(ValueError, match=r"pairs\.jsonl:3: field 'equivalent' missing or not bool \(record 'b'\)"):
+        load_pairs(pairs)
+    pairs.write_text(good + "\n[]\n")
+    with pytest.raises(ValueError, match=r"pairs\.jsonl:2: a line must be a JSON object"):
+        load_pairs(pairs)
+    pairs.write_text(good + "\n")
+    assert [r["id"] for r in load_pairs(pairs)] == ["a"]

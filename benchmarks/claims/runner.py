@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from benchmarks._cli import jsonl_records
 from benchmarks.claims.design import Design, DesignError, design_path, load_design, sha256_of
 from benchmarks.claims.stats import delta_method_ratio_interval, paired_t_interval, ratio_of_means_interval, verdict
 
@@ -117,20 +118,9 @@ def _write_json(obj: dict, path: Path) -> None:
 def read_log(path: Path) -> list[dict]:
     """Every line of a claim's log, in order. Raises ClaimError naming the file and line when a line
     is not a JSON object."""
-    out = []
     if not Path(path).exists():
-        return out
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ClaimError(f"{path}:{i}: not a JSON line: {e}") from e
-        if not isinstance(rec, dict):
-            raise ClaimError(f"{path}:{i}: a log line must be a JSON object")
-        out.append(rec)
-    return out
+        return []
+    return [rec for _, rec in jsonl_records(path, ClaimError)]
 
 
 def _append_log(path: Path, record: dict) -> None:
