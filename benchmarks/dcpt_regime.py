@@ -73,6 +73,9 @@ def main() -> int:
     ap.add_argument("--ratios", default="0,0.5,1")
     ap.add_argument("--budget-s", type=float, default=600.0, help="wall-clock limit of one base's training (s)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--train-past-plateau", action="store_true",
+                    help="keep training to --max-base-tokens after the first plateau (records the first plateau and "
+                         "the criterion at the end, to see whether the plateau holds)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "dcpt_regime.json"))
     args = ap.parse_args()
 
@@ -161,9 +164,10 @@ def main() -> int:
                             rec = plateau_record(curve[k * 4 // 5]["loss_general"], lg)
                             curve[-1]["rel_improvement_last_20pct"] = rec["rel_improvement_last_20pct"]
                             print(json.dumps({"size": size, "init": init, **curve[-1]}), flush=True)
-                            if rec["plateaued"]:
+                            if rec["plateaued"] and plateau is None:
                                 plateau = {**rec, "tokens": steps * per_step}
-                                break
+                                if not args.train_past_plateau:
+                                    break
                 base_s = round(time.monotonic() - t1, 1)
                 base_g, base_d = curve[-1]["loss_general"], curve[-1]["loss_domain"]
                 state = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), copy.deepcopy(sched.state_dict()))

