@@ -454,20 +454,9 @@ def test_an_rl_run_reads_its_problems_through_the_lake_on_s3(s3, tmp_path):
     local copy of the committed Delta version (before the issue: FileNotFoundError, the table was
     looked for under work_dir); here the table has no numeric problem, so the run fails on its
     content before any launch."""
-    from assets import rollarc
-    from resources.compute import ComputeResource
-    from tests.assets.test_rollarc_assets import TINY
-    from tests.conftest import materialize_logged
+    from tests.assets.test_rollarc_assets import assert_fails_without_a_numeric_problem
 
-    lake = _lake(s3, tmp_path, "rl")
-    _, version = lake.write(pl.DataFrame({"problem_id": ["p0"], "problem": ["Which is a prime? (A) 4 (B) 5"], "answer": ["B"],
-                                          "answer_type": ["multiple_choice"]}), "decontaminated_problems", refresh=False)
-    res, _, _, _ = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": ComputeResource()},
-                                      {"ops": {"rollarc_run": {"config": TINY}}}, raise_on_error=False)
-    assert not res.success
-    [failure] = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
-    err = failure.step_failure_data.error
-    assert "has no numeric problem for the tool_math environment (1 rows)" in (err.cause or err).message
+    version = assert_fails_without_a_numeric_problem(_lake(s3, tmp_path, "rl"))
     assert (tmp_path / "work" / ".lake-tables" / "decontaminated_problems" / f"data.{version}.parquet").is_file()
 
 

@@ -98,16 +98,25 @@ def test_sizes_are_capped_and_an_unusable_problems_table_fails_before_any_launch
         rollarc.spec_from(rollarc.RollArcRunConfig(group_size=100_000), problems, None)
     with pytest.raises(ValueError, match="rollarc.redundancy"):
         rollarc.spec_from(rollarc.RollArcRunConfig(group_size=2, redundancy=5), problems, None)
-    lake = LakeResource(root=str(tmp_path))
-    lake.write(pl.DataFrame({"problem_id": ["p0"], "problem": ["Which is a prime? (A) 4 (B) 5"], "answer": ["B"],
-                             "answer_type": ["multiple_choice"]}), "decontaminated_problems", refresh=False)
+    assert_fails_without_a_numeric_problem(LakeResource(root=str(tmp_path)))
+    assert not (tmp_path / "rollarc_run").exists()                        # no run folder, nothing launched
+
+
+def assert_fails_without_a_numeric_problem(lake) -> str:
+    """Write a ``decontaminated_problems`` of one multiple-choice row to ``lake`` (a ``LakeResource``,
+    local or on object storage), materialize ``rollarc_run`` on it and check that the step fails on
+    the table's content: no numeric problem for the tool_math environment. Returns the table version
+    written."""
+    _, version = lake.write(pl.DataFrame({"problem_id": ["p0"], "problem": ["Which is a prime? (A) 4 (B) 5"],
+                                          "answer": ["B"], "answer_type": ["multiple_choice"]}),
+                            "decontaminated_problems", refresh=False)
     res, _, _, _ = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": ComputeResource()},
                                       {"ops": {"rollarc_run": {"config": TINY}}}, raise_on_error=False)
     assert not res.success
     [failure] = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
     err = failure.step_failure_data.error
     assert "has no numeric problem for the tool_math environment (1 rows)" in (err.cause or err).message
-    assert not (tmp_path / "rollarc_run").exists()                        # no run folder, nothing launched
+    return version
 
 
 def test_the_run_config_has_one_source_the_scheduler_and_role_defaults():
