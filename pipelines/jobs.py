@@ -8,8 +8,9 @@ same for a job, automation, a sensor or the UI's Materialize). ``LIFECYCLE`` is 
 an asset backfill.
 
 Run tags: ``crucible/stage`` (curation runs rewrite the same unpartitioned tables, so the instance
-limits them to one at a time, see scripts/setup.sh), ``crucible/preset`` (the active profile's size
-set: ``small`` or ``full``) and ``dagster/max_runtime``
+limits them to one at a time, see scripts/setup.sh), ``crucible/preset`` (the size set the run uses:
+the active profile's, ``small`` or ``full``, on the job; ``crucible demo --preset`` replaces it with
+its own, ``demo`` by default: :func:`preset_run_tags`) and ``dagster/max_runtime``
 (``max_runtime_s``: the run's bound in seconds, from the launch limits the run itself uses — the
 active profile's size defaults, prod YAML ``sizes`` included — plus a margin; with run monitoring on, which ``crucible setup`` turns on, the daemon terminates and fails a run past it).
 """
@@ -44,8 +45,9 @@ LAUNCH_ATTEMPTS = 3
 """Attempts of one launch: the first and ``resources.retry.RetryingComputeResource.launch_retries``
 (2) retries after launch deaths, with 30 + 60 s of backoff (``RETRY_BACKOFF_S``)."""
 RETRY_BACKOFF_S = 90.0
-UNLAUNCHED_S = {"small": 3600.0, "full": 259_200.0}
-"""Allowance for a job's work outside launches (curation, tables, fits): 1 h small, 3 days full."""
+UNLAUNCHED_S = {"demo": 1800.0, "small": 3600.0, "full": 259_200.0}
+"""Allowance for a job's work outside launches (curation, tables, fits): 30 min demo, 1 h small,
+3 days full."""
 RUN_MARGIN_S = 900.0
 """Margin on top: run start, code loading, step start-up."""
 
@@ -91,11 +93,26 @@ prod YAML's ``sizes`` over them): the same values the code location makes the as
 defaults, so a launch's limit and its job's bound come from one place."""
 
 
+LAUNCH_OPS: dict[str, tuple[str, ...]] = {}
+"""Job name -> the ops of the job whose launches its ``dagster/max_runtime`` counts."""
+
+
+def preset_run_tags(job_name: str, preset: str, sizes: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The run tags of a run of ``job_name`` that uses the size set ``preset`` with the effective
+    sizes ``sizes`` (op -> field -> value: the run config it passes over the code location's
+    defaults, pipelines/presets.py ``preset_sizes``): ``crucible/preset`` and ``dagster/max_runtime``
+    (:func:`max_runtime_s` of the job's launches under those sizes). Tags given to a run replace
+    the job's own. Raises KeyError for an unknown job or preset."""
+    return {"crucible/preset": preset,
+            "dagster/max_runtime": str(max_runtime_s(LAUNCH_OPS[job_name], preset, sizes))}
+
+
 def _jobs(name: str, selection: dg.AssetSelection, ops: Sequence[str], stage: str,
           description: str, gpu: bool = False):
     """The job ``name`` over ``selection``, without run config: its assets' defaults are the active
     profile's sizes (a job with a default run config would also ignore the resources a caller passes
     to ``execute_in_process``: Dagster 1.13, measured)."""
+    LAUNCH_OPS[name] = tuple(ops)
     return dg.define_asset_job(
         name,
         selection=selection,
@@ -119,6 +136,7 @@ curation_job = _jobs(
 
 # One source partition and the curation graph below it: what the user-source sensor launches when a
 # file changes (pipelines/sensors.py). Partitioned by source; the curation assets read every partition.
+LAUNCH_OPS["source_refresh_job"] = ()
 source_refresh_job = dg.define_asset_job(
     "source_refresh_job",
     selection=dg.AssetSelection.assets("raw_problems")

@@ -8,12 +8,19 @@ the assets' own defaults (the ops dataclasses) under the ``default`` profile, ``
 with the prod YAML's ``sizes`` section under ``prod`` (pipelines/profiles.py). Any field stays
 editable per run (Launchpad, ``run_config``).
 
-``PRESETS`` keeps the two size sets by name (``small`` = the assets' defaults, ``full`` = production)
-for the run bounds of pipelines/jobs.py (``dagster/max_runtime``).
+``PRESETS`` keeps the size sets by name: ``demo`` (``DEMO_SIZES``: the whole lifecycle, every stage
+real, in minutes on 2 CPU cores), ``small`` (the assets' own defaults, what the ``default`` profile's
+code location uses) and ``full`` (production, ``PROD_SIZES``). ``crucible demo --preset NAME``
+(pipelines/cli.py) passes the chosen set to every run it launches as run config
+(:func:`preset_sizes`, :func:`preset_run_config`) and tags the runs with it; the code location's
+defaults stay the profile's, so the UI, automation and schedules are unaffected by a demo run.
+The run bounds of pipelines/jobs.py (``dagster/max_runtime``) are computed per size set.
 """
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from assets._config import field_at, nested_config, sized_config, unknown_paths
 
 # Production sizes: a GPU node (8 ranks: global batches are multiples of 8), an OpenAI-compatible
 # teacher endpoint with real throughput, the whole generated set, every row through the teacher.
@@ -23,7 +30,7 @@ PROD_SIZES: dict[str, dict[str, Any]] = {
     "distilled_problems": {"teacher_max_rows": 1_000_000, "k_samples": 8, "max_tokens": 4096, "workers": 32},
     "sft_dataset": {"target_size": 100_000},
     "ctr_model": {"epochs": 10},
-    "gba_run": {"epochs": 5.0, "run_timeout_s": 172_800.0},
+    "gba_run": {"train.epochs": 5.0, "cluster.run_timeout_s": 172_800.0},
     # the scratchpad policy's recipe is the same at production scale; a GPU affords more steps
     # and a larger batch before the target stops it
     "rl_policy": {"max_steps": 4000, "batch_problems": 64, "timeout_s": 172_800.0},
@@ -47,7 +54,33 @@ Every other field keeps the asset's default."""
 FULL = PROD_SIZES
 """Former name of ``PROD_SIZES``."""
 
-PRESETS: dict[str, Mapping[str, Mapping[str, Any]]] = {"small": {}, "full": PROD_SIZES}
+# The demo: the whole main job on 2 CPU cores in minutes (issue 41 item 6), every stage doing real
+# work (real sources, real teacher calls and verification, real training steps and launches, a real
+# D-CPT fit and closed loop), at sizes where the ``small`` defaults are the slow part: the RL warm
+# start (the largest single step), the teacher-bound curation steps, the mixture probes' repeats and
+# the post-training pool. Figures of a demo run are smoke figures of that run (fewer steps, seeds and
+# samples), not claims.
+DEMO_SIZES: dict[str, dict[str, Any]] = {
+    "raw_problems": {"mathematics_dataset_per_module": 10},
+    # LLM domain labels and teacher distillation on a few rows (the teacher runs for real on them)
+    "annotated_problems": {"llm_label_max_rows": 4},
+    "distilled_problems": {"teacher_max_rows": 6, "max_tokens": 128},
+    "ctr_model": {"epochs": 1},
+    # the warm start stops at a lower pass rate (RL groups still carry signal: at p = 0.15, R = 4 about
+    # half the groups are mixed) and evaluates on fewer problems
+    "rl_policy": {"max_steps": 150, "target_pass_rate": 0.15, "eval_size": 64, "final_eval_size": 128},
+    "rollarc_run": {"steps": 2},
+    # two base initialisations / probe seeds instead of four: the seed noise is still measured
+    "cpt_base_models": {"inits": [0, 1]},
+    "cpt_probe_runs": {"seeds": [0, 1]},
+    "dcpt_law_fit": {"n_boot": 10},
+    "sft_checkpoint": {"steps": 200},
+    "targeted_synthesis": {"pool_per_module": 50, "budget": 200},
+    "stage2_checkpoint": {"seeds": 2, "steps": 40},
+}
+"""Op -> the size fields the ``demo`` preset sets (every other field keeps the asset's default)."""
+
+PRESETS: dict[str, Mapping[str, Mapping[str, Any]]] = {"demo": DEMO_SIZES, "small": {}, "full": PROD_SIZES}
 """Size set name -> op -> the config fields it sets (``small`` = the assets' own defaults)."""
 
 
@@ -65,17 +98,91 @@ def merge_sizes(base: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, M
     return out
 
 
-def preset_run_config(preset: str, ops: Iterable[str]) -> dict[str, Any]:
-    """The run config of the size set ``preset`` for a job whose ops are ``ops`` (ops without values
-    are left out, so the result validates against that job's config schema).
+def preset_run_config(preset: "str | Mapping[str, Mapping[str, Any]]", ops: Iterable[str]) -> dict[str, Any]:
+    """The run config of a size set for a job whose ops are ``ops`` (ops without values are left
+    out, so the result validates against that job's config schema).
+
+    Args:
+        preset: a size set name (``PRESETS``) or its values, op -> field -> value (e.g. from
+            :func:`preset_sizes`).
 
     Raises:
         ValueError: unknown preset name.
     """
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise ValueError(f"unknown size set {preset!r}; size sets are {', '.join(PRESETS)}")
+        values = PRESETS[preset]
+    else:
+        values = preset
+    return {"ops": {op: {"config": nested_config(values[op])} for op in ops if op in values}}
+
+
+def preset_sizes(preset: str, assets: Iterable, profile_set: str = "small",
+                 profile_sizes: "Mapping[str, Mapping[str, Any]] | None" = None) -> dict[str, dict[str, Any]]:
+    """The sizes a run of the size set ``preset`` must set (op -> field -> value) so that it gets
+    that set whatever the code location's defaults are.
+
+    The code location's defaults are the active profile's: ``profile_sizes`` over the assets' own
+    defaults, the size set ``profile_set`` (``small`` for the ``default`` profile, ``full`` for
+    ``prod``: pipelines/profiles.py). For ``preset == profile_set`` the result is ``profile_sizes``
+    (the prod YAML's ``sizes`` included). Otherwise it is ``PRESETS[preset]`` plus, for every field
+    the profile's defaults change and the preset does not set, the asset's own default (so
+    ``crucible demo --preset small`` under ``prod`` gets the small sizes, not production's).
+
+    Args:
+        assets: the code location's assets without size defaults (``dg.load_assets_from_modules``
+            of pipelines/definitions.py ``ASSET_MODULES``): the ops and Config classes checked against.
+
+    Raises:
+        ValueError: unknown preset name (the message lists the size sets).
+        SizesError: the preset names an op without Pythonic run config or a field its op does not
+            have (the message names the preset, op and field).
+    """
     if preset not in PRESETS:
-        raise ValueError(f"unknown size set {preset!r}; size sets are {sorted(PRESETS)}")
-    values = PRESETS[preset]
-    return {"ops": {op: {"config": dict(values[op])} for op in ops if op in values}}
+        raise ValueError(f"unknown size set {preset!r}; size sets are {', '.join(PRESETS)}")
+    classes = config_classes(assets)
+    where = f"PRESETS[{preset!r}] (pipelines/presets.py)"
+    _check_sizes(PRESETS[preset], classes, where)
+    if preset == profile_set:
+        return {op: dict(v) for op, v in (profile_sizes or {}).items()}
+    out = {op: dict(v) for op, v in PRESETS[preset].items()}
+    for op, values in (profile_sizes or {}).items():
+        _check_sizes({op: values}, classes, "the profile's sizes")
+        for field in values:
+            if field not in out.get(op, {}):
+                f = field_at(classes[op], field)       # a dotted path names a nested field (cluster.run_timeout_s)
+                out.setdefault(op, {})[field] = f.default_factory() if f.default_factory is not None else f.default
+    return out
+
+
+def config_classes(assets: Iterable) -> dict[str, Any]:
+    """Op name -> its Pythonic ``Config`` class (``None`` for an executable asset without one) for
+    every executable AssetsDefinition in ``assets``."""
+    import dagster as dg
+    from dagster._config.pythonic_config.config import Config
+
+    out: dict[str, Any] = {}
+    for a in assets:
+        if isinstance(a, dg.AssetsDefinition) and a.is_executable:
+            fn = a.op.compute_fn
+            cls = fn.get_config_arg().annotation if hasattr(fn, "has_config_arg") and fn.has_config_arg() else None
+            out[a.op.name] = cls if isinstance(cls, type) and issubclass(cls, Config) else None
+    return out
+
+
+def _check_sizes(sizes: Mapping[str, Mapping[str, Any]], classes: Mapping[str, Any], where: str) -> None:
+    """SizesError unless every op of ``sizes`` has a Config class in ``classes`` with every field."""
+    for op, values in sizes.items():
+        if op not in classes:
+            raise SizesError(f"{where}: {op!r} is not an op of the code location; ops: {', '.join(sorted(classes))}")
+        cls = classes[op]
+        if cls is None:
+            raise SizesError(f"{where}: op {op!r} has no Pythonic run config to size")
+        unknown = unknown_paths(cls, values)             # dotted paths name nested fields: train.epochs
+        if unknown:
+            raise SizesError(f"{where}: {op}.{unknown[0]} is not a field of {cls.__name__}; fields: "
+                             f"{', '.join(cls.model_fields)}")
 
 
 def with_size_defaults(assets: Iterable, sizes: Mapping[str, Mapping[str, Any]], where: str = "sizes") -> list:
@@ -97,9 +204,7 @@ def with_size_defaults(assets: Iterable, sizes: Mapping[str, Mapping[str, Any]],
             and lists the op's fields).
     """
     import dagster as dg
-    import pydantic
     from dagster._config.pythonic_config import infer_schema_from_config_class
-    from dagster._config.pythonic_config.config import Config
     from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
 
     assets = list(assets)
@@ -109,22 +214,12 @@ def with_size_defaults(assets: Iterable, sizes: Mapping[str, Mapping[str, Any]],
     for i, a in enumerate(assets):
         if isinstance(a, dg.AssetsDefinition) and a.is_executable:
             by_op[a.op.name] = i
+    classes = config_classes(assets)
+    _check_sizes(sizes, classes, where)
     for op, values in sizes.items():
-        if op not in by_op:
-            raise SizesError(f"{where}: {op!r} is not an op of the code location; ops: {', '.join(sorted(by_op))}")
         a = assets[by_op[op]]
-        fn = a.op.compute_fn
-        cls = fn.get_config_arg().annotation if hasattr(fn, "has_config_arg") and fn.has_config_arg() else None
-        if not (isinstance(cls, type) and issubclass(cls, Config)):
-            raise SizesError(f"{where}: op {op!r} has no Pythonic run config to size")
-        unknown = sorted(set(values) - set(cls.model_fields))
-        if unknown:
-            raise SizesError(f"{where}: {op}.{unknown[0]} is not a field of {cls.__name__}; fields: "
-                             f"{', '.join(cls.model_fields)}")
-        fields = {k: (cls.model_fields[k].annotation, pydantic.Field(default=v, description=cls.model_fields[k].description))
-                  for k, v in values.items()}
-        sized = pydantic.create_model(cls.__name__, __base__=cls, __module__=cls.__module__, **fields)
-        sized.__doc__ = cls.__doc__
+        cls = classes[op]
+        sized = sized_config(cls, dict(values))          # nested parts sized at their dotted paths
         schema = DefinitionConfigSchema(infer_schema_from_config_class(sized))
         node = a.op.with_replaced_properties(name=a.op.name, config_schema=schema)
         assets[by_op[op]] = _with_node(a, node)
