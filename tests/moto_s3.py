@@ -2,7 +2,7 @@
 
 Its own process, not moto's in-process ``ThreadedMotoServer``: deltalake 1.6.6 keeps the GIL during
 some requests (``DeltaTable.history``, ``is_deltatable``), which deadlocks a server thread in the
-same interpreter (ops/lake.py, ``DeltaTables.exists``).
+same interpreter (ops/lake/delta.py, ``DeltaTables.exists``).
 """
 
 from __future__ import annotations
