@@ -239,44 +239,46 @@ def run_seed(seed, arm_order, workdir, speedup=2.0):
     return {"fast": {"wall_s": 1.0 / speedup, "acc": acc[0]}, "slow": {"wall_s": 1.0, "acc": acc[1]}}
 '''
 
-ACC_DESIGN = """\
-id: toy-acc
-paper: "A toy paper, section 2"
-statement: "fast is not worse than slow by more than 5 points"
-label: simulated
-arms: [fast, slow]
-metric: {name: acc, unit: fraction, direction: higher}
-kind: non_inferiority
-unit: "one seed of toy-speed's runs"
-seeds: [1000, 1001, 1002, 1003]
-test: "paired t-interval"
-decision_rule: {margin: 0.05, rule: "shown if ci95 lower > -0.05"}
-order: "toy-speed's"
-warmup: "toy-speed's"
-command: "toyacc:run_seed"
-params: {speedup: 2.0}
-budget_minutes: 1
-runs_from: toy-speed
-"""
+def with_fields(design: str, **fields: str) -> str:
+    """``design`` (YAML text, one top-level key a line) with the value text of each of ``fields``
+    put in place of its line's, or appended as a new line when the key is not there."""
+    lines = design.splitlines()
+    for key, value in fields.items():
+        at = [i for i, line in enumerate(lines) if line.startswith(f"{key}:")]
+        if at:
+            lines[at[0]] = f"{key}: {value}"
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines) + "\n"
+
+
+# the accuracy claim: toy-speed's arms, seeds, params and budget, decided on toy-speed's runs
+ACC_DESIGN = with_fields(
+    DESIGN, id="toy-acc", paper='"A toy paper, section 2"',
+    statement='"fast is not worse than slow by more than 5 points"',
+    metric="{name: acc, unit: fraction, direction: higher}", kind="non_inferiority",
+    unit='"one seed of toy-speed\'s runs"', test='"paired t-interval"',
+    decision_rule='{margin: 0.05, rule: "shown if ci95 lower > -0.05"}', order='"toy-speed\'s"',
+    warmup='"toy-speed\'s"', command='"toyacc:run_seed"', runs_from="toy-speed")
 
 
 def _acc_repo(repo, acc_design):
     """The speed claim and the accuracy claim both on ``toyacc:run_seed`` (a module of its own: the
-    other tests' ``toyclaim`` stays imported in this process)."""
+    other tests' ``toyclaim`` stays imported in this process), committed and both registered."""
     (repo.root / "toyacc.py").write_text(TOY_ACC)
     speed = repo.designs / "toy-speed.yaml"
     speed.write_text(speed.read_text().replace("toyclaim:run_seed", "toyacc:run_seed"))
     (repo.designs / "toy-acc.yaml").write_text(acc_design)
+    git(repo.root, "add", ".")
+    commit(repo.root, "accuracy claim on the speed claim's runs")
+    register("toy-speed", repo)
+    register("toy-acc", repo)
 
 
 def test_a_claim_decided_on_another_claims_runs(repo):
     """runs_from: the accuracy claim is decided on the speed claim's logged runs (one run, two claims):
     it runs nothing itself, and its summary is the paired interval over exactly those runs' accuracies."""
     _acc_repo(repo, ACC_DESIGN)
-    git(repo.root, "add", ".")
-    commit(repo.root, "accuracy claim on the speed claim's runs")
-    register("toy-speed", repo)
-    register("toy-acc", repo)
     with pytest.raises(ClaimError, match="runs_from.*run toy-speed|decided on toy-speed"):
         run("toy-acc", layout=repo, in_process=True)
     run("toy-speed", seeds=[1000, 1001, 1002], layout=repo, in_process=True)
@@ -295,9 +297,5 @@ def test_a_claim_decided_on_another_claims_runs(repo):
 
 def test_runs_from_refuses_a_source_with_other_params(repo):
     _acc_repo(repo, ACC_DESIGN.replace("speedup: 2.0", "speedup: 3.0"))
-    git(repo.root, "add", ".")
-    commit(repo.root, "mismatched params")
-    register("toy-speed", repo)
-    register("toy-acc", repo)
     with pytest.raises(ClaimError, match="command and params must equal toy-speed"):
         run("toy-acc", layout=repo, in_process=True)
