@@ -73,6 +73,9 @@ def main() -> int:
     ap.add_argument("--ratios", default="0,0.5,1")
     ap.add_argument("--budget-s", type=float, default=600.0, help="wall-clock limit of one base's training (s)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sampling", choices=("offsets", "blocks"), default="offsets",
+                    help="offsets: blocks at random token offsets; blocks: the pipeline's non-overlapping blocks "
+                         "reshuffled each epoch (ops.lm.data.BlockStream), which a small corpus is memorised from sooner")
     ap.add_argument("--train-past-plateau", action="store_true",
                     help="keep training to --max-base-tokens after the first plateau (records the first plateau and "
                          "the criterion at the end, to see whether the plateau holds)")
@@ -131,7 +134,13 @@ def main() -> int:
                 rng = np.random.default_rng(seed)
                 gt, dt = streams["g_train"], streams["d_train"]
 
+                from ops.lm.data import BlockStream
+
+                streams_b = {id(gt): BlockStream(gt, L, seed, "general_train"), id(dt): BlockStream(dt, L, seed + 1, "domain_train")}
+
                 def draw(src, n):
+                    if args.sampling == "blocks":
+                        return streams_b[id(src)].take(n).astype(np.int64)
                     starts = rng.integers(0, len(src) - L - 1, size=n)
                     return np.stack([src[s:s + L] for s in starts]).astype(np.int64)
 

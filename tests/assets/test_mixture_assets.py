@@ -374,6 +374,14 @@ def test_closed_loop_trains_the_target_and_judges_the_plan_by_measurement(loop_l
     assert f"law r_d {cl['law_r_d']:g}" in ev.description and f"T {T:.2%}" in ev.description
     assert f"{cl['measured_rise']:+.2%}" in ev.description and "grid best r_d" in ev.description
     assert f"law predicted {law_pred:+.2%}" in ev.description and f"regime: {cl['regime']['regime']}" in ev.description
+    # what the asset page shows (issue 39 item 7): the regime, the measured and predicted rise, the tolerance
+    # and the plan's verdict, equal to validation.json's record
+    meta = loop.asset_materializations_for_node("mixture_validation")[0].metadata
+    assert meta["regime"].value == cl["regime"]["regime"] and meta["holds"].value == cl["holds"]
+    assert meta["measured_rise"].value == pytest.approx(cl["measured_rise"], rel=1e-12)
+    assert meta["predicted_rise"].value == pytest.approx(cl["predicted_rise"], rel=1e-12)
+    assert meta["rise_tolerance"].value == pytest.approx(cl["rise_tolerance"], rel=1e-12)
+    assert meta["verdict"].value == cl["verdict"] == ev.description
     # Here the plan breaks T for real: the base sits at its floor on the tiny general corpus, so a
     # high domain share makes the model forget, and forgetting grows with D; the law's D term can
     # only fall with D, so at 4x the probe D it under-predicts the rise (measured: law r_d 1.0,
