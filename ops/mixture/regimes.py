@@ -42,7 +42,7 @@ regime check judges the target size's bases only, and each base records its own 
 PLATEAU_SMALL: dict[str, dict[str, Any]] = {
     "general_corpus": {"variant": "titles", "max_train_docs": 600},
     "cpt_tokenizer": {"vocab_size": 512, "seed": 0},
-    "cpt_base_models": {"base_tokens": 409_600, "seq_len": 32, "global_batch": 16, "val_seqs_general": 256,
+    "cpt_base_models": {"base_tokens": 614_400, "seq_len": 32, "global_batch": 16, "val_seqs_general": 256,
                         "val_seqs_per_subdomain": 32, "inits": [0, 1]},
     "cpt_probe_runs": {"cpt_tokens": 32_768, "first_checkpoint": 1_024, "seeds": [0, 1], "repeat_ratios": [0.5, 1.0]},
     "dcpt_law_fit": {"forms": ["L3"]},
