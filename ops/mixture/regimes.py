@@ -12,13 +12,13 @@ from that plateau: ``benchmarks/dcpt_plateau.py`` extrapolates ~1e8 tokens, hour
 ``PLATEAU_SMALL`` shrinks the general corpus's role instead (issue 39 item 1 allows it): the general
 corpus is the first 600 training review titles (``general_corpus`` ``variant: titles``,
 ``max_train_docs: 600``; ~21k tokens at a 512-token vocabulary, the titles' full held-out validation
-split unchanged), which the probes repeat for ~20 epochs in 409,600 base tokens. Size ``s`` (the
-closed loop's target) then sits on the flat bottom of its held-out general loss (measured with the
-pipeline's block sampling: 3.33 nats at 328k tokens, 3.32 at 410k, 3.35 at 492k, then rising as it
-memorises the titles), so the last 20% of its base training improves the general loss by < 0.5%.
-With fewer titles (300) the bottom is sharp and a fixed budget over-trains the base (its held-out loss
-rose 9-11% in the last 20%, and domain data then *lowered* the general loss); with more (1,500) it
-was still improving 0.9% per last 20% at ~1M tokens.
+split unchanged), which the probes repeat for ~30 epochs in 614,400 base tokens. Size ``s`` (the
+closed loop's target) then has passed the bottom of its held-out general loss (~0.4-0.5M tokens) and
+starts to memorise the titles: through the assets its two bases' last 20% changed the general loss by
+-2.8% and -3.5% (plateaued); at 409,600 tokens they still improved 0.77% and 0.54%. With 300 titles
+and 491,520 tokens the bases were over-trained (their held-out loss rose 9-11% in the last 20%) and
+domain data then *lowered* the general loss, which the regime check reports as not reached; with 1,500
+titles ``s`` still improved 0.9% per last 20% at ~1M tokens.
 What that costs and what it measured (exploratory, development seeds, 2-core machine shared with a
 benchmark queue): ``benchmarks/results/dcpt_regime_small.json``.
 
