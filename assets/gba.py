@@ -24,42 +24,40 @@ import polars as pl
 from ops import figures
 from ops import lake as lakeio
 from ops.gba.checkpoint import Checkpoints, fingerprint
-from ops.gba.config import MODES, RunConfig, RunSpec
+from ops.gba.config import JOB, MODES, Cluster, RunSpec
 from ops.gba.report import summarize
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import fields_of, mirrors
-from ._deepfm import DeepFMConfig
+from ._config import fields_of, mirrors, to_spec
 from ._meta import image, md_table, table_result
 from .launch import launch
 
 gba_modes = dg.StaticPartitionsDefinition(list(MODES))
 
-
-@mirrors(None, own=("step", "to"))
-class SwitchAt(dg.Config):
-    """One entry of an auto run's switch schedule: at global step ``step`` switch to mode ``to``."""
-
-    step: int
-    """Global step at which the switch happens (>= 1, increasing along the schedule; the run starts in sync)."""
-    to: str
-    """Mode switched to: sync | gba | async | ssp | hopbw."""
+SET_BY_ASSET = ("mode", "events_path", "data_cache", "stop_at", "handover_to", "handover_from")
+"""RunSpec fields the Launchpad does not offer: the partition is the mode, the paths are the lake's
+and the cache's, hand-overs are the benchmarks' (benchmarks/gba_bench.py)."""
 
 
-@mirrors(RunConfig, own=("switch_at",))
-class GBARunConfig(fields_of(RunConfig, exclude=("switch_at",), base=DeepFMConfig)):
+@mirrors(RunSpec)
+class GBARunConfig(fields_of(RunSpec, defaults=JOB, exclude=SET_BY_ASSET, replace={"cluster.workers": (
+        Optional[int], None, "W worker processes (sync: ranks; PS modes: workers beside the parameter servers), "
+        ">= 1; unset = the launcher's process count (compute.num_processes).")})):
     """One configuration for every mode (the partition picks the mode; nothing else changes): the
-    Launchpad face of ``ops.gba.config.RunConfig`` (meanings, defaults and checks there); the DeepFM
-    fields are ``ctr_model``'s (``DeepFMConfig``)."""
-
-    switch_at: list[SwitchAt] = []
-    """auto, experiments: a schedule [{step, to}] that replaces the detector (RunConfig.switch_at, typed)."""
+    Launchpad face of ``ops.gba.config.RunSpec``, nested as the spec is (``train``, ``cluster``,
+    ``policy``, ``trace``, ``switching``), defaults ``ops.gba.config.JOB``'s; meanings and checks
+    are the ops dataclasses' and an error names the path set here (``policy.decay.threshold``)."""
 
     def spec(self, mode: str, workers: Optional[int] = None, events_path: str = "", data_cache: str = "") -> RunSpec:
-        """The validated RunSpec of ``mode`` (``ops.gba.config.RunConfig.spec``): the same
-        hyper-parameters for every mode. Raises GBAConfigError naming the field."""
-        return RunConfig(**self.model_dump()).spec(mode, workers, events_path, data_cache)
+        """The validated RunSpec of ``mode``: the same hyper-parameters for every mode; an unset
+        ``cluster.workers`` is ``workers`` (the launcher's process count; neither: ``Cluster.workers``).
+        Raises GBAConfigError naming the field by its Launchpad path."""
+        cluster = self.cluster.model_dump()
+        if cluster["workers"] is None:
+            cluster["workers"] = workers if workers is not None else Cluster.workers
+        return to_spec(self.model_copy(update={"cluster": type(self.cluster)(**cluster)}),
+                       mode=mode, events_path=events_path, data_cache=data_cache)
 
 
 def saved_checkpoint(spec: RunSpec, fp: str):

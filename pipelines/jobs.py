@@ -34,9 +34,9 @@ SMALL_LAUNCH_LIMIT_S: dict[str, float] = {
     "sft_checkpoint": 1200.0, "stage2_checkpoint": 1200.0,
 }
 """The launched assets' wall-clock limit of one launch (s) in the ``small`` preset: their config
-defaults (``run_timeout_s`` for gba_run, rollpacker_run and rollarc_run, else ``timeout_s``; a test
+defaults (``cluster.run_timeout_s`` for gba_run, ``run_timeout_s`` for rollpacker_run and rollarc_run, else ``timeout_s``; a test
 checks they agree with the config classes)."""
-LAUNCH_LIMIT_FIELD = {"gba_run": "run_timeout_s", "rollpacker_run": "run_timeout_s", "rollarc_run": "run_timeout_s"}
+LAUNCH_LIMIT_FIELD = {"gba_run": "cluster.run_timeout_s", "rollpacker_run": "run_timeout_s", "rollarc_run": "run_timeout_s"}
 LAUNCH_EXTRA_S = {"gba_run": 120.0}
 """Seconds an asset adds to its configured limit (gba_run: process start and teardown)."""
 LAUNCHES = {"mixture_validation": 2}

@@ -16,6 +16,7 @@ import pytest
 
 import pipelines.definitions  # noqa: F401  (the code location: imports every asset module)
 from assets._config import MIRRORS, attribute_docs, fields_of, mirrors, mismatches
+from ops.lm.spec import build
 
 PACKAGES = ("assets", "pipelines", "resources")
 
@@ -85,7 +86,7 @@ def test_every_launchpad_default_passes_the_ops_validation():
         if any(r not in values for r in required):
             continue
         try:
-            source(**values)
+            build(source, values)         # nested config -> the typed parts (what the asset's to_spec does)
         except Exception as e:  # noqa: BLE001 - every failure is reported, with its class
             offenders.append(f"{cls.__module__}.{cls.__qualname__} -> {source.__name__}: {type(e).__name__}: {e}")
     if offenders:

@@ -193,6 +193,7 @@ def test_every_job_carries_a_max_runtime_from_its_presets_launch_limits():
     times the launch attempts, plus the retries' backoff, the allowance for unlaunched work and the
     margin; the small preset's limits are the assets' config defaults."""
     from assets import gba, mixture, posttrain, rl_policy, rollarc, rollpacker
+    from assets._config import field_at
     from pipelines import jobs
 
     defaults = {"gba_run": gba.GBARunConfig, "rl_policy": rl_policy.RlPolicyConfig,
@@ -203,7 +204,7 @@ def test_every_job_carries_a_max_runtime_from_its_presets_launch_limits():
     assert set(defaults) == set(jobs.SMALL_LAUNCH_LIMIT_S)
     for op, cls in defaults.items():
         field = jobs.LAUNCH_LIMIT_FIELD.get(op, "timeout_s")
-        assert cls.model_fields[field].default == jobs.SMALL_LAUNCH_LIMIT_S[op], op
+        assert field_at(cls, field).default == jobs.SMALL_LAUNCH_LIMIT_S[op], op
     tags = {j.name: int(j.tags["dagster/max_runtime"]) for j in jobs.ALL_JOBS}
     assert set(tags) == {j.name for j in jobs.ALL_JOBS}
     assert tags["cpt_base_job"] == 3 * 1800 + 90 + 3600 + 900                 # one launch, three attempts

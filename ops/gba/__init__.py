@@ -5,8 +5,8 @@ straggler trace.
 
 Modules, pure logic first (importable and testable without processes):
     errors     GBAConfigError, CheckpointError, LaunchError, RunFailed (imports nothing)
-    config     RunSpec (mode + ONE set of hyper-parameters + cluster + policies + trace), validate;
-               RunConfig, the flat job config every mode shares (the asset's Launchpad config)
+    config     RunSpec (mode + ONE set of hyper-parameters + cluster + policies + trace), validate; JOB,
+               the job every mode shares (the asset's Launchpad config mirrors RunSpec, nested)
     staleness  f(tau), the pluggable staleness decay of token control; staleness histograms
     trace      StragglerTrace: seeded slowdowns (real extra forward/backward passes) shared by every mode
     switching  mode auto: the switch policy, the straggler detector (hysteresis) and the schedule

@@ -11,26 +11,28 @@ synchronous optimizer step; a worker computes one gradient over a **local batch*
 ``local_batch`` samples, so a global step aggregates M = G / b local batches; a **token** is the
 global step a worker pulled its parameters at; **staleness** tau = global step at push - token.
 
-``RunConfig`` is the same, flat: one configuration of a job for every mode (what the ``gba_run``
-asset shows in the Launchpad); ``RunConfig.spec(mode)`` builds and validates the mode's RunSpec, the
-asset's one check; ``load_spec`` is the launched process's one check (docs/gba.md).
+The ``gba_run`` asset's Launchpad config mirrors ``RunSpec`` field for field, nested parts as nested
+config (``assets._config.fields_of``; defaults ``JOB``'s): the user sets ``policy.decay.threshold``
+and an error names ``policy.decay.threshold``. The asset builds the mode's spec from it and validates
+it (``RunSpec.validate``), the asset's one check; ``load_spec`` is the launched process's one check
+(docs/gba.md, docs/architecture.md "Configuration").
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 
+from ops.lm.spec import JsonSpec
 from ops.sparse.config import TrainConfig
 
 from .errors import GBAConfigError
 from .staleness import StalenessDecay
-from .switching import Switching
+from .switching import SwitchAt, Switching
 from .trace import StragglerTrace
 
-__all__ = ["MODES", "ROW_GRAD_NORMS", "ROW_STALENESS", "GLOBAL_BATCH", "LOCAL_BATCH", "GBAConfigError", "Policy", "Cluster", "RunSpec", "RunConfig",
-           "Switching", "hyper_parameters", "load_spec", "validate"]
+__all__ = ["MODES", "ROW_GRAD_NORMS", "ROW_STALENESS", "GLOBAL_BATCH", "LOCAL_BATCH", "GBAConfigError", "Policy", "Cluster", "RunSpec", "JOB",
+           "SwitchAt", "Switching", "hyper_parameters", "load_spec", "validate"]
 
 ROW_GRAD_NORMS = ("occurrences", "global_batch")
 """How an embedding row's gradient is averaged (docs/gba.md, "Two choices"): ``occurrences`` = the
@@ -107,8 +109,9 @@ class Cluster:
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """One run: mode + hyper-parameters + cluster + policies + straggler trace."""
+class RunSpec(JsonSpec):
+    """One run: mode + hyper-parameters + cluster + policies + straggler trace (the GBA stage's spec;
+    JSON in and out through ``JsonSpec``)."""
 
     mode: str = "gba"
     """Training mode, one of ``MODES``: sync | async | gba | ssp | hopbw | auto."""
@@ -161,32 +164,22 @@ class RunSpec:
         """Global steps of the run: floor(epochs x train rows / G), at least 1."""
         return max(1, int(self.train.epochs * n_train) // self.global_batch)
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+    def validate(self) -> RunSpec:
+        """``validate(self)``: returns the spec, raises GBAConfigError naming the field's path."""
+        return validate(self)
 
-    @staticmethod
-    def from_json(text: str) -> RunSpec:
-        d = json.loads(text)
-        sw = dict(d.get("switching") or {})
-        sw["schedule"] = tuple((int(a), str(b)) for a, b in sw.get("schedule", ()))
-        train = d["train"]
-        train["hidden"] = tuple(train["hidden"])
-        pol = d["policy"]
-        return RunSpec(mode=d["mode"], train=TrainConfig(**train), local_batch=d["local_batch"],
-                       cluster=Cluster(**d["cluster"]),
-                       policy=Policy(decay=StalenessDecay(**pol["decay"]), ssp_bound=pol["ssp_bound"],
-                                     backup_workers=pol["backup_workers"],
-                                     row_staleness=pol.get("row_staleness", "global")),
-                       trace=StragglerTrace(**d["trace"]), switching=Switching(**sw), events_path=d["events_path"],
-                       data_cache=d.get("data_cache", ""), row_grad_norm=d.get("row_grad_norm", "occurrences"),
-                       stop_at=d.get("stop_at", 0), handover_to=d.get("handover_to", ""),
-                       handover_from=d.get("handover_from", ""))
+
+JOB = RunSpec(trace=StragglerTrace(kind="persistent"))
+"""The job the ``gba_run`` asset offers by default (its Launchpad defaults): ``RunSpec``'s defaults
+with one persistent straggler (``StragglerTrace.slowdown`` x slower, the last worker), the situation
+the modes are compared in (GBA paper §5.2). The partition sets ``mode``; ``cluster.workers`` left
+unset in the Launchpad is the launcher's process count."""
 
 
 def load_spec(text: str) -> RunSpec:
     """The RunSpec of a spec file's text (``RunSpec.to_json``), validated: what a launched process
     runs. Raises GBAConfigError naming the field, ValueError / KeyError for text that is not a spec."""
-    return validate(RunSpec.from_json(text))
+    return RunSpec.from_json(text)
 
 
 def hyper_parameters(spec: RunSpec) -> dict:
@@ -256,121 +249,3 @@ def validate(spec: RunSpec) -> RunSpec:
         raise GBAConfigError("stop_at: an auto run switches inside one launch; hand-overs are written by sync, gba, "
                              "async, ssp or hopbw runs")
     return spec
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """The one configuration of a GBA job, flat, shared by every mode: ``spec(mode)`` is the run of
-    one mode and changes nothing but the mode (GBA paper §1, §3). The ``gba_run`` asset's Launchpad
-    config mirrors it (docs/gba.md, "Configuration"); defaults come from the structured parts
-    (``TrainConfig``, ``Cluster``, ``Policy``, ``StalenessDecay``, ``StragglerTrace``).
-    """
-
-    workers: int | None = None
-    """Workers W (sync: ranks; PS modes: worker processes beside the PS). None = compute.num_processes."""
-    global_batch: int = GLOBAL_BATCH
-    """G: samples per synchronous optimizer step; GBA aggregates exactly this many."""
-    local_batch: int = LOCAL_BATCH
-    """b: samples per worker gradient; G must be a multiple (sync, Hop-BW and auto: of W x b)."""
-    epochs: float = 1.0
-    """Passes over the train split, counted in applied samples."""
-    dim: int = TrainConfig.dim
-    """FM latent width per field (``TrainConfig.dim``; each table row holds dim + 1)."""
-    hidden: tuple[int, ...] = TrainConfig.hidden
-    """Widths of the DeepFM MLP's hidden layers (``TrainConfig.hidden``)."""
-    dropout: float = TrainConfig.dropout
-    """Dropout probability after each hidden layer of the MLP (``TrainConfig.dropout``)."""
-    sparse_lr: float = TrainConfig.sparse_lr
-    """SparseAdagrad learning rate of the embedding rows (``TrainConfig.sparse_lr``)."""
-    dense_lr: float = TrainConfig.dense_lr
-    """torch.optim.Adam learning rate of the DeepFM MLP (``TrainConfig.dense_lr``)."""
-    emb_l2: float = TrainConfig.emb_l2
-    """L2 on the embeddings looked up in a batch, via the sparse grads (``TrainConfig.emb_l2``)."""
-    crosses: list[str] = field(default_factory=lambda: list(TrainConfig().crosses))
-    """Crossed fields 'a*b' of single-valued columns (``TrainConfig.crosses``)."""
-    seed: int = TrainConfig.seed
-    """Seed of the model init, the sample stream's epoch permutations and dropout (``TrainConfig.seed``)."""
-    straggler: str = "persistent"
-    """Straggler trace: none | persistent (one worker slowdown x slower) | random (every worker, random delays)."""
-    slowdown: float = StragglerTrace.slowdown
-    """Persistent straggler: its compute-time multiplier (>= 1; ``StragglerTrace.slowdown``)."""
-    slow_worker: int = StragglerTrace.slow_worker
-    """Persistent straggler: its worker index; negative counts from the end (-1 = the last worker)."""
-    delay_distribution: str = StragglerTrace.distribution
-    """random trace: exponential | pareto extra time, as a multiple of compute time."""
-    mean_extra: float = StragglerTrace.mean_extra
-    """Random trace: mean extra time per local batch, as a multiple of compute time (>= 0)."""
-    slow_onset: int = StragglerTrace.onset
-    """Persistent straggler: slow from its local batch slow_onset ..."""
-    slow_recovery: int = StragglerTrace.recovery
-    """... up to (not including) its local batch slow_recovery (-1: to the end)."""
-    trace_seed: int = StragglerTrace.seed
-    """Seed of the trace: the draw for (worker, local batch k) depends only on (trace_seed, worker, k)."""
-    staleness_threshold: int = StalenessDecay.threshold
-    """GBA: gradients with staleness above this many global steps are decayed."""
-    staleness_decay: float = StalenessDecay.rate
-    """GBA: f(tau) = staleness_decay ** (tau - threshold) above the threshold."""
-    drop_after: int | None = StalenessDecay.drop_after
-    """GBA: drop gradients staler than this (None: never drop, only decay)."""
-    row_staleness: str = Policy.row_staleness
-    """GBA: staleness of an embedding row's gradient: global (the gradient's tau decays every row) | per_row
-    (the updates that row received since the pull; docs/gba.md, "Two choices")."""
-    row_grad_norm: str = "occurrences"
-    """Embedding-row gradient denominator in every mode: occurrences (the samples holding the row's ID) |
-    global_batch (the update's samples, the conventional data-parallel mean)."""
-    ssp_bound: int = Policy.ssp_bound
-    """SSP: bound s, the local batches a worker may run ahead of the slowest live worker (>= 0)."""
-    backup_workers: int = Policy.backup_workers
-    """Hop-BW: backup workers; each global step waits for W - backup_workers workers (in [0, W))."""
-    eval_every: int = Cluster.eval_every
-    """Evaluate the test AUC every this many global steps."""
-    checkpoint_every: int = Cluster.checkpoint_every
-    """Checkpoint every this many global steps (0: never); a retried launch resumes from the last one."""
-    target_auc: float = Cluster.target_auc
-    """The test AUC whose first crossing gives "time to target"."""
-    rpc_timeout_s: float = Cluster.rpc_timeout_s
-    """Timeout of every RPC and collective, in s (> 0)."""
-    run_timeout_s: float = Cluster.run_timeout_s
-    """Wall-clock limit of the training loop, in s (> 0)."""
-    num_ps: int = Cluster.num_ps
-    """PS modes: parameter-server processes; the sparse tables are sharded by ID over them."""
-    auto_target: str = Switching.target
-    """auto: the mode the straggler detector switches to (gba | async | ssp | hopbw); back to sync on recovery."""
-    switch_at: list[dict] = field(default_factory=list)
-    """auto, experiments: a schedule [{step, to}] that replaces the detector."""
-    detector_window: int = Switching.window
-    """auto: detector window in global steps."""
-    detector_k_on: float = Switching.k_on
-    """auto: a worker slower than k_on x the median of the others is a straggler ..."""
-    detector_k_off: float = Switching.k_off
-    """... and has recovered below k_off (hysteresis)."""
-    detector_patience: int = Switching.patience
-    """auto: consecutive windows beyond a threshold before a switch."""
-
-    def spec(self, mode: str, workers: int | None = None, events_path: str = "", data_cache: str = "") -> RunSpec:
-        """The validated RunSpec of ``mode``, the same hyper-parameters for every mode. ``workers``
-        is W when ``self.workers`` is None (the asset passes the launcher's process count; neither
-        given: ``Cluster.workers``). Raises GBAConfigError naming the field (see ``validate``)."""
-        w = self.workers if self.workers is not None else workers if workers is not None else Cluster.workers
-        schedule = []
-        for i, item in enumerate(self.switch_at):
-            if not isinstance(item, dict) or set(item) != {"step", "to"}:
-                raise GBAConfigError(f"switch_at[{i}] must be {{step: N, to: mode}}, got {item!r}")
-            schedule.append((item["step"], item["to"]))
-        train = TrainConfig(dim=self.dim, hidden=tuple(self.hidden), dropout=self.dropout, epochs=self.epochs,
-                            batch_size=self.global_batch, sparse_lr=self.sparse_lr, dense_lr=self.dense_lr,
-                            emb_l2=self.emb_l2, crosses=list(self.crosses), seed=self.seed)
-        return validate(RunSpec(
-            mode=mode, train=train, local_batch=self.local_batch, events_path=events_path, data_cache=data_cache,
-            cluster=Cluster(workers=w, rpc_timeout_s=self.rpc_timeout_s, run_timeout_s=self.run_timeout_s,
-                            eval_every=self.eval_every, target_auc=self.target_auc,
-                            checkpoint_every=self.checkpoint_every, num_ps=self.num_ps),
-            policy=Policy(decay=StalenessDecay(self.staleness_threshold, self.staleness_decay, self.drop_after),
-                          ssp_bound=self.ssp_bound, backup_workers=self.backup_workers,
-                          row_staleness=self.row_staleness),
-            row_grad_norm=self.row_grad_norm,
-            trace=StragglerTrace(kind=self.straggler, slowdown=self.slowdown, slow_worker=self.slow_worker,
-                                 distribution=self.delay_distribution, mean_extra=self.mean_extra,
-                                 onset=self.slow_onset, recovery=self.slow_recovery, seed=self.trace_seed),
-            switching=Switching(target=self.auto_target, schedule=tuple(schedule), window=self.detector_window,
-                                k_on=self.detector_k_on, k_off=self.detector_k_off, patience=self.detector_patience)))

@@ -38,15 +38,35 @@ SWITCH_TARGETS = ("sync", "gba", "async", "ssp", "hopbw")
 
 
 @dataclass(frozen=True)
+class SwitchAt:
+    """One entry of an ``auto`` run's switch schedule: at global step ``step`` switch to mode ``to``.
+    Unpacks and indexes as the pair ``(step, to)``."""
+
+    step: int
+    """Global step at which the switch happens (>= 1, increasing along the schedule; the run starts in sync)."""
+    to: str
+    """Mode switched to: sync | gba | async | ssp | hopbw."""
+
+    def __iter__(self):
+        return iter((self.step, self.to))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i):
+        return (self.step, self.to)[i]
+
+
+@dataclass(frozen=True)
 class Switching:
     """The switch policy of an ``auto`` run (ignored by the other modes)."""
 
     target: str = "gba"
     """The mode the detector switches to when a straggler appears (back to ``sync`` when it recovers):
     gba | async | ssp | hopbw."""
-    schedule: tuple[tuple[int, str], ...] = ()
-    """Experiments: ``((global step, to mode), ...)``, steps >= 1 and increasing; when given it replaces the
-    detector (the detector still measures, its verdicts are not applied)."""
+    schedule: tuple[SwitchAt, ...] = ()
+    """Experiments: ``[{step, to}, ...]`` (``SwitchAt``; a ``(step, to)`` pair is taken too), steps >= 1 and
+    increasing; when given it replaces the detector (the detector still measures, its verdicts are not applied)."""
     window: int = 2
     """Detector window, in global steps of applied samples (>= 1)."""
     k_on: float = 2.0
@@ -57,6 +77,11 @@ class Switching:
     """Consecutive windows beyond a threshold before a switch (>= 1; m in the rule)."""
     history: int = 3
     """Step times per worker in the median x_w (>= 1)."""
+
+    def __post_init__(self):
+        pairs = tuple(SwitchAt(*x) if not isinstance(x, SwitchAt) and isinstance(x, (tuple, list)) and len(x) == 2 else x
+                      for x in self.schedule)
+        object.__setattr__(self, "schedule", pairs)
 
     def check(self) -> None:
         """Raises GBAConfigError naming the field: unknown target or schedule mode, a schedule whose

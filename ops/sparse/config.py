@@ -15,8 +15,9 @@ class TrainConfig:
     dropout: float = 0.2
     """Dropout probability after each hidden layer of the MLP, in [0, 1) (``ctr_model`` checks it; a GBA
     run does not)."""
-    epochs: int = 3
-    """Passes over the train split (ctr_model: >= 1; a GBA run: > 0, counted in applied samples)."""
+    epochs: float = 3
+    """Passes over the train split (ctr_model: a whole number >= 1; a GBA run: > 0, counted in applied
+    samples, so 0.25 is a quarter of the split)."""
     batch_size: int = 256
     """Samples per optimizer step (>= 1); in a GBA run the global batch G."""
     sparse_lr: float = 0.01
@@ -74,6 +75,8 @@ class CTRModelParams(TrainConfig):
         for name in ("dim", "epochs", "batch_size", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ctr_model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.epochs != int(self.epochs):
+            raise ValueError(f"ctr_model.epochs must be a whole number of passes, got {self.epochs}")
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"ctr_model.hidden widths must be >= 1, got {list(self.hidden)}")
         if not 0.0 <= self.dropout < 1.0:

@@ -141,7 +141,7 @@ def _train_ctr(events: pl.DataFrame, cfg: TrainConfig, log, feature_kw: dict | N
     model = CTRModel(fields, cfg, feature_kw=feature_kw)
     g = torch.Generator().manual_seed(cfg.seed)
     t0, losses, n_seen = time.perf_counter(), [], 0
-    for epoch in range(cfg.epochs):
+    for epoch in range(int(cfg.epochs)):
         perm = torch.randperm(train.height, generator=g)
         for i in range(0, train.height, cfg.batch_size):
             idx = perm[i:i + cfg.batch_size]

@@ -13,13 +13,14 @@ import pytest
 from assets import gba, recsys
 from ops.gba.checkpoint import CRASH_ENV
 from assets._config import MIRRORS
-from ops.gba.config import GLOBAL_BATCH, LOCAL_BATCH, MODES, RunConfig
+from ops.gba.config import GLOBAL_BATCH, JOB, LOCAL_BATCH, MODES, RunSpec
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 from resources.retry import RetryingComputeResource
 from tests.conftest import materialize_logged
 
-TINY = {"epochs": 0.1, "eval_every": 4, "checkpoint_every": 4, "straggler": "persistent", "run_timeout_s": 120.0}
+TINY = {"train": {"epochs": 0.1}, "cluster": {"eval_every": 4, "checkpoint_every": 4, "run_timeout_s": 120.0},
+        "trace": {"kind": "persistent"}}
 
 
 def test_every_partition_gets_the_same_hyper_parameters_from_one_run_config():
@@ -27,14 +28,38 @@ def test_every_partition_gets_the_same_hyper_parameters_from_one_run_config():
     specs = {m: cfg.spec(m, workers=2) for m in MODES}
     assert all(dataclasses.replace(s, mode="gba") == specs["gba"] for s in specs.values())
     assert gba.gba_run.partitions_def.get_partition_keys() == list(MODES)
-    # one source: the Launchpad config is ops.gba.config.RunConfig, defaults included; switch_at is
-    # declared by the asset only to type its entries (SwitchAt), its default is RunConfig's
-    assert MIRRORS[gba.GBARunConfig] == (RunConfig, frozenset({"switch_at"}))
-    assert gba.GBARunConfig().switch_at == RunConfig().switch_at == []
-    assert cfg.spec("gba", workers=2) == RunConfig(**TINY).spec("gba", workers=2)
+    # one source: the Launchpad config mirrors ops.gba.config.RunSpec, nested as it is, defaults JOB's;
+    # cluster.workers is the one field shown differently (unset = the launcher's process count)
+    assert MIRRORS[gba.GBARunConfig] == (RunSpec, frozenset({"cluster.workers"}))
     default = gba.GBARunConfig().spec("gba", workers=2)
+    assert default == dataclasses.replace(JOB, mode="gba", cluster=dataclasses.replace(JOB.cluster, workers=2))
     assert (default.global_batch, default.local_batch) == (GLOBAL_BATCH, LOCAL_BATCH) == (512, 256)
-    assert gba.GBARunConfig(workers=3).spec("gba", workers=2).cluster.workers == 3     # the config wins
+    assert default.trace.kind == "persistent" and specs["gba"].train.epochs == 0.1
+    assert specs["gba"].cluster.eval_every == 4 and specs["gba"].train.batch_size == GLOBAL_BATCH  # unset nested fields keep JOB's
+    assert gba.GBARunConfig(cluster={"workers": 3}).spec("gba", workers=2).cluster.workers == 3     # the config wins
+    # the spec JSON the launch writes is read back as the same spec (one way: JsonSpec)
+    assert RunSpec.from_json(specs["auto"].to_json()) == specs["auto"]
+
+
+def test_an_error_names_the_launchpad_path_the_user_set():
+    """Issue 41 item 1: a user who sets policy.decay.threshold reads policy.decay.threshold in the error;
+    a bad switch schedule entry is named by its index under switching.schedule."""
+    from ops.gba.errors import GBAConfigError
+
+    with pytest.raises(GBAConfigError, match=r"^policy\.decay\.threshold must be >= 0, got -1$"):
+        gba.GBARunConfig(policy={"decay": {"threshold": -1}}).spec("gba", workers=2)
+    with pytest.raises(GBAConfigError, match=r"^cluster\.run_timeout_s must be > 0"):
+        gba.GBARunConfig(cluster={"run_timeout_s": 0.0}).spec("sync", workers=2)
+    bad = gba.GBARunConfig(switching={"schedule": [{"step": 4, "to": "gba"}, {"step": 3, "to": "sync"}]})
+    with pytest.raises(GBAConfigError, match=r"switching\.schedule\[1\]\.step must be an integer global step > 4"):
+        bad.spec("auto", workers=2)
+    ok = gba.GBARunConfig(switching={"schedule": [{"step": 4, "to": "gba"}]}).spec("auto", workers=2)
+    assert [tuple(s) for s in ok.switching.schedule] == [(4, "gba")]
+    # the Launchpad schema is nested and carries the ops docstrings
+    fields = gba.gba_run.op.config_schema.config_type.fields
+    assert fields["policy"].config_type.fields["decay"].config_type.fields["threshold"].default_value == 1
+    assert fields["train"].config_type.fields["batch_size"].default_value == GLOBAL_BATCH
+    assert "mode" not in fields and "events_path" not in fields
 
 
 def test_gba_run_partitions_materialize_compare_and_a_killed_sync_launch_resumes_on_retry(tmp_path, monkeypatch):
@@ -77,8 +102,10 @@ def test_gba_run_partitions_materialize_compare_and_a_killed_sync_launch_resumes
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"global_batch": 500}, "train.batch_size (global batch 500) must be a multiple of local_batch (256)"),
-    ({"workers": 0}, "cluster.workers must be >= 1"),
+    # the path the user sets is the path the error names (issue 41 item 1)
+    ({"train": {"batch_size": 500}}, "train.batch_size (global batch 500) must be a multiple of local_batch (256)"),
+    ({"cluster": {"workers": 0}}, "cluster.workers must be >= 1"),
+    ({"policy": {"decay": {"rate": 1.5}}}, "policy.decay.rate must be in [0, 1], got 1.5"),
 ])
 def test_gba_run_rejects_a_bad_config_with_an_error_naming_the_field(tmp_path, bad, message):
     lake = LakeResource(root=str(tmp_path))

@@ -105,7 +105,7 @@ def test_gba_run_failed_step_leaves_the_committed_partition_byte_identical(tmp_p
     before = _lake_digest(tmp_path / "gba_run")
     assert "gba/result.json" in before and not (tmp_path / "gba_run" / "cache").exists()
     calls = _fail_once(monkeypatch, gba, "summarize")
-    r = _materialize([gba.gba_run], res, {"gba_run": {"config": {**TINY, "seed": 7}}}, partition_key="gba")
+    r = _materialize([gba.gba_run], res, {"gba_run": {"config": {**TINY, "train": {**TINY["train"], "seed": 7}}}}, partition_key="gba")
     assert not r.success and calls == [1]
     assert _lake_digest(tmp_path / "gba_run") == before
 

@@ -228,9 +228,9 @@ def test_sync_launch_check_rejects_the_silent_single_process_cpu_launch():
 def test_a_launched_process_checks_its_spec_file_naming_the_file_and_the_field(entry, tmp_path):
     import importlib
 
-    from ops.gba.config import RunConfig
+    from ops.gba.config import JOB
 
-    spec = RunConfig().spec("gba" if entry.endswith("ps") else "sync", workers=2)
+    spec = JOB.with_mode("gba" if entry.endswith("ps") else "sync").validate()
     bad = tmp_path / "spec.json"
     bad.write_text(spec.to_json().replace('"workers": 2', '"workers": 0'))
     with pytest.raises(ValueError, match=r"spec.json: cluster.workers must be >= 1"):

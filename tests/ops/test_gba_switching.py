@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ops.gba.config import Cluster, GBAConfigError, RunConfig, RunSpec, validate
+from ops.gba.config import Cluster, GBAConfigError, RunSpec, validate
 from ops.gba.control import Control, Wait
 from ops.gba.data import load
 from ops.gba.model import TableShard
@@ -199,8 +199,9 @@ def test_auto_run_with_an_injected_straggler_records_the_switch(ctr_events_file,
     """A real launch: 2 PS processes (tables sharded), 2 workers, worker1 computing each local batch
     6 times; the detector moves the run from sync to GBA and the result records it."""
     events_path, cache = ctr_events_file
-    spec = RunConfig(epochs=0.25, eval_every=8, checkpoint_every=0, num_ps=2, slowdown=6.0, detector_patience=2,
-                     run_timeout_s=150.0).spec("auto", workers=2, events_path=events_path, data_cache=cache)
+    spec = RunSpec(mode="auto", train=TrainConfig(batch_size=G, epochs=0.25), events_path=events_path, data_cache=cache,
+                   cluster=Cluster(workers=2, eval_every=8, checkpoint_every=0, num_ps=2, run_timeout_s=150.0),
+                   trace=StragglerTrace(kind="persistent", slowdown=6.0), switching=Switching(patience=2)).validate()
     (tmp_path / "spec.json").write_text(spec.to_json())
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "ops.gba.launch_ps", "--spec", str(tmp_path / "spec.json"), "--out", str(out)],
