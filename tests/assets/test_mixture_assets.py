@@ -277,6 +277,10 @@ def test_a_range_run_gives_every_partition_its_own_data_version(tmp_path):
     parents = {r["partition"]: r["data_version"] for r in rows if r["asset"] == "cpt_base_models"}
     assert parents and all(parents[k] == v[k] for k in parents)
 
+    # the bases are an asset keyed by their config (issue 39 item 7): an unchanged config reuses the committed
+    # bases, so the version (which hashes base.json and its training wall time) is unchanged; a changed one retrains
+    same = materialize(mixture.cpt_base_models, TINY_BASE, "xs", "xs")
+    assert same["xs"].metadata["partition_data_version"].value == v["xs"]
     again = materialize(mixture.cpt_base_models, {**TINY_BASE, "base_tokens": 1024}, "xs", "xs")
     assert again["xs"].metadata["partition_data_version"].value != v["xs"]
     assert again["xs"].tags["dagster/data_version"] == again["xs"].metadata["partition_data_version"].value
