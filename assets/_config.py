@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ops.docstrings import attribute_docs, describe_fields
-from ops.lm.spec import _dataclass_of, build
+from ops.lm.spec import build
 
 #: Config class -> (the ops dataclass it mirrors or None, the fields that are the asset's own; a
 #: dotted path names a nested field, ``cluster.workers``)

@@ -26,13 +26,11 @@ OWN = frozenset({"policy", "model_dir", "eval_size", "eval_every", "run_timeout_
 POLICIES = ("scratchpad", "smollm2", "tiny")
 
 
-@mirrors(PolicySpec, own=OWN)
-class PolicyRunConfig(fields_of(PolicySpec,
-        exclude=("tokenizer_dir", "model_dir", "threads", "tiny_hidden", "reward_timeout_s",
-                 "reward_retries", "engine_gpus", "trainer_gpus"))):
-    """The fields every RL run config has: which policy, the held-out evaluation and the launch's
-    limit (``OWN``), and the optimizer and sampling settings both drivers take from
-    ``ops.rl.runs.PolicySpec`` (each subclass's ``@mirrors`` checks them against its driver's spec)."""
+@mirrors(None, own=OWN)
+class PolicyChoice(dg.Config):
+    """The asset-only fields every RL run config has (``OWN``): which policy, the held-out evaluation
+    and the launch's limit. RollArc's config extends it with its nested spec (the optimizer and
+    sampling settings under ``roles``); RollPacker's with ``PolicyRunConfig``'s flat ones."""
 
     policy: str = "scratchpad"
     """``scratchpad`` (the ``rl_policy`` warm start on the scratchpad task, docs/rl_policy.md),
@@ -82,6 +80,14 @@ class PolicyRunConfig(fields_of(PolicySpec,
     def driver_fields(self) -> dict:
         """The values of the fields the driver's config dataclass holds (every field but ``OWN``)."""
         return self.model_dump(exclude=set(OWN))
+
+
+@mirrors(PolicySpec, own=OWN)
+class PolicyRunConfig(fields_of(PolicySpec,
+        exclude=("tokenizer_dir", "model_dir", "threads", "tiny_hidden", "reward_timeout_s",
+                 "reward_retries", "engine_gpus", "trainer_gpus"), base=PolicyChoice)):
+    """``PolicyChoice`` and the optimizer and sampling settings of ``ops.rl.runs.PolicySpec``, flat
+    (RollPacker's driver spec is flat; its subclass's ``@mirrors`` checks them against that spec)."""
 
 
 def rl_policy_dir(lake: LakeResource, config: "PolicyRunConfig", asset: str) -> Path:

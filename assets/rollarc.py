@@ -27,7 +27,6 @@ the first step. The folder is removed once the asset is materialized; a launch t
 whose step failed later is not rerun (its result is reused).
 """
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -35,43 +34,46 @@ import dagster as dg
 import polars as pl
 
 from ops import lake as lakeio
-from ops.rl.rollarc.driver import RunConfig, RunSpec, RunState, fingerprint, tool_math_rows
+from ops.rl.rollarc.driver import RunSpec, RunState, fingerprint, tool_math_rows
 from ops.rl.rollarc.report import staleness_plot, step_rows, summary_rows, utilisation_rows
 from ops.rl.rollarc.sandbox import describe as describe_sandbox
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import fields_of, mirrors
+from ._config import fields_of, mirrors, to_spec
 from ._meta import image, md_table, table_result
-from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
+from ._rl import (ASSET, OWN, PolicyChoice, launch_driver, learning_metadata, problems_table, rl_policy_dir,
                   ray_address, role_gpus, run_figures, run_metadata)
 
 
-@mirrors(RunConfig, own=OWN)
-class RollArcRunConfig(fields_of(RunConfig, base=PolicyRunConfig)):
+SET_BY_ASSET = ("problems_path", "task", "task_seed", "ray_address", "roles.tokenizer_dir", "roles.model_dir",
+                "roles.engine_gpus", "roles.trainer_gpus")
+"""RunSpec fields the Launchpad does not offer: the asset sets them from the policy choice, the lake,
+the compute resource (Ray address, GPUs per role)."""
+
+
+@mirrors(RunSpec, own=OWN)
+class RollArcRunConfig(fields_of(RunSpec, exclude=SET_BY_ASSET, base=PolicyChoice)):
     """A few optimizer steps of each method on a small batch (the embedded default adds < 3 minutes;
-    the ``full`` preset is production-sized): the Launchpad face of ``ops.rl.rollarc.driver.RunConfig``
-    (defaults from ``core.ArcConfig``, ``ray_roles.RoleSpec`` and the driver's ``RunSpec``)."""
+    the ``full`` preset is production-sized): the Launchpad face of ``ops.rl.rollarc.spec.RunSpec``,
+    nested as it is (``arc``: the scheduler, ``core.ArcConfig``; ``roles``: the policy, engines,
+    routing, env latency, reward pool and GRPO loss, ``roles_common.RoleSpec``); defaults and checks
+    there, and an error names the path set here (``arc.async_ratio``)."""
 
 
 def spec_from(config: RollArcRunConfig, problems: Optional[Path], ray_address: Optional[str],
               rl_policy: str | Path = "", gpus: Optional[dict] = None) -> RunSpec:
-    """The driver's RunSpec, validated (the asset's one check; ``RunConfig.spec``): the scratchpad
-    task on the ``rl_policy`` folder (no injected env latency unless ``env_latency`` is set: the
-    checker's latency is its real work), or the curated ``problems`` with SmolLM2 / the tiny policy.
+    """The driver's RunSpec, validated (the asset's one check; ``_config.to_spec``): the scratchpad
+    task on the ``rl_policy`` folder (no injected env latency unless ``roles.env_latency`` is set, and
+    then it is refused: the checker's latency is its real work), or the curated ``problems`` with SmolLM2 / the tiny policy.
     ``gpus``: ``engine_gpus`` / ``trainer_gpus`` of the roles from the compute resource
-    (``_rl.role_gpus``). Raises ValueError naming the field."""
+    (``_rl.role_gpus``). Raises ValueError naming the field by its Launchpad path."""
     tokenizer_dir, model_dir = config.policy_dirs("rollarc_run", rl_policy)
-    spec = RunConfig(**config.driver_fields()).spec(str(problems or ""), tokenizer_dir, model_dir, ray_address)
-    if gpus:
-        spec = replace(spec, roles={**spec.roles, **gpus}).validate()
-    task = config.task_fields("rollarc_run")
-    if not task:
-        return spec
-    roles = dict(spec.roles)
-    if "env_latency" not in config.model_fields_set:
-        roles["env_latency"] = "none"
-    return replace(spec, roles=roles, **task).validate()
+    fill = {"problems_path": str(problems or ""), "ray_address": ray_address,
+            "roles.tokenizer_dir": tokenizer_dir, "roles.model_dir": model_dir,
+            **{f"roles.{k}": v for k, v in (gpus or {}).items()}}
+    fill.update(config.task_fields("rollarc_run"))    # an unset roles.env_latency is the task's (RunSpec)
+    return to_spec(config, **fill)
 
 
 @dg.asset(**ASSET)

@@ -176,8 +176,9 @@ def run_benchmark(problems_path: str, tokenizer_dir: str, model_dir: str | None,
     out: dict = {"settings": {"arc": asdict(ArcConfig(**arc)), "roles": roles, "policy": model_dir or "tiny random Llama",
                               "seed": seed}}
     for kind in kinds:
-        spec = RunSpec(problems_path=problems_path, tokenizer_dir=tokenizer_dir, model_dir=model_dir, seed=seed,
-                       arc=dict(arc), roles={**roles, "env_latency": kind}).validate()
+        spec = RunSpec.from_dict({"problems_path": problems_path, "arc": dict(arc),
+                                  "roles": {**roles, "tokenizer_dir": tokenizer_dir, "model_dir": model_dir,
+                                            "seed": seed, "env_latency": kind}})
         r = run(spec, _LocalPipes(0))
         out[kind] = {"summary": summary_rows(r), "utilisation": utilisation_rows(r), "speedup_e2e": r.get("speedup_e2e"),
                      "speedup_trajectories_per_s": r.get("speedup_trajectories_per_s"), "ray_init_s": r["ray_init_s"]}

@@ -36,8 +36,9 @@ PROD_SIZES: dict[str, dict[str, Any]] = {
     "rl_policy": {"max_steps": 4000, "batch_problems": 64, "timeout_s": 172_800.0},
     "rollpacker_run": {"steps": 200, "prompts_per_step": 128, "responses_per_prompt": 16, "max_new_tokens": 4096,
                        "timeout_s": 3600.0, "run_timeout_s": 172_800.0},
-    "rollarc_run": {"steps": 200, "groups_per_step": 32, "group_size": 8, "redundancy": 2, "max_turns": 10,
-                    "max_new_tokens": 2048, "max_prompt_tokens": 32_768, "engines_compute": 4, "engines_bandwidth": 4, "reward_max_replicas": 16,
+    "rollarc_run": {"arc.steps": 200, "arc.groups_per_step": 32, "arc.group_size": 8, "arc.redundancy": 2, "arc.max_turns": 10,
+                    "roles.max_new_tokens": 2048, "roles.max_prompt_tokens": 32_768,
+                    "roles.engines": {"gpu_compute": 4, "gpu_bandwidth": 4}, "roles.reward_autoscaling.max_replicas": 16,
                     "run_timeout_s": 172_800.0},
     "cpt_base_models": {"base_tokens": 500_000_000, "seq_len": 1024, "global_batch": 256, "timeout_s": 172_800.0},
     "cpt_probe_runs": {"cpt_tokens": 268_435_456, "first_checkpoint": 4_194_304, "timeout_s": 172_800.0},
@@ -69,7 +70,7 @@ DEMO_SIZES: dict[str, dict[str, Any]] = {
     # the warm start stops at a lower pass rate (RL groups still carry signal: at p = 0.1, R = 4 a
     # third of the groups are mixed; docs/rl_policy.md) and evaluates on fewer problems
     "rl_policy": {"max_steps": 100, "target_pass_rate": 0.1, "eval_size": 64, "final_eval_size": 64},
-    "rollarc_run": {"steps": 2},
+    "rollarc_run": {"arc.steps": 2},
     # two base initialisations / probe seeds instead of four: the seed noise is still measured
     "cpt_base_models": {"inits": [0, 1]},
     "cpt_probe_runs": {"seeds": [0, 1]},

@@ -90,8 +90,8 @@ def test_the_scratchpad_policy_selects_the_scratchpad_task_and_its_evaluation():
     assert (arc.task, arc.problems_path, arc.tokenizer_dir, arc.model_dir) == ("scratchpad", "", "/lake/rl_policy/policy",
                                                                              "/lake/rl_policy/policy")
     assert (arc.eval_size, arc.eval_every) == (8, 1) and arc.role_spec.env_latency == "none"
-    with pytest.raises(ValueError, match="rollarc.env_latency"):            # an explicit injected latency is refused
-        rollarc.spec_from(rollarc.RollArcRunConfig(env_latency="heavy"), None, None, "pol")
+    with pytest.raises(ValueError, match="roles.env_latency"):              # an explicit injected latency is refused
+        rollarc.spec_from(rollarc.RollArcRunConfig(roles={"env_latency": "heavy"}), None, None, "pol")
     curated = rollarc.spec_from(rollarc.RollArcRunConfig(policy="tiny", model_dir="tok"), "p.parquet", None)
     assert (curated.task, curated.eval_size, curated.problems_path) == ("curated", 0, "p.parquet")
     pk = rollpacker.spec_from(rollpacker.RollPackerRunConfig(eval_size=8), None, None, "/lake/rl_policy/policy")

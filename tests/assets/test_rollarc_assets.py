@@ -19,9 +19,9 @@ from resources.lake import LakeResource
 from resources.retry import RetryingComputeResource
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct"
-TINY = {"policy": "tiny", "model_dir": str(MODEL_DIR), "steps": 3, "groups_per_step": 2, "group_size": 2,
-        "redundancy": 1, "async_ratio": 1, "max_turns": 2, "max_new_tokens": 16, "env_latency": "medium",
-        "env_latency_mean_s": 0.2, "checkpoint_every": 1, "run_timeout_s": 400.0}
+TINY = {"policy": "tiny", "model_dir": str(MODEL_DIR), "checkpoint_every": 1, "run_timeout_s": 400.0,
+        "arc": {"steps": 3, "groups_per_step": 2, "group_size": 2, "redundancy": 1, "async_ratio": 1, "max_turns": 2},
+        "roles": {"max_new_tokens": 16, "env_latency": "medium", "env_latency_mean_s": 0.2}}
 
 
 def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_driver_resumes_on_retry(
@@ -76,28 +76,31 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_d
 
 def test_rollarc_config_errors_name_the_field(tmp_path):
     problems = tmp_path / "p.parquet"
-    with pytest.raises(ValueError, match="rollarc.async_ratio"):
-        rollarc.spec_from(rollarc.RollArcRunConfig(async_ratio=-1), problems, None)
-    with pytest.raises(ValueError, match="rollarc.route_policy"):
-        rollarc.spec_from(rollarc.RollArcRunConfig(route_policy="random"), problems, None)
-    with pytest.raises(ValueError, match="rollarc.env_latency"):
-        rollarc.spec_from(rollarc.RollArcRunConfig(env_latency="huge"), problems, None)
-    with pytest.raises(ValueError, match="rollarc.envs"):
+    # the path the user sets in the Launchpad is the path the error names (issue 41 item 1)
+    with pytest.raises(ValueError, match=r"^arc\.async_ratio is out of range: -1"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(arc={"async_ratio": -1}), problems, None)
+    with pytest.raises(ValueError, match=r"^roles\.route_policy must be"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(roles={"route_policy": "random"}), problems, None)
+    with pytest.raises(ValueError, match=r"^roles\.env_latency must be"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(roles={"env_latency": "huge"}), problems, None)
+    with pytest.raises(ValueError, match=r"^envs must be"):
         rollarc.spec_from(rollarc.RollArcRunConfig(envs=["chess"]), problems, None)
-    with pytest.raises(ValueError, match=r"rollarc.top_p must be in \(0, 1\]"):
-        rollarc.spec_from(rollarc.RollArcRunConfig(top_p=0.0), problems, None)
-    with pytest.raises(ValueError, match="rollarc.temperature must be > 0"):
-        rollarc.spec_from(rollarc.RollArcRunConfig(temperature=-1.0), problems, None)
-    spec = rollarc.spec_from(rollarc.RollArcRunConfig(top_k=8, top_p=0.95, temperature=0.8), problems, None)
+    with pytest.raises(ValueError, match=r"^roles\.top_p must be in \(0, 1\]"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(roles={"top_p": 0.0}), problems, None)
+    with pytest.raises(ValueError, match=r"^roles\.temperature must be > 0"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(roles={"temperature": -1.0}), problems, None)
+    with pytest.raises(ValueError, match=r"^roles\.grpo\.clip_eps must be in \(0, 1\)"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(roles={"grpo": {"clip_eps": 1.5}}), problems, None)
+    spec = rollarc.spec_from(rollarc.RollArcRunConfig(roles={"top_k": 8, "top_p": 0.95, "temperature": 0.8}), problems, None)
     assert (spec.role_spec.top_k, spec.role_spec.top_p, spec.role_spec.temperature) == (8, 0.95, 0.8)
 
 
 def test_sizes_are_capped_and_an_unusable_problems_table_fails_before_any_launch(tmp_path):
     problems = tmp_path / "p.parquet"
-    with pytest.raises(ValueError, match="rollarc.group_size"):
-        rollarc.spec_from(rollarc.RollArcRunConfig(group_size=100_000), problems, None)
-    with pytest.raises(ValueError, match="rollarc.redundancy"):
-        rollarc.spec_from(rollarc.RollArcRunConfig(group_size=2, redundancy=5), problems, None)
+    with pytest.raises(ValueError, match="arc.group_size"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(arc={"group_size": 100_000}), problems, None)
+    with pytest.raises(ValueError, match="arc.redundancy"):
+        rollarc.spec_from(rollarc.RollArcRunConfig(arc={"group_size": 2, "redundancy": 5}), problems, None)
     assert_fails_without_a_numeric_problem(LakeResource(root=str(tmp_path)))
     assert not (tmp_path / "rollarc_run").exists()                        # no run folder, nothing launched
 
@@ -123,10 +126,25 @@ def test_the_run_config_has_one_source_the_scheduler_and_role_defaults():
     from assets._config import MIRRORS
     from assets._rl import OWN
     from ops.rl.rollarc.core import ArcConfig
-    from ops.rl.rollarc.driver import RunConfig
+    from ops.rl.rollarc.driver import RunSpec
     from ops.rl.rollarc.ray_roles import RoleSpec
 
-    assert MIRRORS[rollarc.RollArcRunConfig] == (RunConfig, OWN)
+    # the Launchpad config mirrors the driver's RunSpec itself, nested (no flat copy): arc and roles are
+    # nested Config classes with the ops defaults and docstrings
+    assert MIRRORS[rollarc.RollArcRunConfig] == (RunSpec, OWN)
     spec = rollarc.spec_from(rollarc.RollArcRunConfig(policy="tiny", model_dir="tok"), Path("p.parquet"), None)
-    assert spec.arc_config == ArcConfig() and spec.role_spec == RoleSpec(tokenizer_dir="tok")
+    assert spec.arc == ArcConfig() and spec.roles == RoleSpec(tokenizer_dir="tok", env_latency="heavy")  # curated: heavy
     assert (spec.model_dir, spec.seed, spec.checkpoint_every) == (None, 0, 2)
+    fields = rollarc.rollarc_run.op.config_schema.config_type.fields
+    assert fields["arc"].config_type.fields["async_ratio"].default_value == ArcConfig.async_ratio
+    assert fields["roles"].config_type.fields["grpo"].config_type.fields["agg"].default_value == "seq-mean-token-mean"
+    assert fields["arc"].config_type.fields["async_ratio"].description.startswith("Staleness bound")
+    assert "tokenizer_dir" not in fields["roles"].config_type.fields and "problems_path" not in fields
+    # a nested value set in a run config reaches the spec; the fields beside it keep their defaults
+    cfg = rollarc.RollArcRunConfig(policy="tiny", model_dir="tok", arc={"async_ratio": 2},
+                                   roles={"grpo": {"kl_coef": 0.1}, "engines": {"gpu_compute": 2, "gpu_bandwidth": 1}})
+    spec = rollarc.spec_from(cfg, Path("p.parquet"), None)
+    assert (spec.arc.async_ratio, spec.arc.steps, spec.roles.grpo.kl_coef, spec.roles.grpo.agg) == \
+        (2, ArcConfig.steps, 0.1, "seq-mean-token-mean")
+    assert spec.roles.engines == {"gpu_compute": 2, "gpu_bandwidth": 1}
+    assert RunSpec.from_json(spec.to_json()) == spec

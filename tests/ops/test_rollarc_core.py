@@ -217,9 +217,9 @@ def test_grpo_samples_carry_the_behaviour_logprobs():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="rollarc.async_ratio"):
+    with pytest.raises(ValueError, match="arc.async_ratio"):
         ArcConfig(async_ratio=-1)
-    with pytest.raises(ValueError, match="rollarc.group_size"):
+    with pytest.raises(ValueError, match="arc.group_size"):
         ArcConfig(group_size=0)
 
 

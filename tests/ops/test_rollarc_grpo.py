@@ -204,27 +204,31 @@ def test_stream_trainer_on_a_policy_equals_one_forward_per_trajectory():
 
 def test_trainer_spec_grpo_section_reaches_the_trainer(tmp_path):
     """Case rollarc-turn-weighting, configurable part: RollArc's trainer spec has a grpo section
-    (aggregation, scaling, clip, KL) from the flat RunConfig to the trainer actor; bad values fail at
-    validation naming the field."""
+    (aggregation, scaling, clip, KL: ``roles.grpo``, a typed GRPOConfig) to the trainer actor; bad values
+    fail when the spec is built, naming the field by its path."""
     from ops.rl import scratchpad as sp
     from ops.rl.ray_actors import _TrainerImpl
-    from ops.rl.rollarc.driver import RunConfig, RunSpec
+    from dataclasses import asdict
+
+    from ops.rl.rollarc.driver import RunSpec
 
     tok = tmp_path / "tok"
     sp.build_tokenizer(tok)
-    spec = RunConfig(methods=["monolithic"], grpo_agg="token-mean", grpo_scale="none", grpo_clip_eps=0.3,
-                     grpo_kl_coef=0.02).spec("", str(tok), None)
+
+    def spec_of(**grpo):
+        return RunSpec.from_dict({"methods": ["monolithic"], "roles": {"tokenizer_dir": str(tok), "grpo": grpo}})
+
+    spec = spec_of(agg="token-mean", scale="none", clip_eps=0.3, kl_coef=0.02)
     pol = spec.role_spec.policy()
-    assert pol["grpo"] == {"agg": "token-mean", "scale": "none", "clip_eps": 0.3, "kl_coef": 0.02}
+    assert pol["grpo"] == asdict(GRPOConfig(agg="token-mean", scale="none", clip_eps=0.3, kl_coef=0.02))
     tr = _TrainerImpl(pol).trainer
     assert (tr.cfg.agg, tr.cfg.scale, tr.cfg.clip_eps, tr.cfg.kl_coef) == ("token-mean", "none", 0.3, 0.02)
     assert tr.ref_model is not None and not any(p.requires_grad for p in tr.ref_model.parameters())
-    assert RunConfig(methods=["monolithic"]).spec("", str(tok), None).role_spec.grpo_config() == GRPOConfig()
-    with pytest.raises(ValueError, match="rollarc.roles.grpo.agg"):
-        RunConfig(methods=["monolithic"], grpo_agg="sum").spec("", str(tok), None)
-    with pytest.raises(ValueError, match="rollarc.roles.grpo.aggregation"):
-        RunSpec(problems_path="", tokenizer_dir=str(tok), methods=["monolithic"],
-                roles={"grpo": {"aggregation": "token-mean"}}).validate()
+    assert spec_of().role_spec.grpo_config() == GRPOConfig()
+    with pytest.raises(ValueError, match=r"^roles\.grpo\.agg must be one of"):
+        spec_of(agg="sum")
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['roles\.grpo\.aggregation'\]"):
+        spec_of(aggregation="token-mean")
     # the advantages follow the section's scaling: Dr. GRPO (none) centres only
     group, _ = _group(seed=1)
     a_std = grpo_samples([group], GRPOConfig())[0][0].advantage

@@ -13,6 +13,8 @@ import polars as pl
 import pytest
 
 from ops.rl.rollarc import driver
+from dataclasses import asdict
+
 from ops.rl.rollarc.driver import CRASH_ENV, RunSpec, RunState, crash_if_asked, fingerprint
 from tests.conftest import RecordingPipes
 
@@ -33,10 +35,11 @@ def make_spec(tmp_path, **kw) -> RunSpec:
     if not problems.exists():
         pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(8)], "problem": [f"What is {i} + {i}?" for i in range(8)],
                       "answer": [str(2 * i) for i in range(8)], "answer_type": ["numeric"] * 8}).write_parquet(problems)
-    args = dict(problems_path=str(problems), tokenizer_dir=str(MODEL_DIR), methods=["monolithic"],
+    args = dict(problems_path=str(problems), methods=["monolithic"],
                 arc={"steps": 3, "groups_per_step": 2, "group_size": 2, "redundancy": 0, "async_ratio": 0, "max_turns": 2},
-                roles={"max_new_tokens": 8, "env_latency": "none", "lr": 1e-2}, checkpoint_every=1)
-    return RunSpec(**{**args, **kw}).validate()
+                roles={"tokenizer_dir": str(MODEL_DIR), "max_new_tokens": 8, "env_latency": "none", "lr": 1e-2},
+                checkpoint_every=1)
+    return RunSpec.from_dict({**args, **kw})          # nested data -> the typed arc / roles, validated
 
 
 def test_an_interrupted_run_resumes_after_its_last_saved_step_to_the_uninterrupted_rows(tmp_path):
@@ -114,9 +117,9 @@ def test_crash_injection_fires_once_over_the_run(monkeypatch):
 def test_state_of_another_spec_is_ignored_and_the_fingerprint_ignores_timeouts(tmp_path):
     spec = make_spec(tmp_path)
     same = make_spec(tmp_path, num_cpus=8, ray_address="ray://x:10001", checkpoint_every=3,
-                     arc={**spec.arc, "turn_timeout_s": 99.0}, roles={**spec.roles, "llm_timeout_s": 5.0})
+                     arc={**asdict(spec.arc), "turn_timeout_s": 99.0}, roles={**asdict(spec.roles), "llm_timeout_s": 5.0})
     assert fingerprint(same) == fingerprint(spec)
-    other = make_spec(tmp_path, arc={**spec.arc, "steps": 5})
+    other = make_spec(tmp_path, arc={**asdict(spec.arc), "steps": 5})
     assert fingerprint(other) != fingerprint(spec)
     s = RunState(tmp_path / "out", fingerprint(spec))
     s.save_done("monolithic", {"steps": [{"step": 0}]})

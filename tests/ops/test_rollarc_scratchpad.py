@@ -105,10 +105,12 @@ def test_driver_scratchpad_run_reports_the_contract_fields(tmp_path):
 
     tok_dir = tmp_path / "tok"
     sp.build_tokenizer(tok_dir)                           # tiny random Llama on the char vocabulary
-    spec = RunSpec(problems_path="", tokenizer_dir=str(tok_dir), model_dir=None, task="scratchpad", task_seed=3,
-                   placement="local", methods=["monolithic", "async0", "rollarc_a1"], eval_size=8, check_work=1000,
-                   arc={"steps": 2, "groups_per_step": 1, "group_size": 2, "redundancy": 1, "max_turns": 3},
-                   roles={"max_new_tokens": 12, "max_prompt_tokens": 64, "lr": 1e-4}).validate()
+    spec = RunSpec.from_dict(dict(
+        problems_path="", task="scratchpad", task_seed=3,
+        placement="local", methods=["monolithic", "async0", "rollarc_a1"], eval_size=8, check_work=1000,
+        arc={"steps": 2, "groups_per_step": 1, "group_size": 2, "redundancy": 1, "max_turns": 3},
+        roles={"tokenizer_dir": str(tok_dir), "model_dir": None, "max_new_tokens": 12, "max_prompt_tokens": 64,
+               "lr": 1e-4, "env_latency": "none"}))
     t0 = time.monotonic()
     r = run(spec, _QuietPipes())
     assert time.monotonic() - t0 < 120
@@ -130,7 +132,7 @@ def test_driver_scratchpad_run_reports_the_contract_fields(tmp_path):
     assert {sp.split_of(a, n) for _, a, n in held} == {"heldout"} and len(held) == 8
     assert not {(a, n) for _, a, n in held} & {(t.spec["a"], t.spec["n"]) for t in load_tasks(spec)}
     assert set(r["speedup_vs_monolithic"]) == {"async0", "rollarc_a1"}
-    with pytest.raises(ValueError, match="rollarc.env_latency"):
-        RunSpec(problems_path="", tokenizer_dir=str(tok_dir), task="scratchpad", roles={"env_latency": "heavy"}).validate()
-    with pytest.raises(ValueError, match="rollarc.placement"):
-        RunSpec(problems_path="", tokenizer_dir=str(tok_dir), task="scratchpad", placement="x").validate()
+    with pytest.raises(ValueError, match="roles.env_latency must be 'none' for task 'scratchpad'"):
+        RunSpec.from_dict({"task": "scratchpad", "roles": {"tokenizer_dir": str(tok_dir), "env_latency": "heavy"}})
+    with pytest.raises(ValueError, match="^placement must be one of"):
+        RunSpec.from_dict({"task": "scratchpad", "placement": "x", "roles": {"tokenizer_dir": str(tok_dir), "env_latency": "none"}})

@@ -275,13 +275,13 @@ def test_a_bwrap_that_cannot_create_namespaces_is_refused_not_bypassed(monkeypat
 
 
 def test_role_spec_validates_the_mode_and_the_run_config_passes_it():
-    from ops.rl.rollarc.driver import RunConfig
+    from ops.rl.rollarc.driver import RunSpec
     from ops.rl.rollarc.ray_roles import RoleSpec
 
-    assert RoleSpec(tokenizer_dir="t").sandbox == "bwrap" == RunConfig.sandbox
+    assert RoleSpec(tokenizer_dir="t").sandbox == "bwrap" == RunSpec().roles.sandbox
     with pytest.raises(ValueError, match="sandbox must be one of"):
         RoleSpec(tokenizer_dir="t", sandbox="off")
-    assert RunConfig(sandbox="rlimits").spec("", "tok", None).role_spec.sandbox == "rlimits"
+    assert RunSpec.from_dict({"roles": {"tokenizer_dir": "tok", "sandbox": "rlimits"}}).role_spec.sandbox == "rlimits"
 
 
 def test_bwrap_works_inside_a_ray_actor(kernel):

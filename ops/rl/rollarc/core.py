@@ -102,7 +102,7 @@ class ArcConfig:
                   ("steps", self.steps <= 1_000_000))
         for name, ok in checks:
             if not ok:
-                raise ValueError(f"rollarc.{name} is out of range: {getattr(self, name)}")
+                raise ValueError(f"arc.{name} is out of range: {getattr(self, name)}")
 
 
 class Roles(Protocol):

@@ -5,7 +5,7 @@ per step and returns the result, which ``worker_main`` writes as ``result.json``
 
     python -m ops.rl.rollarc.driver --spec spec.json --out DIR [--fingerprint FP]
 
-The spec (``RunSpec``, the Launchpad's flat ``RunConfig``, ``fingerprint``, ``load_spec``) lives in
+The spec (``RunSpec``, typed and nested: ``arc``, ``roles``; ``fingerprint``, ``load_spec``) lives in
 ``ops.rl.rollarc.spec`` (re-exported here); the real-engine benchmark over env latencies
 (``run_benchmark``) in ``benchmarks/rollarc_bench.py``.
 
@@ -50,7 +50,7 @@ from typing import Callable, Optional
 from ops.launch import DriverState
 from ops.rl.runs import read_problems, resume_state
 
-from .spec import (DEFAULT_METHODS, ENVS, METHODS, PLACEMENTS, TASKS, RunConfig, RunSpec,  # noqa: F401 (re-exported)
+from .spec import (DEFAULT_METHODS, ENVS, METHODS, PLACEMENTS, TASKS, RunSpec,  # noqa: F401 (re-exported)
                    fingerprint, load_spec)
 
 CRASH_ENV = "CRUCIBLE_ROLLARC_CRASH_AFTER_STEPS"
@@ -325,7 +325,7 @@ def init_ray(spec: RunSpec) -> None:
 
     rs = spec.role_spec
     start_ray(spec.ray_address, spec.num_cpus, rs.threads,
-              resources=pool_resources(rs.engines, rs.env_workers, rs.reward_autoscaling["max_replicas"]))
+              resources=pool_resources(rs.engines, rs.env_workers, rs.reward_autoscaling.max_replicas))
 
 
 def run(spec: RunSpec, pipes, state: Optional[RunState] = None,
@@ -401,7 +401,7 @@ def budget(spec: RunSpec) -> str:
     if spec.placement == "ray":
         return (f"every method: Ray actors — {n_eng} engines ({rs.engines}, {rs.threads} torch threads each), one "
                 f"trainer actor ({rs.trainer_threads} threads) on gpu_compute, {rs.env_workers} env worker(s), reward "
-                f"pool {rs.reward_autoscaling['min_replicas']}-{rs.reward_autoscaling['max_replicas']} replicas; "
+                f"pool {rs.reward_autoscaling.min_replicas}-{rs.reward_autoscaling.max_replicas} replicas; "
                 f"Ray CPUs {spec.num_cpus}")
     return (f"split: monolithic colocated in one process (one engine, in-process trainer); the others on Ray "
             f"({n_eng} engines, trainer actor, {rs.env_workers} env worker(s), reward pool) — not an equal budget")

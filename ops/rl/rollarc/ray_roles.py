@@ -37,6 +37,8 @@ import threading
 import time
 from dataclasses import asdict
 
+from ops.lm.spec import build
+
 from .roles_common import (REWARD_AUTOSCALING, TRAIN_METRICS, BusyClock, RoleSpec, encode,  # noqa: F401 (re-exported)
                            env_latency_for, has_chat_template, render_plain, reward_request, routed_llm, stop_strings,
                            weight_sync_totals)
@@ -130,7 +132,7 @@ class EnvWorker:
     def __init__(self, spec: dict):
         from .sandbox import require
 
-        self.spec = RoleSpec(**spec)
+        self.spec = build(RoleSpec, spec, "roles")     # asdict(RoleSpec) back to the typed spec
         require(self.spec.sandbox)             # no bubblewrap on this node: the actor refuses to start
         self.sessions: dict = {}
         self.lock = threading.Lock()
@@ -213,7 +215,7 @@ class RayRoles:
         self.trainer = ray.remote(_TrainerImpl).options(num_cpus=0, num_gpus=s.trainer_gpus, resources={"gpu_compute": 1}).remote(
             {**pol, "threads": s.trainer_threads})
         self.reward_pool = RewardPool(name="rollarc_reward", timeout_s=s.reward_timeout_s, max_retries=s.reward_retries,
-                                 backoff_s=0.2).start(autoscaling=s.reward_autoscaling)
+                                 backoff_s=0.2).start(autoscaling=asdict(s.reward_autoscaling))
         handles = [e for es in self.engines.values() for e in es]
         ray.get([e.stats.remote() for e in handles] + [w.stats.remote() for w in self.env_workers] +
                 [self.trainer.reset.remote()], timeout=self.rpc_timeout_s)

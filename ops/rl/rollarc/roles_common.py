@@ -11,31 +11,57 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Optional
 
+from ops.rl.grpo import GRPOConfig
 from ops.rl.runs import PolicySpec
 
 from .types import Segment, Trajectory
 
 
-REWARD_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1.0, "upscale_delay_s": 0.5,
-                      "downscale_delay_s": 5.0, "look_back_period_s": 1.0, "metrics_interval_s": 0.25}
-"""The reward pool's Serve autoscaling in a RollArc run: one to two replicas, scaling within seconds (a run's
-steps last seconds to minutes, so Serve's slower production defaults would never scale within one)."""
+@dataclass
+class RewardAutoscaling:
+    """Ray Serve ``autoscaling_config`` of the elastic reward pool in a RollArc run (the fields of
+    ``ray.serve.config.AutoscalingConfig`` it sets; Serve's own model checks them when the pool starts,
+    ``reward_pool.autoscaling_config``): one to two replicas, scaling within seconds (a run's steps last
+    seconds to minutes, so Serve's slower production defaults would never scale within one)."""
+
+    min_replicas: int = 1
+    """Fewest replicas of the reward pool (>= 0)."""
+    max_replicas: int = 2
+    """Most replicas of the reward pool (>= min_replicas)."""
+    target_ongoing_requests: float = 1.0
+    """Requests in flight per replica Serve aims at (> 0)."""
+    upscale_delay_s: float = 0.5
+    """How long the load must stay above target before Serve adds a replica (s)."""
+    downscale_delay_s: float = 5.0
+    """How long the load must stay below target before Serve removes a replica (s)."""
+    look_back_period_s: float = 1.0
+    """Window of the load average Serve decides on (s)."""
+    metrics_interval_s: float = 0.25
+    """How often replicas report their load (s)."""
+
+
+REWARD_AUTOSCALING = asdict(RewardAutoscaling())
+"""``RewardAutoscaling``'s defaults as Serve's dict."""
 
 TRAIN_METRICS = ("loss", "grad_norm", "clip_fraction", "kl", "tokens", "masked_tokens")
 """The trainer's step metrics (``StreamTrainer.step``) a RollArc step row keeps; ``masked_tokens`` counts the
 tokens whose log-ratio was beyond ``grpo.log_ratio_bound`` (masked out of the loss, ``ops.rl.grpo``)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RoleSpec(PolicySpec):
-    """What the roles need (JSON-serialisable; part of the driver's RunSpec): the policy
+    """What the roles need (JSON-serialisable; the ``roles`` part of the driver's RunSpec): the policy
     (``ops.rl.runs.PolicySpec``: tokenizer_dir, model_dir (None = the tiny random policy), lr,
     temperature, seed, tiny_hidden, threads of each engine actor, reward_timeout_s and
-    reward_retries of one reward request) and the placement and sizes below."""
+    reward_retries of one reward request) and the placement and sizes below. Its parts are typed:
+    ``grpo`` a ``GRPOConfig``, ``reward_autoscaling`` a ``RewardAutoscaling``."""
 
-    engines: dict = field(default_factory=lambda: {"gpu_compute": 1, "gpu_bandwidth": 1})
+    tokenizer_dir: str = ""
+    """Hugging Face directory of the tokenizer (and chat template); the asset sets it from the policy."""
+    engines: dict[str, int] = field(default_factory=lambda: {"gpu_compute": 1, "gpu_bandwidth": 1})
     """Engine actors per pool ({``gpu_compute``: n, ``gpu_bandwidth``: n}; >= 1 engine in all)."""
     route_policy: str = "affinity"
     """``affinity`` (prefill-heavy requests to gpu_compute, the rest to gpu_bandwidth) | ``uniform``
@@ -60,49 +86,41 @@ class RoleSpec(PolicySpec):
     """Environment actors on ``cpu_env`` (at least 1 is started)."""
     env_concurrency: int = 64
     """Environment sessions (trajectories) each environment actor serves at once (``max_concurrency``)."""
-    env_latency: str = "heavy"
-    """Injected per-step env latency kind (``envs.EnvLatency``): none | low | medium | heavy (same mean)."""
+    env_latency: Optional[str] = None
+    """Injected per-step env latency kind (``envs.EnvLatency``): none | low | medium | heavy (same mean);
+    unset = the task's: ``none`` for the scratchpad task (the checker's latency is its real work),
+    ``heavy`` for the curated environments (``RunSpec`` resolves it; a RoleSpec alone: heavy)."""
     env_latency_mean_s: float = 1.0
     """Mean of the injected per-step env latency (s, >= 0)."""
     sandbox: str = "bwrap"
     """How the environments run model-generated code and checkers (``ops.rl.rollarc.sandbox.SANDBOX_MODES``):
     ``bwrap`` (kernel-enforced: bubblewrap namespaces, uid 65534, read-only interpreter; environments refuse to
     start where it is missing) or ``rlimits`` (the weaker process-only mode, only when asked for explicitly)."""
-    reward_autoscaling: dict = field(default_factory=dict)
-    """Ray Serve ``autoscaling_config`` of the elastic reward pool (keys of ``ray.serve.config.AutoscalingConfig``:
-    min_replicas, max_replicas, target_ongoing_requests, upscale_delay_s, ...) over ``REWARD_AUTOSCALING``;
-    Serve's own model checks it when the pool starts (``reward_pool.autoscaling_config``)."""
+    reward_autoscaling: RewardAutoscaling = field(default_factory=RewardAutoscaling)
+    """Ray Serve ``autoscaling_config`` of the elastic reward pool (``RewardAutoscaling``: min_replicas,
+    max_replicas, target_ongoing_requests, the delays); Serve's own model checks it when the pool starts
+    (``reward_pool.autoscaling_config``)."""
     trainer_threads: int = 2
     """Torch threads of the trainer actor on Ray (the heaviest role)."""
-    grpo: dict = field(default_factory=dict)
-    """The trainer's GRPO loss (``ops.rl.grpo.GRPOConfig`` fields over its defaults): ``scale`` (std | none),
-    ``agg`` (seq-mean-token-mean | seq-mean-token-sum | token-mean; a trajectory is one row whatever its
-    turns), ``clip_eps`` / ``clip_eps_high`` / ``clip_ratio_c`` (clip), ``kl_coef`` / ``kl_max`` (KL to the
-    initial policy), ``log_ratio_bound``, ``std_floor``, ``eps``. ``grpo_config`` builds and checks it."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """The trainer's GRPO loss (``ops.rl.grpo.GRPOConfig``): ``scale`` (std | none), ``agg``
+    (seq-mean-token-mean | seq-mean-token-sum | token-mean; a trajectory is one row whatever its turns),
+    ``clip_eps`` / ``clip_eps_high`` / ``clip_ratio_c`` (clip), ``kl_coef`` / ``kl_max`` (KL to the initial
+    policy), ``log_ratio_bound``, ``std_floor``, ``eps``; checked when built (``grpo.<field>``)."""
 
     def __post_init__(self):
         from .sandbox import check_mode
 
-        self.reward_autoscaling = {**REWARD_AUTOSCALING, **self.reward_autoscaling}
         check_mode(self.sandbox)
 
-    def grpo_config(self):
-        """The trainer's ``GRPOConfig``. Raises ValueError naming the field (``grpo.<field>``), also for
-        a key GRPOConfig does not have."""
-        from dataclasses import fields as dc_fields
-
-        from ops.rl.grpo import GRPOConfig
-
-        known = {f.name for f in dc_fields(GRPOConfig)}
-        unknown = sorted(set(self.grpo) - known)
-        if unknown:
-            raise ValueError(f"grpo.{unknown[0]} is not a GRPO setting (known: {sorted(known)})")
-        return GRPOConfig(**self.grpo)
+    def grpo_config(self) -> GRPOConfig:
+        """The trainer's ``GRPOConfig`` (``grpo``)."""
+        return self.grpo
 
     def policy(self) -> dict:
         """``PolicySpec.policy`` plus the trainer's ``grpo`` section (``_TrainerImpl`` builds its
         ``GRPOConfig`` from it)."""
-        return {**super().policy(), "grpo": dict(self.grpo)}
+        return {**super().policy(), "grpo": asdict(self.grpo)}
 
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -155,7 +173,7 @@ def env_latency_for(spec: RoleSpec, key: str):
     methods)."""
     from .envs import EnvLatency
 
-    return EnvLatency(spec.env_latency, spec.env_latency_mean_s, seed=spec.seed * 1_000_003 + zlib.crc32(key.encode()))
+    return EnvLatency(spec.env_latency or "heavy", spec.env_latency_mean_s, seed=spec.seed * 1_000_003 + zlib.crc32(key.encode()))
 
 
 async def routed_llm(roles, messages: list, turn: int, generate) -> Segment:

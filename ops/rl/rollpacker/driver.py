@@ -24,7 +24,6 @@ ignored. A finished launch removes its state (``result.json`` is the record). Pr
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ops.launch import DriverState
+from ops.lm.spec import JsonSpec
 from ops.rl.grpo import GRPOConfig
 from ops.rl.rollpacker.loop import TIMED_OUT_REWARD
 from ops.rl.runs import PolicySpec, read_problems, resume_state
@@ -59,11 +59,12 @@ METHODS = {
 
 
 @dataclass
-class RunSpec(PolicySpec):
+class RunSpec(PolicySpec, JsonSpec):
     """Everything a run needs (JSON-serialisable): the policy (``PolicySpec``: tokenizer_dir,
     model_dir, lr, temperature, seed, threads per actor, reward timeout and retries), the problems
     file, the methods and their sizes. The ``rollpacker_run`` asset's Launchpad config mirrors it.
-    ``validate`` is the one check, run by the asset and by the launched driver (``load_spec``)."""
+    ``validate`` is the one check, run by the asset and by the launched driver (``load_spec``); JSON
+    in and out through ``ops.lm.spec.JsonSpec``, as every stage's spec."""
 
     problems_path: str = ""
     """The curated problems table (``decontaminated_problems``); required with task ``curated``."""
@@ -120,7 +121,8 @@ class RunSpec(PolicySpec):
     instead of training responses cut by the clock; True: ``timeout`` responses are trained as finished."""
 
     GRPO = {"agg": "grpo_agg", "scale": "grpo_scale", "clip_eps": "grpo_clip_eps", "kl_coef": "grpo_kl_coef"}
-    """``GRPOConfig`` field -> RunSpec field of the trainer's ``grpo`` section (as RollArc's ``RunConfig``)."""
+    """``GRPOConfig`` field -> RunSpec field of the trainer's ``grpo`` section (RollArc's spec nests a
+    ``GRPOConfig`` under ``roles.grpo``; this flat spec keeps four ``grpo_*`` fields)."""
 
     def grpo_section(self) -> dict:
         """The trainer spec's ``grpo`` section: the GRPO settings that differ from ``GRPOConfig``'s
@@ -139,9 +141,6 @@ class RunSpec(PolicySpec):
     def policy(self) -> dict:
         """``PolicySpec.policy`` plus the trainer's ``grpo`` section (``grpo_section``)."""
         return {**super().policy(), "grpo": self.grpo_section()}
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
 
     def validate(self) -> "RunSpec":
         """Returns the spec; raises ValueError naming the field (``tail_batching.eta``,
@@ -445,8 +444,8 @@ def result_fields(spec: RunSpec, rows: list[dict], evals: dict) -> dict:
 
 def load_spec(text: str) -> RunSpec:
     """The validated RunSpec of a spec file's text (``RunSpec.to_json``). Raises ValueError naming
-    the field, TypeError for an unknown field."""
-    return RunSpec(**json.loads(text)).validate()
+    the field (an unknown one too)."""
+    return RunSpec.from_json(text)
 
 
 def run(spec: RunSpec, out: Path, fp: str, pipes) -> dict:
