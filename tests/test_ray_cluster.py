@@ -175,10 +175,11 @@ def test_rollarc_run_as_a_ray_job_puts_each_role_on_the_node_its_pool_names(clus
         pytest.skip("SmolLM2 directory missing: run make setup")
     cluster = cluster_env
     lake = lake_with_problems(tmp_path)
-    config = {"policy": "tiny", "model_dir": str(MODEL_DIR), "methods": ["rollarc"], "steps": 2, "groups_per_step": 2,
-              "group_size": 2, "redundancy": 1, "async_ratio": 1, "max_turns": 2, "max_new_tokens": 8,
-              "env_latency": "low", "env_latency_mean_s": 0.05, "engines_compute": 1, "engines_bandwidth": 1,
-              "reward_max_replicas": 1, "checkpoint_every": 1, "run_timeout_s": 500.0}
+    config = {"policy": "tiny", "model_dir": str(MODEL_DIR), "methods": ["rollarc"], "checkpoint_every": 1,
+              "run_timeout_s": 500.0,
+              "arc": {"steps": 2, "groups_per_step": 2, "group_size": 2, "redundancy": 1, "async_ratio": 1, "max_turns": 2},
+              "roles": {"max_new_tokens": 8, "env_latency": "low", "env_latency_mean_s": 0.05,
+                        "engines": {"gpu_compute": 1, "gpu_bandwidth": 1}, "reward_autoscaling": {"max_replicas": 1}}}
     compute = ComputeResource(ray_jobs_address=cluster["jobs"], ray_job_poll_s=0.5)
     res, meta, log, _ = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": compute},
                                            {"ops": {"rollarc_run": {"config": config}}})
