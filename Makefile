@@ -13,9 +13,12 @@ $(STAMP): pyproject.toml constraints.txt scripts/setup.sh
 
 setup: $(STAMP)
 
-## Set up, then run the main job (sources, curation, CTR + GBA, RollPacker + RollArc, mixture, post-training) on the embedded default.
+# Size set of `make demo` (pipelines/presets.py): demo (minutes on 2 cores), small (the assets' own CPU defaults), full (GPU).
+PRESET ?= demo
+
+## Set up, then run the main job (sources, curation, CTR + GBA, RollPacker + RollArc, mixture, post-training) on the embedded default, at the $(PRESET) preset's sizes.
 demo: setup
-	$(VENV)/bin/crucible demo
+	$(VENV)/bin/crucible demo --preset $(PRESET)
 
 ## Set up, then run the test suite (what .ci/run calls).
 test: setup
