@@ -38,7 +38,7 @@ from ops.posttrain.stages import (ARMS, Stage1Inputs, Stage2Inputs, read_optiona
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import fields_of, mirrors
+from ._config import fields_of, mirrors, to_spec
 from ._meta import image, md_table, table_result
 from .launch import launch, run_dir_for, stage_committed, staged
 from .posttrain_synthesis import (ComparisonConfig, FailureRegionsConfig, SynthesisConfig, _teacher_items,
@@ -58,7 +58,7 @@ _STAGE2_OWN = tuple(f.name for f in fields(Stage2Inputs))
 
 @mirrors(SftPlan, own=_SFT_OWN)
 class SftCheckpointConfig(fields_of(Stage1Inputs, base=fields_of(SftPlan,
-        exclude=("data_dir", "eval_path", "runs", "min_lr_ratio", "domain_ratio", "log_every", "eval_batch")))):
+        exclude=("data_dir", "eval_path", "runs", "domain_ratio", "log_every", "eval_batch")))):
     """Stage-1 SFT and the evaluation set (ops.posttrain.sets): the training fields are the Launchpad
     face of ops.posttrain.sft.SftPlan, the others of ops.posttrain.stages.Stage1Inputs (meanings,
     defaults and ranges there)."""
@@ -66,7 +66,7 @@ class SftCheckpointConfig(fields_of(Stage1Inputs, base=fields_of(SftPlan,
 
 @mirrors(Stage2Plan, own=_STAGE2_OWN)
 class Stage2Config(fields_of(Stage2Inputs, base=fields_of(Stage2Plan,
-        exclude=("data_dir", "eval_path", "runs", "min_lr_ratio", "domain_ratio", "log_every", "eval_batch",
+        exclude=("data_dir", "eval_path", "runs", "domain_ratio", "log_every", "eval_batch",
                  "eot_token")))):
     """Stage-2 SFT of both arms from the stage-1 checkpoint (same steps, replay and hyper-parameters):
     the training fields are the Launchpad face of ops.posttrain.sft.Stage2Plan, the others of
@@ -129,12 +129,11 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SftCheckpointConfi
     # workers open paths: the tables' own files, or on an object store local copies under work_dir
     # the worker writes the model under the run folder; the step commits it to <lake>/sft_checkpoint/model
     stage = staged(run_dir_for(context, lake.base, "sft_checkpoint"), "model")
-    plan = SftPlan(data_dir=str(tok_dir), eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
+    plan = to_spec(config, data_dir=str(tok_dir), eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
                    domain_ratio=ratio,
                    runs=[{"key": "stage1", "init_dir": str(init),
                           "train_path": str(lake.table_path("sft_checkpoint", name="train.parquet")),
-                          "out_dir": str(stage), "eval_init": True}],
-                   **config.model_dump(exclude=set(_SFT_OWN))).validate(compute.num_processes)
+                          "out_dir": str(stage), "eval_init": True}]).validate(compute.num_processes)
     _stage_runs(context, plan, {"stage1": folder / "model"})
     with _sft_launch(context, compute, lake, "sft_checkpoint", plan, config.timeout_s, {"model": folder / "model"}) as run:
         metrics = run.result["runs"]["stage1"]
@@ -223,10 +222,9 @@ def stage2_checkpoint(context: dg.AssetExecutionContext, config: Stage2Config, l
         lake.write(df, "stage2_checkpoint", name=f"train_{arm}.parquet", refresh=False)
     runs = stage2_runs(s1 / "model", {a: str(lake.table_path("stage2_checkpoint", name=f"train_{a}.parquet")) for a in ARMS},
                        str(lake.table_path("stage2_checkpoint", name="eval_test.parquet")), stage, seeds)
-    plan = Stage2Plan(data_dir=s1_plan["data_dir"], eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
-                      eot_token=s1_plan["eot_token"],
-                      domain_ratio=float(s1_metrics["domain_ratio"]), runs=runs,
-                      **config.model_dump(exclude=set(_STAGE2_OWN))).validate(compute.num_processes)
+    plan = to_spec(config, data_dir=s1_plan["data_dir"], eval_path=str(lake.table_path("sft_checkpoint", name="eval.parquet")),
+                   eot_token=s1_plan["eot_token"],
+                   domain_ratio=float(s1_metrics["domain_ratio"]), runs=runs).validate(compute.num_processes)
     keys = [(arm, k) for arm in ARMS for k in range(len(seeds))]
     committed = {f"stage2_{arm}_s{k}": folder / arm / f"s{k}" for arm, k in keys}
     _stage_runs(context, plan, committed)

@@ -25,7 +25,7 @@ from ops.rl.warmstart import WarmStartSpec
 from resources.compute import ComputeResource
 from resources.lake import LakeResource
 
-from ._config import fields_of, mirrors
+from ._config import fields_of, mirrors, to_spec
 from ._meta import image, md_table, table_result
 from .launch import committed_fingerprint, launch, run_dir_for, stage_committed, staged
 
@@ -48,8 +48,9 @@ class RlPolicyConfig(fields_of(WarmStartSpec, exclude=("out_dir",))):
 
 
 def spec_from(config: RlPolicyConfig, lake: LakeResource) -> WarmStartSpec:
-    """The worker's spec, validated. Raises ValueError naming the field (``warmstart.<field>``)."""
-    return WarmStartSpec(out_dir=str(policy_dir(lake)), **config.model_dump(exclude=set(_OWN))).validate()
+    """The worker's spec, validated. Raises ValueError naming the field (``warmstart.<field>``,
+    ``warmstart.schedule.<field>``)."""
+    return to_spec(config, out_dir=str(policy_dir(lake)))
 
 
 def _bucket_table(heldout: dict) -> pl.DataFrame:

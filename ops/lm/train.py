@@ -13,7 +13,6 @@ it reaches the result of an uninterrupted run (docs/mixture.md, "Probe grid"; do
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import time
@@ -199,19 +198,9 @@ def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
     return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-def warmup_cosine(warmup_steps: int, steps: int, min_lr_ratio: float) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr_ratio``
-    at ``steps``."""
-    def f(s: int) -> float:
-        if s < warmup_steps:
-            return (s + 1) / warmup_steps
-        t = (s - warmup_steps) / max(1, steps - warmup_steps)
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-    return f
-
-
 def lambda_lr(optimizer, multiplier: Callable[[int], float]):
-    """``torch.optim.lr_scheduler.LambdaLR`` with ``multiplier`` (one of the schedules above)."""
+    """``torch.optim.lr_scheduler.LambdaLR`` with ``multiplier`` (``warmup_constant``, or
+    ``ops.lm.schedule.LrSchedule.multiplier``)."""
     import torch
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

@@ -17,8 +17,8 @@ every chain length is seen; ``multi_turn_fraction`` of them in the multi-turn to
 observations masked), the rest single-turn (``a:N=``: loss on the response and EOS). The batch of
 step ``s`` is a function of ``(seed, s)`` only, so a resumed run sees the batches an uninterrupted
 run would. Loss: mean next-token cross-entropy over the loss tokens of the batch (nats/token).
-Optimizer: AdamW (lr 2e-3, weight decay 0), linear warm-up then cosine decay to ``min_lr_ratio`` of
-the peak at ``max_steps``, gradient norm clipped to 1 (``ops.lm.train.Trainer``).
+Optimizer: AdamW along ``schedule`` (``ops.lm.schedule.LrSchedule``: lr 2e-3, weight decay 0, linear
+warm-up then cosine decay to ``min_lr_ratio`` of the peak at ``max_steps``), gradient norm clipped to 1 (``ops.lm.train.Trainer``).
 
 Stopping rule: every ``eval_every`` optimizer steps the pass rate of one sampled response per
 problem (temperature ``eval_temperature``) on the held-out ``problems(eval_seed, eval_size,
@@ -45,13 +45,14 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from ops.launch import worker_main
+from ops.lm.schedule import LrSchedule
 from ops.lm.spec import JsonSpec, require
 
 #: Bumped when the recipe's code changes what a spec trains (part of the fingerprint).
@@ -78,14 +79,10 @@ class WarmStartSpec(JsonSpec):
     n_positions: int = 320
     """GPT-2 context length (tokens), >= 16 and >= the longest training row at max_lines (``longest_row``:
     266 tokens at max_lines 60)."""
-    lr: float = 2e-3
-    """Peak AdamW learning rate (> 0)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay (>= 0)."""
-    warmup_steps: int = 30
-    """Optimizer steps of linear learning-rate warm-up before the cosine decay (>= 0)."""
-    min_lr_ratio: float = 0.1
-    """Cosine decay to lr * min_lr_ratio at max_steps, in [0, 1]."""
+    schedule: LrSchedule = field(default_factory=lambda: LrSchedule(lr=2e-3, warmup_steps=30, min_lr_ratio=0.1,
+                                                                     weight_decay=0.0))
+    """AdamW's rate over ``max_steps``: peak ``lr`` 2e-3 after 30 warm-up steps, cosine decay to
+    lr * ``min_lr_ratio`` (0.1) at max_steps, no weight decay (``ops.lm.schedule.LrSchedule``)."""
     max_steps: int = 1000
     """Optimizer steps at most (training stops earlier at the target pass rate)."""
     batch_problems: int = 32
@@ -135,13 +132,11 @@ class WarmStartSpec(JsonSpec):
                 "final_eval_size", "max_new_tokens", "checkpoint_every", "log_every")),
             ("n_embd", self.n_embd % max(1, self.n_head) == 0, "a multiple of n_head"),
             ("n_positions", self.n_positions >= 16, ">= 16"),
-            ("lr", self.lr > 0, "> 0"), ("weight_decay", self.weight_decay >= 0, ">= 0"),
-            ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
-            ("min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0, "in [0, 1]"),
             ("alpha", self.alpha >= 0, ">= 0"),
             ("multi_turn_fraction", 0.0 <= self.multi_turn_fraction <= 1.0, "in [0, 1]"),
             ("eval_temperature", self.eval_temperature >= 0, ">= 0"),
             ("target_pass_rate", 0.0 < self.target_pass_rate <= 1.0, "in (0, 1]")])
+        self.schedule.validate("warmstart.schedule")
         longest = longest_row(self.max_lines)
         require("warmstart", self, [("n_positions", self.n_positions >= longest,
                                      f">= {longest} (the longest training row at max_lines {self.max_lines})")])
@@ -152,6 +147,7 @@ class WarmStartSpec(JsonSpec):
         """Hash of what determines the trained policy (every field but the output folder and the
         checkpoint and logging cadence) and of the recipe version. 16 hex digits."""
         d = {k: v for k, v in asdict(self).items() if k not in self.CADENCE}
+        d.update(d.pop("schedule"))        # flat, as before the schedule was a part: same hash for the same recipe
         d["recipe_version"] = RECIPE_VERSION
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -253,7 +249,7 @@ def train(spec: WarmStartSpec, out: Path, pipes, dp=None) -> dict:
     from ops.lake import write_json_atomic
     from ops.lm.checkpoint import LMState, published, run_folder
     from ops.lm.model import gpt2, param_counts, quiet_transformers, save_model
-    from ops.lm.train import DataParallel, Trainer, adamw, crash_if_asked, lambda_lr, warmup_cosine
+    from ops.lm.train import DataParallel, Trainer, crash_if_asked
     from ops.rl import scratchpad as sp
 
     quiet_transformers()
@@ -269,8 +265,8 @@ def train(spec: WarmStartSpec, out: Path, pipes, dp=None) -> dict:
     tok = sp.build_tokenizer()
     model = gpt2(len(tok), spec.n_positions, tok.eos_token_id,
                  {"n_embd": spec.n_embd, "n_layer": spec.n_layer, "n_head": spec.n_head}, seed=spec.seed)
-    opt = adamw(model, spec.lr, spec.weight_decay)
-    sched = lambda_lr(opt, warmup_cosine(spec.warmup_steps, spec.max_steps, spec.min_lr_ratio))
+    opt = spec.schedule.optimizer(model)
+    sched = spec.schedule.scheduler(opt, spec.max_steps)
     trainer = Trainer(dp, model, opt, sched, ProblemBatches(tok, spec), masked_token_mean_loss,
                       state=LMState(run_folder(out, "warmstart"), fp),
                       history={"loss_curve": [], "window": [], "eval_curve": [], "train_s": 0.0, "eval_s": 0.0},

@@ -82,7 +82,7 @@ def test_sft_checkpoint_failed_step_leaves_the_committed_model_byte_identical(tm
     before = _lake_digest(root)
     assert {"model/model.safetensors", "model/metrics.json", "plan.json", "data.parquet"} <= set(before)
     calls = _fail_once(monkeypatch, evaluate, "score_many")
-    r = _materialize([posttrain.sft_checkpoint], res, {"sft_checkpoint": {"config": {**cfg, "lr": 1e-3}}})
+    r = _materialize([posttrain.sft_checkpoint], res, {"sft_checkpoint": {"config": {**cfg, "schedule": {**cfg["schedule"], "lr": 1e-3}}}})
     assert not r.success and calls == [1]
     assert _lake_digest(root) == before
     [run_dir] = root.glob(".run-*")

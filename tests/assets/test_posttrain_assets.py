@@ -57,11 +57,11 @@ def _lake(tmp_path) -> LakeResource:
 
 RUN_CONFIG = {"ops": {
     "sft_checkpoint": {"config": {"base_size": "xs", "modules": MODULES, "train_per_module": 8, "eval_per_module": 8,
-                                  "steps": 6, "global_batch": 4, "warmup_steps": 2, "checkpoint_every": 3,
+                                  "steps": 6, "global_batch": 4, "schedule": {"warmup_steps": 2}, "checkpoint_every": 3,
                                   "benchmark_items": 2, "arithmetic_items": 3, "max_new_tokens": 6, "heldout_fraction": 0.2}},
     "failure_regions": {"config": {"k_topics": 3, "min_items": 2, "top_k": 2}},
     "targeted_synthesis": {"config": {"pool_per_module": 6, "budget": 8, "workers": 1}},
-    "stage2_checkpoint": {"config": {"steps": 4, "global_batch": 4, "warmup_steps": 1, "max_new_tokens": 6, "seeds": 3}},
+    "stage2_checkpoint": {"config": {"steps": 4, "global_batch": 4, "schedule": {"warmup_steps": 1}, "max_new_tokens": 6, "seeds": 3}},
     "failure_driven_comparison": {"config": {"n_boot": 100}},
 }}
 

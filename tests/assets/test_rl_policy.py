@@ -19,7 +19,7 @@ from resources.lake import LakeResource
 from tests.conftest import materialize_logged
 
 SMALL = {"n_embd": 32, "n_layer": 1, "n_head": 2, "max_steps": 6, "batch_problems": 4, "max_lines": 12, "eval_every": 3,
-         "eval_size": 4, "final_eval_size": 8, "max_new_tokens": 16, "warmup_steps": 1, "checkpoint_every": 3,
+         "eval_size": 4, "final_eval_size": 8, "max_new_tokens": 16, "schedule": {"warmup_steps": 1}, "checkpoint_every": 3,
          "target_pass_rate": 1.0, "timeout_s": 300.0}
 
 
@@ -62,10 +62,10 @@ def test_the_config_mirrors_the_spec_and_a_bad_value_fails_naming_the_field(tmp_
     lake = LakeResource(root=str(tmp_path))
     assert rp.spec_from(rp.RlPolicyConfig(), lake) == WarmStartSpec(out_dir=str(tmp_path.resolve() / "rl_policy/policy"))
     res = dg.materialize([rp.rl_policy], raise_on_error=False, resources={"lake": lake, "compute": ComputeResource()},
-                         run_config={"ops": {"rl_policy": {"config": {**SMALL, "lr": -1.0}}}})
+                         run_config={"ops": {"rl_policy": {"config": {**SMALL, "schedule": {"lr": -1.0}}}}})
     assert not res.success
     [fail] = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert "warmstart.lr must be > 0" in str(fail.step_failure_data.error)
+    assert "warmstart.schedule.lr must be > 0" in str(fail.step_failure_data.error)
     assert not (tmp_path / "rl_policy").exists()                          # nothing launched
 
 

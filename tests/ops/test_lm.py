@@ -227,7 +227,8 @@ def _run(state_dir, logs, fp="fp", lr=1e-2):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from ops.lm.checkpoint import LMState
-    from ops.lm.train import DataParallel, Trainer, adamw, lambda_lr, token_mean_loss, warmup_cosine
+    from ops.lm.schedule import warmup_cosine
+    from ops.lm.train import DataParallel, Trainer, adamw, lambda_lr, token_mean_loss
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=8, n_embd=16, n_layer=1, n_head=2,

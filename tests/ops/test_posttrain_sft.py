@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from ops.lm.data import PackedStream, pack
+from ops.lm.schedule import LrSchedule
 from ops.posttrain.data import PROMPT, encode_example
 
 PROBLEMS = [f"What is the units digit of {n}?" for n in range(1000, 1060)]
@@ -95,8 +96,8 @@ def _plan(tmp_path, tok_dir, out: str, ratio: float = 0.75, eval_init: bool = Fa
     ev = pl.DataFrame({"item_id": [f"e{i}" for i in range(6)], "problem": PROBLEMS[40:46], "response": RESPONSES[40:46]})
     train.write_parquet(tmp_path / "train.parquet")
     ev.write_parquet(tmp_path / "eval.parquet")
-    plan = SftPlan(data_dir=str(tok_dir), eval_path=str(tmp_path / "eval.parquet"), global_batch=4, steps=12, lr=5e-3,
-                   warmup_steps=2, checkpoint_every=4, log_every=4, domain_ratio=ratio, max_new_tokens=6,
+    plan = SftPlan(data_dir=str(tok_dir), eval_path=str(tmp_path / "eval.parquet"), global_batch=4, steps=12,
+                   schedule=LrSchedule(lr=5e-3, warmup_steps=2, min_lr_ratio=0.1, weight_decay=0.01), checkpoint_every=4, log_every=4, domain_ratio=ratio, max_new_tokens=6,
                    runs=[{"key": out, "init_dir": str(tmp_path / "init"), "train_path": str(tmp_path / "train.parquet"),
                           "out_dir": str(tmp_path / out), "eval_init": eval_init}])
     p = tmp_path / f"{out}.json"

@@ -9,10 +9,12 @@ import pytest
 
 from ops.launch import _LocalPipes
 from ops.rl import scratchpad as sp
+from ops.lm.schedule import LrSchedule
 from ops.rl import warmstart as ws
 
 TINY = {"n_embd": 32, "n_layer": 1, "n_head": 2, "batch_problems": 4, "max_lines": 12, "eval_every": 2,
-        "eval_size": 4, "final_eval_size": 4, "max_new_tokens": 16, "warmup_steps": 1, "target_pass_rate": 1.0}
+        "eval_size": 4, "final_eval_size": 4, "max_new_tokens": 16, "target_pass_rate": 1.0,
+        "schedule": LrSchedule(lr=2e-3, warmup_steps=1, min_lr_ratio=0.1, weight_decay=0.0)}
 
 
 def _spec(out: Path, **kw) -> ws.WarmStartSpec:
@@ -52,7 +54,8 @@ def test_a_short_warm_start_learns_and_publishes_a_loadable_policy(tmp_path):
 
     out = tmp_path / "policy"
     spec = _spec(out, n_embd=64, n_layer=2, n_head=2, batch_problems=8, max_steps=30, eval_every=10, eval_size=4,
-                 final_eval_size=8, max_new_tokens=40, warmup_steps=5, lr=3e-3)
+                 final_eval_size=8, max_new_tokens=40,
+                 schedule=LrSchedule(lr=3e-3, warmup_steps=5, min_lr_ratio=0.1, weight_decay=0.0))
     info = ws.train(spec, tmp_path / "run", _LocalPipes(0))
     assert {"config.json", "model.safetensors", "tokenizer.json", "metrics.json"} <= {p.name for p in out.iterdir()}
     saved = json.loads((out / "metrics.json").read_text())
@@ -109,7 +112,7 @@ def test_same_seed_same_policy_and_a_crashed_launch_resumes_to_it(tmp_path, monk
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("lr", 0.0, "warmstart.lr must be > 0"),
+    ("schedule", LrSchedule(lr=0.0, warmup_steps=30, min_lr_ratio=0.1, weight_decay=0.0), "warmstart.schedule.lr must be > 0"),
     ("target_pass_rate", 0.0, "warmstart.target_pass_rate must be in \\(0, 1\\]"),
     ("multi_turn_fraction", 1.5, "warmstart.multi_turn_fraction must be in \\[0, 1\\]"),
     ("n_positions", 100, "warmstart.n_positions must be >= 266"),
