@@ -13,10 +13,15 @@ from benchmarks.claims.runner import ClaimError, Layout, read_log, register, run
 
 TOY = '''
 import time
-def run_seed(seed, arm_order, workdir, base_s=3.0, speedup=2.0, sleep_s=0.0, fail_seed=None):
-    """Deterministic toy arms: the baseline takes base_s + (seed % 7) / 10 s, the treatment that / speedup."""
+def run_seed(seed, arm_order, workdir, base_s=3.0, speedup=2.0, sleep_s=0.0, fail_seed=None, grandchild=False):
+    """Deterministic toy arms: the baseline takes base_s + (seed % 7) / 10 s, the treatment that / speedup.
+    grandchild: first start a sleeping process in a session of its own (its pid in workdir/grandchild.pid)."""
     if seed == fail_seed:
         raise RuntimeError("planted failure")
+    if grandchild:
+        import subprocess, sys
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        (workdir / "grandchild.pid").write_text(str(p.pid))
     time.sleep(sleep_s)
     (workdir / "order.txt").write_text(",".join(arm_order))
     b = base_s + (seed % 7) / 10
@@ -171,6 +176,35 @@ def test_each_seed_runs_in_a_child_process_killed_after_its_budget(repo):
         run("toy-speed", [1001], layout=repo)
     last = read_log(repo.log("toy-speed"))[-1]
     assert last["status"] == "failed" and "budget_minutes" in last["error"] and last["wall_s"] < 10
+
+
+def test_a_seed_killed_after_its_budget_leaves_no_process_behind(repo):
+    """A descendant in a session of its own (as a benchmark's stage workers start) dies with the seed:
+    a process-group kill alone would leave it running."""
+    import os
+    import time
+
+    (repo.designs / "toy-speed.yaml").write_text(DESIGN.replace("budget_minutes: 1", "budget_minutes: 0.05")
+                                                 .replace("{speedup: 2.0}", "{speedup: 2.0, sleep_s: 60, grandchild: true}"))
+    commit(repo.root)
+    register("toy-speed", repo)
+    with pytest.raises(ClaimError, match="failed"):
+        run("toy-speed", [1000], layout=repo)
+    pidfile = next(repo.work.glob("toy-speed-1000-*/grandchild.pid"))
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its reaper is gone too
+            if f.read().split(")")[-1].split()[0] == "Z":
+                break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError(f"the seed's grandchild {pid} (own session) outlived the budget kill")
 
 
 @pytest.mark.parametrize("edit,field", [

@@ -201,6 +201,28 @@ def _check_result(design: Design, seed: int, result: object) -> dict:
     return result
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a seed's child ``pid``, its process group, and every descendant found before the kill,
+    including those that started a session of their own (a benchmark's stage workers, Ray's
+    processes), which a process-group kill does not reach. Waits up to 30 s for them to go."""
+    import psutil
+
+    try:
+        tree = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+
+
 def _run_child(design: Design, seed: int, order: list[str], workdir: Path, layout: Layout) -> dict:
     """run_seed in a fresh Python process (own process group; killed after budget_minutes)."""
     out = workdir / "result.json"
@@ -215,7 +237,7 @@ def _run_child(design: Design, seed: int, order: list[str], workdir: Path, layou
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the seed's whole process group (its own session)
+            _kill_tree(proc.pid)
             proc.wait(timeout=60)
             raise ClaimError(f"{design.id} seed {seed}: run_seed exceeded budget_minutes={design.budget_minutes}")
     if rc != 0 or not out.exists():
