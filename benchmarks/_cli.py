@@ -105,3 +105,19 @@ def write_results(result: dict, path: str | Path, indent: int = 1, default: Call
 
     write_json_atomic(result, path, indent=indent, sort_keys=False, default=default)
     return Path(path)
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls (``time.perf_counter``), in ms, rounded to 0.1.
+    Raises ValueError when ``repeats`` < 1."""
+    import statistics
+    import time
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return round(1000 * statistics.median(ts), 1)

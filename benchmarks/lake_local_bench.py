@@ -25,24 +25,15 @@ from __future__ import annotations
 
 import hashlib
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
+from benchmarks._cli import bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
 
 
-def _timed(fn, repeats: int) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` calls, in ms."""
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return round(1000 * statistics.median(ts), 1)
 
 
 def _alternating(write, t, frames):

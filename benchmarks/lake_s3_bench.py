@@ -21,24 +21,15 @@ real store adds the network round trips.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._cli import bench_parser, command_line, write_results  # noqa: E402
+from benchmarks._cli import bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
 
 
-def _timed(fn, repeats: int) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` calls, in ms."""
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return round(1000 * statistics.median(ts), 1)
 
 
 def main(argv=None) -> None:

@@ -107,3 +107,17 @@ def test_the_claims_log_and_the_verify_pairs_read_through_jsonl_records(tmp_path
         load_pairs(pairs)
     pairs.write_text(good + "\n")
     assert [r["id"] for r in load_pairs(pairs)] == ["a"]
+
+
+def test_median_ms_is_the_median_of_the_calls_in_ms():
+    """The lake benchmarks' timer: the median of the calls, not the mean (one slow call of three does
+    not move it), in ms; repeats < 1 is refused."""
+    import time
+
+    from benchmarks._cli import median_ms
+
+    delays = iter([0.0, 0.2, 0.0])
+    assert median_ms(lambda: time.sleep(next(delays)), 3) < 50
+    assert 15 <= median_ms(lambda: time.sleep(0.02), 3) < 150
+    with pytest.raises(ValueError, match="repeats"):
+        median_ms(lambda: None, 0)
