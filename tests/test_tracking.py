@@ -18,6 +18,17 @@ from tests.conftest import kill_group, wait_until_serving
 
 SMALL = {k: v for k, v in ASSET_CONFIG.items() if k != "timeout_s"}       # the worker spec has no launch timeout
 
+
+def _warmstart_spec(ws, **fields):
+    """The worker spec of the asset config ``SMALL`` + ``fields``: the asset config's partial
+    ``schedule`` applied over WarmStartSpec's own schedule defaults (as the asset's Launchpad defaults do)."""
+    import dataclasses
+
+    cfg = {**SMALL, **fields}
+    base = ws.WarmStartSpec(out_dir=cfg["out_dir"])
+    cfg["schedule"] = dataclasses.replace(base.schedule, **cfg.get("schedule", {}))
+    return ws.WarmStartSpec(**cfg).validate()
+
 pytest.importorskip("mlflow", reason="the tracking test needs mlflow-skinny (the dev extra)")
 
 
@@ -79,8 +90,7 @@ def test_a_retried_launch_appends_to_the_same_mlflow_run(tmp_path, mlflow_server
     from ops.lm.train import SimulatedCrash
     from ops.rl import warmstart as ws
 
-    spec = ws.WarmStartSpec(out_dir=str(tmp_path / "policy"), **{**SMALL, "log_every": 1, "max_steps": 4,
-                                                                 "checkpoint_every": 2}).validate()
+    spec = _warmstart_spec(ws, out_dir=str(tmp_path / "policy"), log_every=1, max_steps=4, checkpoint_every=2)
     (tmp_path / "spec.json").write_text(spec.to_json())
     argv = ["--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "run"), "--fingerprint", "fp"]
     monkeypatch.setenv(URI_ENV, mlflow_server)
@@ -101,7 +111,7 @@ def test_a_retried_launch_appends_to_the_same_mlflow_run(tmp_path, mlflow_server
 def test_an_unreachable_server_costs_a_warning_never_the_training(tmp_path, monkeypatch, caplog):
     from ops.rl import warmstart as ws
 
-    spec = ws.WarmStartSpec(out_dir=str(tmp_path / "policy"), **{**SMALL, "max_steps": 2, "eval_every": 2}).validate()
+    spec = _warmstart_spec(ws, out_dir=str(tmp_path / "policy"), max_steps=2, eval_every=2)
     (tmp_path / "spec.json").write_text(spec.to_json())
     monkeypatch.setenv(URI_ENV, f"http://127.0.0.1:{free_port()}")    # nothing listens there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
