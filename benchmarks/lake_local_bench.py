@@ -34,8 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._cli import bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
 
 
-
-
 def _alternating(write, t, frames):
     """A ``write(t, frame)`` that cycles through ``frames``: every call commits other rows."""
     state = {"k": 0}

@@ -30,8 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._cli import bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
 
 
-
-
 def main(argv=None) -> None:
     ap = bench_parser(__doc__, "lake_s3.json")
     ap.add_argument("--rows", type=int, default=10_000)
