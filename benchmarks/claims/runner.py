@@ -204,23 +204,15 @@ def _check_result(design: Design, seed: int, result: object) -> dict:
 def _kill_tree(pid: int) -> None:
     """SIGKILL a seed's child ``pid``, its process group, and every descendant found before the kill,
     including those that started a session of their own (a benchmark's stage workers, Ray's
-    processes), which a process-group kill does not reach. Waits up to 30 s for them to go."""
-    import psutil
+    processes), which a process-group kill does not reach (``ops.launch.process_tree`` /
+    ``kill_processes``, the launch watchdog's own). Waits up to 30 s for them to go."""
+    from ops.launch import alive, kill_processes, process_tree
 
-    try:
-        tree = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=30)
+    procs = process_tree(pid, groups=(pid,))
+    kill_processes(procs)
+    deadline = time.monotonic() + 30
+    while alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _run_child(design: Design, seed: int, order: list[str], workdir: Path, layout: Layout) -> dict:
