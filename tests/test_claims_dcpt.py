@@ -4,6 +4,7 @@ selection, the seeds a failure-driven replicate draws, and that every design's p
 run_seed."""
 
 import inspect
+import json
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,17 @@ def test_titles_corpus_holds_no_validation_title_in_training():
     assert g["text"].str.contains("\n").sum() == 0          # titles only: no review body
     with pytest.raises(ValueError, match="titles"):
         dcpt.general_variant("wiki")
+
+
+def test_closed_loop_never_scores_another_seeds_validation_record(tmp_path):
+    # the shared probe lake keeps the previous seed's validation.json; a seed whose validation failed or was
+    # interrupted must raise instead of reporting that record as its own
+    from benchmarks.claims.adapters.dcpt import read_seed_validation
+
+    path = tmp_path / "validation.json"
+    with pytest.raises(RuntimeError, match="wrote no"):
+        read_seed_validation(path, 2301, ["step mixture_validation failed"])
+    path.write_text(json.dumps({"seeds": [2300], "closed_loop": {"measured_rise": -0.063}}))
+    with pytest.raises(RuntimeError, match=r"'seeds' is \[2300\], not \[2301\]"):
+        read_seed_validation(path, 2301)
+    assert read_seed_validation(path, 2300)["closed_loop"]["measured_rise"] == -0.063

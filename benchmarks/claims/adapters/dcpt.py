@@ -357,6 +357,20 @@ def _numbers_only(out: dict) -> dict:
     return out
 
 
+def read_seed_validation(path: Path, seed: int, step_errors: Sequence[str] = ()) -> dict:
+    """The ``mixture_validation`` record (``validation.json``) of claim seed ``seed``. Raises RuntimeError
+    when the file is missing (with the failed steps' errors) or when it was trained with other data-order
+    seeds than ``[seed]`` (a stale record of another seed is never scored as this one)."""
+    path = Path(path)
+    if not path.exists():
+        raise RuntimeError(f"mixture_validation wrote no {path}: {' | '.join(step_errors) or 'no step failed'}")
+    doc = json.loads(path.read_text())
+    if [int(s) for s in doc.get("seeds") or []] != [int(seed)]:
+        raise RuntimeError(f"{path}: field 'seeds' is {doc.get('seeds')}, not [{int(seed)}]: the record is another "
+                           f"seed's, not this one's (failed steps: {' | '.join(step_errors) or 'none'})")
+    return doc
+
+
 def closed_loop_seed(seed: int, arm_order: list[str], workdir: Path, probe_lake: str = "",
                      sizes: Sequence[str] = ("xs", "s", "m", "l"), ratios: Sequence[float] = (0, 0.25, 0.5, 0.75, 1),
                      tokenizer: Optional[dict] = None, base: Optional[dict] = None, probe: Optional[dict] = None,
@@ -387,14 +401,15 @@ def closed_loop_seed(seed: int, arm_order: list[str], workdir: Path, probe_lake:
     phases["fit_plan_s"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     vcfg = {**(validation or {}), "seeds": [int(seed)], "timeout_s": timeout_s}
+    path = lake.base / "mixture_validation" / "validation.json"
+    # the shared lake holds the previous seed's record: remove it so that a validation that fails or is
+    # interrupted can never be read back as this seed's (seed 2301's first attempt did exactly that)
+    path.unlink(missing_ok=True)
     r = _materialize([mixture.mixture_validation, mixture.mixture_plan_holds], res,
                      {"mixture_validation": {"config": vcfg}}, allow_fail=True)
     phases["validation_s"] = round(time.monotonic() - t, 1)
-    path = lake.base / "mixture_validation" / "validation.json"
-    if not path.exists():
-        errs = [e.step_failure_data.error.to_string()[-2000:] for e in r.all_events if e.event_type_value == "STEP_FAILURE"]
-        raise RuntimeError(f"mixture_validation wrote no validation.json: {' | '.join(errs)}")
-    doc = json.loads(path.read_text())
+    errs = [e.step_failure_data.error.to_string()[-2000:] for e in r.all_events if e.event_type_value == "STEP_FAILURE"]
+    doc = read_seed_validation(path, seed, errs)
     cl = doc["closed_loop"]
     # keep this seed's record: the next seed's validation rewrites the shared lake's file
     shutil.copy(path, workdir / "validation.json")
