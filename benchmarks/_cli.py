@@ -55,6 +55,20 @@ def bench_parser(doc: Optional[str] = None, out: Optional[str] = None, *, seeds:
     return ap
 
 
+def add_table_sizes(ap: argparse.ArgumentParser, *, rows: int, repeats: int, small_tables: int,
+                    small_rows: int = 100) -> argparse.ArgumentParser:
+    """Add the table sizes of a lake benchmark to ``ap`` (the local and the object-store lake
+    benchmarks take the same four): ``--rows`` (rows of the one large table), ``--repeats`` (timed
+    calls per median), ``--small-rows`` and ``--small-tables`` (the demo path: that many first-time
+    writes of tables that small); all ints, these defaults. Returns ``ap``."""
+    ap.add_argument("--rows", type=int, default=rows, help="rows of the large table (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=repeats, help="timed calls per median (default: %(default)s)")
+    ap.add_argument("--small-rows", type=int, default=small_rows, help="rows of each small table (default: %(default)s)")
+    ap.add_argument("--small-tables", type=int, default=small_tables,
+                    help="small tables written and read (default: %(default)s)")
+    return ap
+
+
 def command_line(script: str | Path, argv: Optional[Sequence[str]] = None, env: str = "") -> str:
     """The command that reproduces this run, as a results JSON records it:
     ``[<env> ].venv/bin/python benchmarks/<name>.py <args>``.

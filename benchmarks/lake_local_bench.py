@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._cli import bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
+from benchmarks._cli import add_table_sizes, bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
 
 
 def _alternating(write, t, frames):
@@ -72,11 +72,7 @@ def problems_table(rows: int, seed: int = 0):
 
 
 def main(argv=None) -> None:
-    ap = bench_parser(__doc__, "lake_local.json")
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--small-rows", type=int, default=100)
-    ap.add_argument("--small-tables", type=int, default=40)
+    ap = add_table_sizes(bench_parser(__doc__, "lake_local.json"), rows=100_000, repeats=7, small_tables=40)
     a = ap.parse_args(argv)
 
     import polars as pl

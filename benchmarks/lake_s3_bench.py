@@ -27,15 +27,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._cli import bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
+from benchmarks._cli import add_table_sizes, bench_parser, command_line, median_ms as _timed, write_results  # noqa: E402
 
 
 def main(argv=None) -> None:
-    ap = bench_parser(__doc__, "lake_s3.json")
-    ap.add_argument("--rows", type=int, default=10_000)
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--small-rows", type=int, default=100)
-    ap.add_argument("--small-tables", type=int, default=20)
+    ap = add_table_sizes(bench_parser(__doc__, "lake_s3.json"), rows=10_000, repeats=10, small_tables=20)
     a = ap.parse_args(argv)
 
     import polars as pl

@@ -121,3 +121,22 @@ def test_median_ms_is_the_median_of_the_calls_in_ms():
     assert 15 <= median_ms(lambda: time.sleep(0.02), 3) < 150
     with pytest.raises(ValueError, match="repeats"):
         median_ms(lambda: None, 0)
+
+
+def test_add_table_sizes_and_the_two_lake_benchmarks_that_use_it():
+    """The lake benchmarks' four table sizes come from ``add_table_sizes``: each script's own
+    defaults, overridable, and its --help (a real run of the script) names them."""
+    from pathlib import Path
+
+    from benchmarks._cli import add_table_sizes, bench_parser
+
+    ap = add_table_sizes(bench_parser(None), rows=10, repeats=3, small_tables=4)
+    a = ap.parse_args(["--small-rows", "7"])
+    assert (a.rows, a.repeats, a.small_rows, a.small_tables) == (10, 3, 7, 4)
+    root = Path(__file__).resolve().parents[1]
+    for script, defaults in (("lake_s3_bench.py", ("10000", "10", "20")), ("lake_local_bench.py", ("100000", "7", "40"))):
+        out = subprocess.run([sys.executable, str(root / "benchmarks" / script), "--help"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+        for opt, default in zip(("--rows", "--repeats", "--small-tables"), defaults):
+            assert f"{opt} " in out and f"(default: {default})" in out, (script, opt, out)
+        assert "(default: 100)" in out                    # --small-rows

@@ -167,29 +167,38 @@ def cluster_env(cluster, monkeypatch):
     return cluster
 
 
-def test_rollarc_run_as_a_ray_job_puts_each_role_on_the_node_its_pool_names(cluster_env, tmp_path):
-    from assets import rollarc
+def _run_as_ray_job(cluster, tmp_path, asset, name: str, config: dict):
+    """Materialize the RL ``asset`` (op ``name``) with run config ``config`` on a lake of curated
+    problems, its driver submitted as a Ray Job to ``cluster``; then snapshot the cluster's processes.
+    Returns (result, metadata, log, lake). Skips when the SmolLM2 directory is missing."""
     from resources.compute import ComputeResource
 
     if not (MODEL_DIR / "tokenizer.json").exists():
         pytest.skip("SmolLM2 directory missing: run make setup")
-    cluster = cluster_env
     lake = lake_with_problems(tmp_path)
-    config = {"policy": "tiny", "model_dir": str(MODEL_DIR), "methods": ["rollarc"], "checkpoint_every": 1,
-              "run_timeout_s": 500.0,
+    compute = ComputeResource(ray_jobs_address=cluster["jobs"], ray_job_poll_s=0.5)
+    res, meta, log, _ = materialize_logged([asset], {"lake": lake, "compute": compute},
+                                           {"ops": {name: {"config": {"policy": "tiny", "model_dir": str(MODEL_DIR),
+                                                                      **config}}}})
+    cluster["snapshot"]()
+    return res, meta, log, lake
+
+
+def test_rollarc_run_as_a_ray_job_puts_each_role_on_the_node_its_pool_names(cluster_env, tmp_path):
+    from assets import rollarc
+
+    cluster = cluster_env
+    config = {"methods": ["rollarc"], "checkpoint_every": 1, "run_timeout_s": 500.0,
               "arc": {"steps": 2, "groups_per_step": 2, "group_size": 2, "redundancy": 1, "async_ratio": 1, "max_turns": 2},
               "roles": {"max_new_tokens": 8, "env_latency": "low", "env_latency_mean_s": 0.05,
                         "engines": {"gpu_compute": 1, "gpu_bandwidth": 1}, "reward_autoscaling": {"max_replicas": 1}}}
-    compute = ComputeResource(ray_jobs_address=cluster["jobs"], ray_job_poll_s=0.5)
-    res, meta, log, _ = materialize_logged([rollarc.rollarc_run], {"lake": lake, "compute": compute},
-                                           {"ops": {"rollarc_run": {"config": config}}})
+    res, meta, log, lake = _run_as_ray_job(cluster, tmp_path, rollarc.rollarc_run, "rollarc_run", config)
     assert res.success
     assert "Ray job crucible-" in log and cluster["jobs"] in log          # submitted through the Jobs API
     assert "rollarc: step 2/2" in log                                      # Pipes messages came back from the job
     assert meta["ray_address"] == "auto"
     table = pl.read_parquet(lake.path("rollarc_run"))
     assert table["method"].to_list() == ["rollarc", "rollarc"]
-    cluster["snapshot"]()
     seen = _assert_roles_on_their_nodes(cluster, {"EngineServer", "EnvWorker", "_TrainerImpl"})
     nodes, _ = _placement(cluster)
     by_res = {k: {n for n, r in nodes.items() if k in r} for k in ("gpu_compute", "gpu_bandwidth", "cpu_env")}
@@ -200,18 +209,11 @@ def test_rollarc_run_as_a_ray_job_puts_each_role_on_the_node_its_pool_names(clus
 
 def test_rollpacker_run_as_a_ray_job_spreads_its_actors_over_the_nodes(cluster_env, tmp_path):
     from assets import rollpacker
-    from resources.compute import ComputeResource
 
-    if not (MODEL_DIR / "tokenizer.json").exists():
-        pytest.skip("SmolLM2 directory missing: run make setup")
     cluster = cluster_env
-    lake = lake_with_problems(tmp_path)
-    config = {"policy": "tiny", "model_dir": str(MODEL_DIR), "methods": ["baseline"], "steps": 2,
-              "prompts_per_step": 2, "responses_per_prompt": 2, "max_new_tokens": 8, "run_timeout_s": 400.0}
-    compute = ComputeResource(ray_jobs_address=cluster["jobs"], ray_job_poll_s=0.5)
-    res, meta, log, _ = materialize_logged([rollpacker.rollpacker_run], {"lake": lake, "compute": compute},
-                                           {"ops": {"rollpacker_run": {"config": config}}})
-    cluster["snapshot"]()
+    config = {"methods": ["baseline"], "steps": 2, "prompts_per_step": 2, "responses_per_prompt": 2,
+              "max_new_tokens": 8, "run_timeout_s": 400.0}
+    res, meta, log, lake = _run_as_ray_job(cluster, tmp_path, rollpacker.rollpacker_run, "rollpacker_run", config)
     assert res.success and "Ray job crucible-" in log
     table = pl.read_parquet(lake.path("rollpacker_run"))
     assert table["method"].to_list() == ["baseline", "baseline"] and table["policy_version"].to_list() == [0, 1]
