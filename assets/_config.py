@@ -138,6 +138,16 @@ def mirrors(source: type | None, own: Iterable[str] = ()) -> Callable[[type], ty
     return deco
 
 
+def set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``value`` in the nested dict ``data`` at the dotted Launchpad ``path`` (``roles.tokenizer_dir``
+    sets ``data["roles"]["tokenizer_dir"]``), creating the dicts on the way; a plain name sets a key."""
+    *heads, last = path.split(".")
+    node = data
+    for h in heads:
+        node = node.setdefault(h, {})
+    node[last] = value
+
+
 def to_spec(config: Any, **fill: Any) -> Any:
     """The ops spec a Config object mirrors, built from its values (``ops.lm.spec.build``: nested
     config to the typed parts; the asset's own fields left out) with ``fill`` (fields the Launchpad
@@ -151,11 +161,7 @@ def to_spec(config: Any, **fill: Any) -> Any:
     source, own = next(MIRRORS[k] for k in type(config).__mro__ if k in MIRRORS)   # a sized subclass: its base's
     data = config.model_dump(exclude={o for o in own if "." not in o and o in type(config).model_fields})
     for path, v in fill.items():                      # a dotted key fills a nested field: roles.tokenizer_dir
-        *heads, last = path.split(".")
-        node = data
-        for h in heads:
-            node = node.setdefault(h, {})
-        node[last] = v
+        set_path(data, path, v)
     spec = build(source, data)
     return spec.validate() if hasattr(spec, "validate") else spec
 
@@ -278,71 +284,3 @@ def _dataclass_default(source: type, name: str) -> Any:
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         return f.default_factory()  # type: ignore[misc]
     return None
-
-
-# ---- size sets name nested fields by their Launchpad path (pipelines/presets.py) ----------------
-
-def field_at(config_cls: type, path: str) -> Any:
-    """The pydantic field of ``config_cls`` at the dotted Launchpad ``path`` (``cluster.run_timeout_s``).
-    Raises KeyError naming the first part of the path that is no field."""
-    cls, parts = config_cls, path.split(".")
-    for i, part in enumerate(parts):
-        if not _is_config(cls) or part not in cls.model_fields:
-            raise KeyError(f"{'.'.join(parts[:i + 1])} is not a field of {config_cls.__name__}")
-        f = cls.model_fields[part]
-        cls = f.annotation
-    return f
-
-
-def unknown_paths(config_cls: type, values: Iterable[str]) -> list[str]:
-    """The dotted paths in ``values`` that name no field of ``config_cls`` (sorted)."""
-    out = []
-    for p in values:
-        try:
-            field_at(config_cls, p)
-        except KeyError:
-            out.append(p)
-    return sorted(out)
-
-
-def nested_config(values: dict[str, Any]) -> dict[str, Any]:
-    """Size-set values keyed by dotted path (``{"train.epochs": 5.0}``) as the nested run config
-    Dagster takes (``{"train": {"epochs": 5.0}}``); plain keys pass through."""
-    out: dict[str, Any] = {}
-    for path, v in values.items():
-        *heads, last = path.split(".")
-        node = out
-        for h in heads:
-            node = node.setdefault(h, {})
-        node[last] = v
-    return out
-
-
-def sized_config(config_cls: type, values: dict[str, Any]) -> type:
-    """A subclass of ``config_cls`` whose defaults at the dotted paths of ``values`` are replaced
-    (a nested part gets a sized subclass of its own Config class), same name, docstring and
-    descriptions: what ``pipelines.presets.with_size_defaults`` gives the op. Raises KeyError for a
-    path that is no field."""
-    import pydantic
-
-    top: dict[str, Any] = {}
-    sub: dict[str, dict[str, Any]] = {}
-    for path, v in values.items():
-        head, _, rest = path.partition(".")
-        if head not in config_cls.model_fields:
-            raise KeyError(f"{path} is not a field of {config_cls.__name__}")
-        if rest:
-            sub.setdefault(head, {})[rest] = v
-        else:
-            top[head] = v
-    fields: dict[str, Any] = {}
-    for k, v in top.items():
-        f = config_cls.model_fields[k]
-        fields[k] = (f.annotation, pydantic.Field(default=v, description=f.description))
-    for k, vs in sub.items():
-        f = config_cls.model_fields[k]
-        part = sized_config(f.annotation, vs)
-        fields[k] = (part, pydantic.Field(default_factory=part, description=f.description))
-    sized = pydantic.create_model(config_cls.__name__, __base__=config_cls, __module__=config_cls.__module__, **fields)
-    sized.__doc__ = config_cls.__doc__
-    return sized

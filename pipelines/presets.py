@@ -20,7 +20,7 @@ The run bounds of pipelines/jobs.py (``dagster/max_runtime``) are computed per s
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from assets._config import field_at, nested_config, sized_config, unknown_paths
+from pipelines.config_paths import field_at, nested_config, sized_config, unknown_paths
 
 # Production sizes: a GPU node (8 ranks: global batches are multiples of 8), an OpenAI-compatible
 # teacher endpoint with real throughput, the whole generated set, every row through the teacher.

@@ -193,8 +193,8 @@ def test_every_job_carries_a_max_runtime_from_its_presets_launch_limits():
     times the launch attempts, plus the retries' backoff, the allowance for unlaunched work and the
     margin; the small preset's limits are the assets' config defaults."""
     from assets import gba, mixture, posttrain, rl_policy, rollarc, rollpacker
-    from assets._config import field_at
     from pipelines import jobs
+    from pipelines.config_paths import field_at
 
     defaults = {"gba_run": gba.GBARunConfig, "rl_policy": rl_policy.RlPolicyConfig,
                 "rollpacker_run": rollpacker.RollPackerRunConfig, "rollarc_run": rollarc.RollArcRunConfig,

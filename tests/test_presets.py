@@ -28,7 +28,7 @@ def test_every_preset_names_only_existing_ops_and_fields(unsized, name):
 
 def test_the_demo_preset_shrinks_the_slow_steps_and_keeps_every_stage(unsized):
     """Fewer steps / rows / seeds than the assets' defaults, never zero: every stage still does work."""
-    from assets._config import field_at
+    from pipelines.config_paths import field_at
     from pipelines.presets import config_classes
 
     classes = config_classes(unsized)
