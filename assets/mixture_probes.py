@@ -72,7 +72,7 @@ def probe_launch(context, compute: ComputeResource, lake: LakeResource, asset: s
 @mirrors(ProbePlan, own=("timeout_s", "inits"))
 class BaseModelConfig(fields_of(ProbePlan,
         exclude=("phase", "data_dir", "base_dir", "out_dir", "runs", "sizes", "cpt_tokens",
-                 "first_checkpoint", "cpt_lr", "cpt_warmup_steps"))):
+                 "first_checkpoint", "cpt_schedule"))):
     """Pre-training of the shared base model of each probe size: the Launchpad face of the base
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there)."""
 
@@ -98,9 +98,9 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
     # (assets.launch: a killed or late worker never replaces a committed base)
     committed = lake.base / "cpt_base_models"
     stage = staged(run_dir_for(context, lake.base, "cpt_base_models"), "cpt_base_models")
-    plan = ProbePlan(phase="base", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(stage),
-                     out_dir=str(lake.base / "cpt_probe_runs"), runs=runs,
-                     **config.model_dump(exclude={"timeout_s", "inits"})).validate(compute.num_processes)
+    plan = ProbePlan.from_settings(phase="base", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(stage),
+                                   out_dir=str(lake.base / "cpt_probe_runs"), runs=runs,
+                                   **config.model_dump(exclude={"timeout_s", "inits"})).validate(compute.num_processes)
     stage.mkdir(parents=True, exist_ok=True)
     stage_committed_bases(plan, committed, stage, context.log.info)
     names = sorted({base_dir_name(r["size"], r["init"]) for r in runs})
@@ -117,7 +117,7 @@ def cpt_base_models(context: dg.AssetExecutionContext, config: BaseModelConfig, 
 @mirrors(ProbePlan, own=("timeout_s", "seeds", "repeat_ratios", "seeds_reinit_base"))
 class ProbeRunConfig(fields_of(ProbePlan,
         exclude=("phase", "data_dir", "base_dir", "out_dir", "runs", "sizes", "seq_len", "global_batch",
-                 "base_tokens", "base_lr", "lr_ref_width", "lr_rule_below_ref", "warmup_steps", "weight_decay", "val_seqs_general",
+                 "base_tokens", "base_schedule", "lr_ref_width", "lr_rule_below_ref", "val_seqs_general",
                  "val_seqs_per_subdomain", "seed"))):
     """Continual pre-training of each (size, domain ratio) probe: the Launchpad face of the CPT
     fields of ops.mixture.probe.ProbePlan (meanings, defaults and ranges there). The base settings
@@ -158,9 +158,11 @@ def cpt_probe_runs(context: dg.AssetExecutionContext, config: ProbeRunConfig, la
     # the worker writes each run's metrics.json under the run folder; the step commits them after its
     # tables (assets.launch: a failed step or a late worker never replaces a committed metrics.json)
     committed, stage = lake.base / "cpt_probe_runs", staged(run_dir_for(context, lake.base, "cpt_probe_runs"), "cpt_probe_runs")
-    plan = ProbePlan(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
-                     out_dir=str(stage), runs=runs, **settings,
-                     **config.model_dump(exclude={"timeout_s", "seeds", "repeat_ratios", "seeds_reinit_base"})).validate(compute.num_processes)
+    # the bases' settings by flat name (base.json), the CPT schedule the config's own part
+    plan = ProbePlan.from_settings(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
+                                   out_dir=str(stage), runs=runs, **settings,
+                                   **config.model_dump(exclude={"timeout_s", "seeds", "repeat_ratios", "seeds_reinit_base"})
+                                   ).validate(compute.num_processes)
     outputs = {"cpt_probe_runs/launch.json": committed / "launch.json"}
     for r in runs:
         name = run_dir_name(r["size"], r["ratio"], r["seed"], r.get("tokens"), r["init"])

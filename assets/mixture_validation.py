@@ -6,6 +6,7 @@ tables and metadata.
 """
 
 import json
+from dataclasses import replace
 
 import dagster as dg
 import polars as pl
@@ -61,8 +62,8 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
     target_size = nearest_size(float(plan["target"]["n_params"]), sizes_n)
     out_dir = lake.base / "mixture_validation"
     base_dir, committed = out_dir / "bases", lake.base / "cpt_base_models"
-    probe = ProbePlan(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
-                      out_dir=str(out_dir / "runs"), **settings, **probe_cpt_settings(lake.base, target_size))
+    probe = ProbePlan.from_settings(phase="cpt", data_dir=str(lake.base / "cpt_tokenizer"), base_dir=str(base_dir),
+                                    out_dir=str(out_dir / "runs"), **settings, **probe_cpt_settings(lake.base, target_size))
     runs, asks = validation_runs(plan, params, target_size, sizes_n, probe.global_batch * probe.seq_len)
     context.log.info(f"mixture_validation: target N={plan['target']['n_params']:.6g} -> size {target_size} "
                      f"(N={sizes_n[target_size]}), D={plan['target']['tokens']:.6g}; {len(runs)} run(s): {[r['key'] for r in runs]}")
@@ -71,13 +72,12 @@ def mixture_validation(context: dg.AssetExecutionContext, config: MixtureValidat
     missing = stage_validation_bases(probe, sorted({r["size"] for r in runs}), bases, committed, base_dir)
     base_meta = {}
     if missing:
-        bplan = ProbePlan(**{**json.loads(probe.to_json()), "phase": "base",
-                             "runs": [{"size": s, "ratio": 0.0, "key": s} for s in missing]}).validate(compute.num_processes)
+        bplan = replace(probe, phase="base", runs=[{"size": s, "ratio": 0.0, "key": s} for s in missing]
+                        ).validate(compute.num_processes)
         with probe_launch(context, compute, lake, "mixture_validation", bplan, config.timeout_s, key="base") as brun:
             base_meta = {"bases_trained": ", ".join(missing), "base_launch_reused": brun.reused}
-    cplan = ProbePlan(**{**json.loads(probe.to_json()),
-                         "runs": [{k: r[k] for k in ("size", "ratio", "seed", "tokens", "key")} for r in runs]}
-                      ).validate(compute.num_processes)
+    cplan = replace(probe, runs=[{k: r[k] for k in ("size", "ratio", "seed", "tokens", "key")} for r in runs]
+                    ).validate(compute.num_processes)
     with probe_launch(context, compute, lake, "mixture_validation", cplan, config.timeout_s, key="cpt") as run:
         result, tables, verdict = score_validation(run.result["runs"], runs, asks, plan, doc, params, base_dir, committed,
                                                    read_probe_runs(lake), target_size, sizes_n)

@@ -166,10 +166,10 @@ def _validation_runs(lake, size: str, ratios: list[float], timeout_s: float, ini
                   cpt_tokens=int(runs["tokens"].max()))
     timings: dict = {}
     with _phase(timings, "base"):
-        base = ProbePlan(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common).validate(2)
+        base = ProbePlan.from_settings(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common).validate(2)
         b = _worker(base, out / ".run-base", timeout_s)["runs"][size]
     with _phase(timings, "cpt"):
-        cpt = ProbePlan(phase="cpt", runs=[{"size": size, "ratio": r, "key": f"{size}|{r:g}"} for r in ratios],
+        cpt = ProbePlan.from_settings(phase="cpt", runs=[{"size": size, "ratio": r, "key": f"{size}|{r:g}"} for r in ratios],
                         **common).validate(2)
         got = _worker(cpt, out / ".run-cpt", timeout_s)["runs"]
     rows = [{"n_params": info["n_params"], "tokens": p["tokens"], "domain_ratio": float(r),

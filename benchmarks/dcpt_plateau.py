@@ -56,9 +56,9 @@ def main() -> int:
     val_blocks = torch.from_numpy(val[: (len(val) // L) * L].reshape(-1, L)[: plan.val_seqs_general].astype(np.int64))
     model = gpt2(tok.get_vocab_size(), L, tok.token_to_id(EOT), plan.sizes[args.size], plan.seed + init_seed_offset(args.init))
     n_params, _ = param_counts(model)
-    lr = plan.lr_for(args.size, plan.base_lr)
-    opt = adamw(model, lr, plan.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(plan.warmup_steps, 1)))
+    lr = plan.lr_for(args.size, plan.base_schedule.lr)
+    opt = adamw(model, lr, plan.base_schedule.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(plan.base_schedule.warmup_steps, 1)))
     rng = np.random.default_rng(plan.seed + init_seed_offset(args.init))
     per_step = B * L
     eval_steps = max(1, args.eval_every // per_step)

@@ -129,8 +129,8 @@ def main() -> int:
                 model = gpt2(tok.get_vocab_size(), L, tok.token_to_id(EOT), plan.sizes[size], seed)
                 n_params, _ = param_counts(model)
                 lr = plan.lr_for(size, args.base_lr)
-                opt = adamw(model, lr, plan.weight_decay)
-                sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(plan.warmup_steps, 1)))
+                opt = adamw(model, lr, plan.base_schedule.weight_decay)
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(plan.base_schedule.warmup_steps, 1)))
                 rng = np.random.default_rng(seed)
                 gt, dt = streams["g_train"], streams["d_train"]
 

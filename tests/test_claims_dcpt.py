@@ -143,3 +143,33 @@ def test_closed_loop_never_scores_another_seeds_validation_record(tmp_path):
     with pytest.raises(RuntimeError, match=r"'seeds' is \[2300\], not \[2301\]"):
         read_seed_validation(path, 2301)
     assert read_seed_validation(path, 2300)["closed_loop"]["measured_rise"] == -0.063
+
+
+@pytest.mark.parametrize("claim", ["dcpt-closed-loop", "dcpt-extrapolation"])
+def test_the_designs_flat_schedules_nest_into_the_probe_configs_and_keep_every_fingerprint(claim, tmp_path):
+    """The registered designs name the probe schedules flat (base_lr, warmup_steps, weight_decay, cpt_lr,
+    cpt_warmup_steps); the adapter nests them into the assets' configs (base_schedule / cpt_schedule),
+    and the plan the assets build from those configs hashes every base and CPT run exactly as the flat
+    plan the design was registered against did (the legacy hash, computed here by hand)."""
+    import hashlib
+
+    from assets import mixture
+    from ops.mixture.probe import ProbePlan
+
+    p = load_design(Path(DESIGNS) / f"{claim}.yaml").params
+    base_cfg, probe_cfg = dcpt.probe_configs(p["base"], p["probe"], 60.0)
+    assert "base_lr" not in base_cfg and base_cfg["base_schedule"]["lr"] == p["base"]["base_lr"]
+    bc, pc = mixture.BaseModelConfig(**base_cfg), mixture.ProbeRunConfig(**probe_cfg)   # Dagster's config takes them
+    (tmp_path / "manifest.json").write_text('{"vocab_size": 512}')
+    kw = dict(data_dir=str(tmp_path), base_dir="", out_dir="")
+    base = ProbePlan.from_settings(phase="base", **kw, **bc.model_dump(exclude={"timeout_s", "inits"})).validate()
+    cpt = ProbePlan.from_settings(phase="cpt", **kw, **base.base_settings(),
+                                  **pc.model_dump(exclude={"timeout_s", "seeds", "repeat_ratios", "seeds_reinit_base"})
+                                  ).validate()
+    flat = {**p["base"], **p["probe"]}
+    d = {k: flat[k] for k in ProbePlan.BASE_FIELDS if k != "lr_rule_below_ref"}
+    legacy = lambda size, ratio, d: hashlib.sha256(json.dumps(['{"vocab_size": 512}', cpt.sizes[size], d, ratio],
+                                                               sort_keys=True).encode()).hexdigest()[:16]
+    assert base.fingerprint("l") == cpt.fingerprint("l") == legacy("l", None, d)
+    assert cpt.fingerprint("l", 0.5) == legacy("l", 0.5, {**d, **{k: flat[k] for k in ProbePlan.CPT_FIELDS}})
+    assert cpt.cpt_schedule.weight_decay == p["base"]["weight_decay"]

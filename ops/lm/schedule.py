@@ -37,7 +37,8 @@ def warmup_cosine(warmup_steps: int, steps: int, min_lr_ratio: float) -> Callabl
 class LrSchedule(JsonSpec):
     """AdamW's learning-rate schedule: linear warm-up to ``lr`` over ``warmup_steps`` optimizer steps,
     then cosine decay to ``lr * min_lr_ratio`` at the run's last step (module docstring for the
-    source). A nested part of a stage's spec (``SftPlan.schedule``, ``WarmStartSpec.schedule``); its
+    source). A nested part of a stage's spec (``SftPlan.schedule``, ``WarmStartSpec.schedule``,
+    ``ProbePlan.base_schedule`` / ``cpt_schedule``); its
     Launchpad path is ``<part>.<field>`` (``schedule.warmup_steps``). ``validate`` raises ValueError
     naming the field by its path. Every field is required (no class defaults): a spec's part names its
     own defaults (``default_factory``), so a partial JSON part fails naming the missing field instead

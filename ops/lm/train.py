@@ -193,14 +193,8 @@ def adamw(model, lr: float, weight_decay: float, init_state=None):
     return opt
 
 
-def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up over ``warmup_steps`` (0: none), then constant 1."""
-    return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-
-
 def lambda_lr(optimizer, multiplier: Callable[[int], float]):
-    """``torch.optim.lr_scheduler.LambdaLR`` with ``multiplier`` (``warmup_constant``, or
-    ``ops.lm.schedule.LrSchedule.multiplier``)."""
+    """``torch.optim.lr_scheduler.LambdaLR`` with ``multiplier`` (``ops.lm.schedule.LrSchedule.multiplier``)."""
     import torch
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

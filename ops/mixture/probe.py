@@ -36,14 +36,15 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional, get_args
 
 import numpy as np
 
 from ops.launch import spec_fingerprint, worker_main
-from ops.lm.spec import JsonSpec, require
+from ops.lm.schedule import LrSchedule
+from ops.lm.spec import JsonSpec, build, require
 
 # GPT-2 shapes of the probe sizes: non-embedding parameters ~ 12 * n_layer * n_embd^2.
 SIZES: dict[str, dict[str, int]] = {
@@ -165,11 +166,13 @@ class ProbePlan(JsonSpec):
     """Sequences per optimizer step, summed over ranks (a multiple of the number of ranks)."""
     base_tokens: int = 200_000
     """General-corpus tokens of the base pre-training of each size."""
-    base_lr: float = 3e-3
-    """Peak AdamW learning rate of the base: linear warm-up, then constant, so the base ends at the
-    rate the CPT continues with (no re-warming transient in the early checkpoints)."""
+    base_schedule: LrSchedule = field(default_factory=lambda: LrSchedule(lr=3e-3, warmup_steps=10, min_lr_ratio=1.0,
+                                                                        weight_decay=0.01))
+    """AdamW schedule of the base pre-training (``ops.lm.schedule.LrSchedule``): peak rate 3e-3 after a
+    10-step linear warm-up, then constant (min_lr_ratio 1.0), so the base ends at the rate the CPT
+    continues with (no re-warming transient in the early checkpoints); weight decay 0.01."""
     lr_ref_width: int = 48
-    """Width (``n_embd``) at which ``base_lr`` and ``cpt_lr`` hold; a size of width d >= lr_ref_width
+    """Width (``n_embd``) at which ``base_schedule.lr`` and ``cpt_schedule.lr`` hold; a size of width d >= lr_ref_width
     trains at lr x lr_ref_width / d, base and CPT alike (``lr_for``): the 1/width rule for Adam of muP
     (Yang et al., 2022, "Tensor Programs V", Table 3); a narrower size at lr itself unless
     ``lr_rule_below_ref``. 0: every size at the same rate. Measured (exploratory;
@@ -185,24 +188,73 @@ class ProbePlan(JsonSpec):
     """CPT tokens per run: the largest D."""
     first_checkpoint: int = 4_096
     """Tokens at the first validation checkpoint; later ones double up to cpt_tokens (paper §4.1)."""
-    cpt_lr: float = 3e-3
-    """Constant CPT learning rate (default: the base's, continued without re-warming)."""
-    cpt_warmup_steps: int = 0
-    """Linear warm-up steps of the CPT learning rate (0: none)."""
-    warmup_steps: int = 10
-    """Linear warm-up steps of the base learning rate."""
-    weight_decay: float = 0.01
-    """AdamW weight decay of the base and the CPT (>= 0)."""
+    cpt_schedule: LrSchedule = field(default_factory=lambda: LrSchedule(lr=3e-3, warmup_steps=0, min_lr_ratio=1.0,
+                                                                       weight_decay=0.01))
+    """AdamW schedule of the CPT runs: by default the base's rate and weight decay, continued constant
+    without re-warming (warm-up 0, min_lr_ratio 1.0)."""
     val_seqs_general: int = 48
     """Validation blocks of the general stream (the first ones)."""
     val_seqs_per_subdomain: int = 24
     """Validation blocks per domain sub-domain; the domain loss is their token-weighted mean."""
     seed: int = 0
     """Weight initialisation and data order."""
+    # The settings a record (base.json "settings", metrics.json "cpt_settings", a registered design) and the
+    # fingerprint name, flat, by the names they had before the schedules were parts (``FLAT_SCHEDULE``).
     BASE_FIELDS = ("seq_len", "global_batch", "base_tokens", "base_lr", "lr_ref_width", "lr_rule_below_ref", "warmup_steps",
                    "weight_decay", "val_seqs_general", "val_seqs_per_subdomain", "seed")
     _HASH_IF_IT_MATTERS = ("lr_rule_below_ref",)   # hashed through the rate it gives (fingerprint)
     CPT_FIELDS = ("cpt_tokens", "first_checkpoint", "cpt_lr", "cpt_warmup_steps")
+    #: flat setting name -> (schedule part, field); the last three are named (recorded, hashed) only when they
+    #: differ from what the flat plan implied: constant rates, the CPT at the base's weight decay
+    FLAT_SCHEDULE = {"base_lr": ("base_schedule", "lr"), "warmup_steps": ("base_schedule", "warmup_steps"),
+                     "weight_decay": ("base_schedule", "weight_decay"), "cpt_lr": ("cpt_schedule", "lr"),
+                     "cpt_warmup_steps": ("cpt_schedule", "warmup_steps"),
+                     "base_min_lr_ratio": ("base_schedule", "min_lr_ratio"),
+                     "cpt_min_lr_ratio": ("cpt_schedule", "min_lr_ratio"), "cpt_weight_decay": ("cpt_schedule", "weight_decay")}
+
+    @classmethod
+    def from_settings(cls, **kw) -> "ProbePlan":
+        """A plan from keyword fields whose schedules may also be given by their flat setting names
+        (``FLAT_SCHEDULE``: base.json settings, metrics.json cpt_settings, a design's params): a flat
+        name sets its part's field over the part given (a dict or ``LrSchedule``) or its default;
+        ``weight_decay`` sets the CPT's too when no ``cpt_schedule`` part and no ``cpt_weight_decay``
+        is given (the flat plan's one weight decay). Not validated. Raises ValueError naming an
+        unknown field."""
+        flat = {k: kw.pop(k) for k in list(kw) if k in cls.FLAT_SCHEDULE}
+        if "weight_decay" in flat and "cpt_schedule" not in kw:
+            flat.setdefault("cpt_weight_decay", flat["weight_decay"])
+        plan = build(cls, kw)
+        for name, v in flat.items():              # a copy of the part: a given LrSchedule is never changed
+            part, f = cls.FLAT_SCHEDULE[name]
+            setattr(plan, part, replace(getattr(plan, part), **{f: v}))
+        return plan
+
+    @classmethod
+    def nest_settings(cls, flat: dict) -> dict:
+        """``flat`` (run config or settings by flat name, e.g. a registered design's params) as the
+        nested run config of the probe assets: each ``FLAT_SCHEDULE`` name moves to its part
+        (``{"base_lr": 1e-3}`` -> ``{"base_schedule": {"lr": 1e-3}}``, the part's other fields left to
+        the Config's defaults); other keys pass through."""
+        out: dict = {}
+        for k, v in flat.items():
+            part, f = cls.FLAT_SCHEDULE.get(k, (None, k))
+            if part:
+                out.setdefault(part, {})[f] = v
+            else:
+                out[k] = v
+        return out
+
+    def setting(self, name: str):
+        """The value of a flat setting name (a field, or a schedule field by its ``FLAT_SCHEDULE`` name)."""
+        part, f = self.FLAT_SCHEDULE.get(name, (None, name))
+        return getattr(getattr(self, part), f) if part else getattr(self, name)
+
+    def _schedule_extras(self, cpt: bool) -> dict:
+        """The schedule settings the flat plan could not express, by flat name, when they are not its
+        implied values: the base's min_lr_ratio (``cpt``: the CPT's min_lr_ratio and weight decay)."""
+        names = ("cpt_min_lr_ratio", "cpt_weight_decay") if cpt else ("base_min_lr_ratio",)
+        implied = {"base_min_lr_ratio": 1.0, "cpt_min_lr_ratio": 1.0, "cpt_weight_decay": self.base_schedule.weight_decay}
+        return {k: self.setting(k) for k in names if self.setting(k) != implied[k]}
 
     def validate(self, processes: Optional[int] = None) -> "ProbePlan":
         """Check every field (and, with ``processes``, that the global batch splits over the ranks).
@@ -214,9 +266,9 @@ class ProbePlan(JsonSpec):
             ("parallelism", self.parallelism in PARALLELISMS, " or ".join(map(repr, PARALLELISMS))),
             *((k, getattr(self, k) >= 1, ">= 1") for k in ("seq_len", "base_tokens", "cpt_tokens", "first_checkpoint",
                                                            "val_seqs_general", "val_seqs_per_subdomain")),
-            *((k, getattr(self, k) > 0, "> 0") for k in ("base_lr", "cpt_lr")),
-            *((k, getattr(self, k) >= 0, ">= 0") for k in ("warmup_steps", "cpt_warmup_steps", "weight_decay",
-                                                           "lr_ref_width"))])
+            ("lr_ref_width", self.lr_ref_width >= 0, ">= 0")])
+        self.base_schedule.validate("probe.base_schedule")
+        self.cpt_schedule.validate("probe.cpt_schedule")
         check_global_batch(self.global_batch, processes)
         for name, shape in self.sizes.items():
             if set(shape) != {"n_embd", "n_layer", "n_head"} or shape["n_embd"] % shape["n_head"]:
@@ -244,11 +296,14 @@ class ProbePlan(JsonSpec):
         its data-order ``seed``. Seed 0 and init 0 hash exactly as before seeds and inits existed
         (their published results stay valid), and so does a size whose rate ``lr_rule_below_ref``
         leaves unchanged (every size at least ``lr_ref_width`` wide); a size it changes hashes its
-        rate. 16 hex digits."""
+        rate. The schedules hash by their flat names (``FLAT_SCHEDULE``), as before they were parts,
+        plus what the flat plan could not express when it is set (``_schedule_extras``). 16 hex digits."""
         manifest = (Path(self.data_dir) / "manifest.json").read_text()
         fields = self.BASE_FIELDS + (self.CPT_FIELDS if ratio is not None else ())
-        d = {k: getattr(self, k) for k in fields if k not in self._HASH_IF_IT_MATTERS}
+        d = {k: self.setting(k) for k in fields if k not in self._HASH_IF_IT_MATTERS}
         payload: list = [manifest, self.sizes.get(size), d, ratio]
+        if extras := {**self._schedule_extras(False), **(self._schedule_extras(True) if ratio is not None else {})}:
+            payload.append({"schedule": extras})
         if size in self.sizes and self.lr_multiplier(size) != self.lr_multiplier(size, below_ref=True):
             payload.append({"lr_multiplier": self.lr_multiplier(size)})
         if init:
@@ -280,8 +335,13 @@ class ProbePlan(JsonSpec):
         return lr * self.lr_multiplier(size)
 
     def base_settings(self) -> dict:
-        """The fields a CPT launch must share with the base models it starts from."""
-        return {k: getattr(self, k) for k in self.BASE_FIELDS}
+        """The settings a CPT launch must share with the base models it starts from, by flat name
+        (``FLAT_SCHEDULE``; ``from_settings`` reads them back)."""
+        return {**{k: self.setting(k) for k in self.BASE_FIELDS}, **self._schedule_extras(False)}
+
+    def cpt_settings(self) -> dict:
+        """The CPT settings by flat name (``cpt_tokens`` included; ``from_settings`` reads them back)."""
+        return {**{k: self.setting(k) for k in self.CPT_FIELDS}, **self._schedule_extras(True)}
 
 
 def run_dir_name(size: str, ratio: float, seed: int = 0, tokens: int | None = None, init: int = 0) -> str:
@@ -389,7 +449,7 @@ class _Probe:
         from ops.lake import write_json_atomic
         from ops.lm.checkpoint import published
         from ops.lm.model import save_model
-        from ops.lm.train import Trainer, adamw, lambda_lr, token_mean_loss, warmup_constant
+        from ops.lm.train import Trainer, token_mean_loss
         from ops.mixture.plateau import PLATEAU_FRACTION, plateau_record
 
         plan, size, init, t0 = self.plan, run["size"], int(run.get("init", 0)), time.monotonic()
@@ -398,9 +458,10 @@ class _Probe:
         if (info := self.reused(run["key"], published(folder / "base.json", fp, self.log, f"base {name}"))) is not None:
             return info
         model, n_params, n_total = self.model(size, init)
-        opt = adamw(model, plan.lr_for(size, plan.base_lr), plan.weight_decay)
+        sch = plan.base_schedule
+        opt = sch.optimizer(model, lr=plan.lr_for(size, sch.lr))
         steps = max(1, math.ceil(plan.base_tokens / self.per_step))
-        trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.warmup_steps)), self.batches(0, 0.0, init=init),
+        trainer = Trainer(self.dp, model, opt, sch.scheduler(opt, steps), self.batches(0, 0.0, init=init),
                           token_mean_loss, name=f"base {name}", log=self.log)
         # The plateau criterion (ops.mixture.validation.plateau_record): the general validation loss at 80% of
         # the steps and at the end. Evaluation draws no random numbers and leaves the training unchanged.
@@ -413,7 +474,7 @@ class _Probe:
         plateau = (plateau_record(loss80, losses["general"]) | {"step_at_80pct": at80, "steps": steps}
                    if at80 is not None and at80 < steps else None)
         info = {"fingerprint": fp, "size": size, "init": init, "settings": plan.base_settings(), "n_params": n_params,
-                "n_params_total": n_total, "tokens": steps * self.per_step, "steps": steps, "lr": plan.lr_for(size, plan.base_lr),
+                "n_params_total": n_total, "tokens": steps * self.per_step, "steps": steps, "lr": plan.lr_for(size, sch.lr),
                 "losses": losses, "plateau": plateau,
                 "wall_s": round(time.monotonic() - t0, 2), "world_size": self.dp.world}
         if self.dp.rank == 0:
@@ -432,7 +493,7 @@ class _Probe:
         from ops.lake import write_json_atomic
         from ops.lm.checkpoint import LMState, published, run_folder
         from ops.lm.model import load_model
-        from ops.lm.train import Trainer, adamw, crash_if_asked, lambda_lr, token_mean_loss, warmup_constant
+        from ops.lm.train import Trainer, crash_if_asked, token_mean_loss
 
         plan, size, ratio, key, t0 = self.plan, run["size"], float(run["ratio"]), run["key"], time.monotonic()
         seed, budget, init = int(run.get("seed", 0)), run.get("tokens"), int(run.get("init", 0))
@@ -447,10 +508,11 @@ class _Probe:
             return info
         model, n_params, n_total = self.model(size, init)
         load_model(base, model)
-        opt = adamw(model, plan.lr_for(size, plan.cpt_lr), plan.weight_decay, init_state=base / "optimizer.pt")
+        sch = plan.cpt_schedule
+        opt = sch.optimizer(model, init_state=base / "optimizer.pt", lr=plan.lr_for(size, sch.lr))
         marks = [m // self.per_step for m in checkpoint_tokens(plan, budget)]
         points = [{"step": 0, "tokens": 0, **{f"loss_{k}": v for k, v in base_info["losses"].items()}}]
-        trainer = Trainer(self.dp, model, opt, lambda_lr(opt, warmup_constant(plan.cpt_warmup_steps)),
+        trainer = Trainer(self.dp, model, opt, sch.scheduler(opt, marks[-1]),
                           self.batches(1 + int(round(ratio * 1000)), ratio, seed), token_mean_loss,
                           state=LMState(run_folder(out, name), fp), history=points, name=f"cpt {key}", log=self.log)
         saved_before = len(trainer.history) - 1                # checkpoints this launch resumed from
@@ -470,8 +532,8 @@ class _Probe:
                 crash_if_asked("CRUCIBLE_PROBE_CRASH_AFTER_CHECKPOINTS", len(trainer.history) - 1, "checkpoints",
                                f"cpt {key}", self.log, since=saved_before, kill=self.dp.kill_launch)
         info = {"fingerprint": fp, "key": key, "size": size, "ratio": ratio, "seed": seed, "init": init,
-                "cpt_settings": {**{k: getattr(plan, k) for k in plan.CPT_FIELDS}, "cpt_tokens": points_budget(plan, budget)},
-                "lr": plan.lr_for(size, plan.cpt_lr), "n_params": n_params, "n_params_total": n_total, "world_size": self.dp.world,
+                "cpt_settings": {**plan.cpt_settings(), "cpt_tokens": points_budget(plan, budget)},
+                "lr": plan.lr_for(size, sch.lr), "n_params": n_params, "n_params_total": n_total, "world_size": self.dp.world,
                 "subdomain_share": self.manifest["subdomain_share"], "points": trainer.history,
                 "wall_s": round(time.monotonic() - t0, 2)}
         if self.dp.rank == 0:

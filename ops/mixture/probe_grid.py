@@ -284,7 +284,8 @@ def base_losses(lake: Lake, size: str, inits=None) -> tuple[dict[str, float], li
     infos, used = [first], [0]
     manifest = lake.base / "cpt_tokenizer" / "manifest.json"
     if manifest.exists() and "settings" in first:              # a record without its settings: init 0 alone
-        plan = ProbePlan(phase="base", data_dir=str(manifest.parent), base_dir=str(root), out_dir="", **first["settings"])
+        plan = ProbePlan.from_settings(phase="base", data_dir=str(manifest.parent), base_dir=str(root), out_dir="",
+                                       **first["settings"])
         if first.get("fingerprint") == plan.fingerprint(size):     # init 0 is of these settings and data
             for p in sorted(root.glob(f"{size}_i*/base.json")):
                 info = json.loads(p.read_text())
@@ -317,13 +318,14 @@ def probed_bases(base: Path, sizes: Sequence[str]) -> dict[str, dict]:
 def probe_cpt_settings(base: Path, size: str) -> dict:
     """The CPT hyper-parameters the probes of ``size`` were trained with (their metrics.json under
     ``base``/cpt_probe_runs), so the validation runs continue the base exactly as the probes did; the
-    ProbePlan defaults for probes recorded before the settings were."""
+    ProbePlan defaults for probes recorded before the settings were. By flat setting name
+    (``ProbePlan.FLAT_SCHEDULE``: ``cpt_lr``, ``cpt_warmup_steps``, ...), for ``ProbePlan.from_settings``."""
     for p in sorted((Path(base) / "cpt_probe_runs").glob(f"{size}_r*/metrics.json")):
         st = json.loads(p.read_text()).get("cpt_settings")
         if st:
-            return {k: st[k] for k in ProbePlan.CPT_FIELDS if k != "cpt_tokens"}
+            return {k: v for k, v in st.items() if k != "cpt_tokens"}
     plan = ProbePlan(phase="base", data_dir="", base_dir="", out_dir="")
-    return {k: getattr(plan, k) for k in ProbePlan.CPT_FIELDS if k != "cpt_tokens"}
+    return {k: v for k, v in plan.cpt_settings().items() if k != "cpt_tokens"}
 
 
 def subdomain_points(runs: pl.DataFrame, shares: Mapping[str, float], min_share: float) -> pl.DataFrame:

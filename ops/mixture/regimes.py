@@ -48,7 +48,7 @@ PLATEAU_SMALL: dict[str, dict[str, Any]] = {
     "dcpt_law_fit": {"forms": ["L3"]},
 }
 """Op -> run-config fields of the shrunk regime (module docstring). The base settings not named keep the
-defaults (``base_lr`` 3e-3, warm-up 10 steps, weight decay 0.01, seed 0); the plan and the closed loop
+defaults (``base_schedule``: lr 3e-3, warm-up 10 steps, weight decay 0.01; seed 0); the plan and the closed loop
 keep theirs (T = 3%, tolerance max(1 point, 2 x seed noise))."""
 
 

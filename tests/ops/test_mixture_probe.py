@@ -100,9 +100,9 @@ def _launch(plan: Path, **extra_env) -> subprocess.CompletedProcess:
 def test_learning_rate_scales_as_one_over_width_and_enters_the_fingerprint(tmp_path):
     (tmp_path / "manifest.json").write_text("{}")
     plan = ProbePlan(phase="base", data_dir=str(tmp_path), base_dir="", out_dir="")
-    assert plan.lr_ref_width == 48 and plan.base_lr == 3e-3
+    assert plan.lr_ref_width == 48 and plan.base_schedule.lr == 3e-3
     # never above the given rate below the reference width (xs is 16 wide, s 32), 1/width above it
-    assert [plan.lr_for(s, plan.base_lr) for s in ("xs", "s", "m", "l", "xxl")] == pytest.approx([3e-3, 3e-3, 2.25e-3, 1.5e-3, 7.5e-4])
+    assert [plan.lr_for(s, plan.base_schedule.lr) for s in ("xs", "s", "m", "l", "xxl")] == pytest.approx([3e-3, 3e-3, 2.25e-3, 1.5e-3, 7.5e-4])
     assert plan.lr_for("l", 1e-3) == pytest.approx(0.5e-3)
     below = ProbePlan(phase="base", data_dir=str(tmp_path), base_dir="", out_dir="", lr_rule_below_ref=True)
     assert below.lr_for("xs", 3e-3) == pytest.approx(9e-3) and below.lr_for("l", 3e-3) == pytest.approx(1.5e-3)
@@ -116,6 +116,44 @@ def test_learning_rate_scales_as_one_over_width_and_enters_the_fingerprint(tmp_p
     assert flat.fingerprint("l") != plan.fingerprint("l") and "lr_ref_width" in plan.base_settings()
     with pytest.raises(ValueError, match=r"probe\.lr_ref_width must be >= 0, got -1"):
         ProbePlan(phase="base", data_dir="", base_dir="", out_dir="", lr_ref_width=-1).validate()
+
+
+def test_the_schedules_are_lr_schedule_parts_and_known_fingerprints_are_unchanged(tmp_path):
+    """ProbePlan's base and CPT schedules are ``LrSchedule`` parts (issue 41 item 1); a run hashes them
+    by the flat names it had before (base_lr, warmup_steps, weight_decay, cpt_lr, cpt_warmup_steps),
+    so probes trained before stay reusable. The hex digits below were computed with the flat
+    ProbePlan (at cf8b190) on the same manifest text."""
+    from ops.lm.schedule import LrSchedule
+
+    (tmp_path / "manifest.json").write_text('{"streams": ["general", "domain"], "vocab_size": 512}\n')
+    kw = dict(phase="cpt", data_dir=str(tmp_path), base_dir="", out_dir="")
+    plan = ProbePlan(**kw)
+    assert plan.base_schedule == LrSchedule(lr=3e-3, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.01)
+    assert plan.cpt_schedule == LrSchedule(lr=3e-3, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.01)
+    assert plan.fingerprint("s") == "2edf46365653ef2c"
+    assert plan.fingerprint("xxl", init=2) == "2c5f4d74bf74d916"
+    assert plan.fingerprint("m", ratio=0.25, seed=1, tokens=8192, init=1) == "b4c74ca8631ab7ba"
+    # a plan from flat settings (a committed base's base.json, a registered design): same hashes as the flat plan
+    flat = dict(base_lr=1e-3, warmup_steps=5, weight_decay=0.02, cpt_lr=5e-4, cpt_warmup_steps=3)
+    q = ProbePlan.from_settings(**kw, lr_rule_below_ref=True, **flat)
+    assert (q.fingerprint("xs"), q.fingerprint("xs", ratio=0.5)) == ("4889c3f1f614c1cc", "c92a912a8d777e44")
+    assert q.cpt_schedule == LrSchedule(lr=5e-4, warmup_steps=3, min_lr_ratio=1.0, weight_decay=0.02)  # the flat plan's one decay
+    assert {k: q.base_settings()[k] for k in ("base_lr", "warmup_steps", "weight_decay")} == \
+        {"base_lr": 1e-3, "warmup_steps": 5, "weight_decay": 0.02}
+    assert ProbePlan.from_settings(**kw, **q.base_settings(), **q.cpt_settings()) == q
+    # what the flat plan could not say (a decaying rate, a CPT decay of its own) is recorded and hashed
+    cos = ProbePlan(**kw, cpt_schedule=LrSchedule(lr=3e-3, warmup_steps=0, min_lr_ratio=0.1, weight_decay=0.0))
+    assert cos.fingerprint("s") == plan.fingerprint("s") and cos.fingerprint("s", 0.5) != plan.fingerprint("s", 0.5)
+    assert cos.cpt_settings()["cpt_min_lr_ratio"] == 0.1 and cos.cpt_settings()["cpt_weight_decay"] == 0.0
+    assert ProbePlan.from_settings(**kw, **cos.base_settings(), **cos.cpt_settings()) == cos
+    # a given part is copied, never changed; errors name the part's path; a design's flat params nest
+    given = LrSchedule(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0)
+    assert ProbePlan.from_settings(**kw, cpt_schedule=given, cpt_lr=2e-3, weight_decay=0.5).cpt_schedule.lr == 2e-3
+    assert given.lr == 1e-3
+    with pytest.raises(ValueError, match=r"probe\.base_schedule\.lr must be > 0, got 0"):
+        ProbePlan.from_settings(**kw, base_lr=0).validate()
+    assert ProbePlan.nest_settings({"base_lr": 1e-3, "weight_decay": 0.01, "seq_len": 32}) == \
+        {"base_schedule": {"lr": 1e-3, "weight_decay": 0.01}, "seq_len": 32}
 
 
 def test_crashed_probe_resumes_from_its_checkpoint_to_the_uninterrupted_result(tmp_path):
@@ -161,7 +199,7 @@ def test_fingerprints_and_folders_differ_per_seed_and_budget(tmp_path):
     fp = {s: plan.fingerprint("l", 0.5, seed=s) for s in (0, 1, 2)}
     assert len(set(fp.values())) == 3
     # the fields as they were before lr_rule_below_ref existed: a size it does not change (l) hashes as then
-    d = {k: getattr(plan, k) for k in plan.BASE_FIELDS + plan.CPT_FIELDS if k != "lr_rule_below_ref"}
+    d = {k: plan.setting(k) for k in plan.BASE_FIELDS + plan.CPT_FIELDS if k != "lr_rule_below_ref"}
     legacy = hashlib.sha256(json.dumps(['{"vocab_size": 300}', plan.sizes["l"], d, 0.5], sort_keys=True).encode()).hexdigest()[:16]
     assert fp[0] == legacy
     assert plan.fingerprint("l", 0.5, tokens=plan.cpt_tokens * 4) != fp[0]
@@ -229,7 +267,7 @@ def test_base_inits_are_distinct_models_that_cpt_runs_continue(tmp_path):
     assert b0["losses"]["general"] != b1["losses"]["general"] and b0["n_params"] == b1["n_params"]
     assert (tmp_path / "base" / "xs" / "base.json").exists() and (tmp_path / "base" / "xs_i1" / "base.json").exists()
     plan = ProbePlan.from_json(p.read_text())
-    d = {k: getattr(plan, k) for k in plan.BASE_FIELDS if k != "lr_rule_below_ref"}
+    d = {k: plan.setting(k) for k in plan.BASE_FIELDS if k != "lr_rule_below_ref"}
     manifest = (data / "manifest.json").read_text()
     legacy = hashlib.sha256(json.dumps([manifest, plan.sizes["m"], d, None], sort_keys=True).encode()).hexdigest()[:16]
     assert plan.fingerprint("m") == legacy != plan.fingerprint("m", init=1)

@@ -143,6 +143,19 @@ def _materialize(assets: list, res: dict, ops: dict, tags: Optional[dict] = None
     return r
 
 
+def probe_configs(base: dict, probe: dict, timeout_s: float) -> tuple[dict, dict]:
+    """The run configs of ``cpt_base_models`` and ``cpt_probe_runs`` from a design's ``base`` and ``probe``
+    params, which name the schedules flat (``base_lr``, ``warmup_steps``, ``weight_decay``, ``cpt_lr``,
+    ``cpt_warmup_steps``: registered before the schedules were ``LrSchedule`` parts); the configs nest
+    them (``ProbePlan.nest_settings``), the CPT at the base's weight decay as the flat plan trained it,
+    so every probe keeps the fingerprint it had."""
+    from ops.mixture.probe import ProbePlan
+
+    cpt_decay = {"cpt_weight_decay": base["weight_decay"]} if "weight_decay" in base else {}
+    return (ProbePlan.nest_settings({**base, "timeout_s": timeout_s}),
+            ProbePlan.nest_settings({**probe, **cpt_decay, "timeout_s": timeout_s}))
+
+
 def build_probes(lake_root: str, sizes: Sequence[str], ratios: Sequence[float], tokenizer: dict, base: dict, probe: dict,
                  timeout_s: float, general: str = "reviews", general_docs: int = 0) -> dict:
     """Materialize corpora (the general one by the ``general_corpus`` asset with variant ``general`` and
@@ -169,13 +182,14 @@ def build_probes(lake_root: str, sizes: Sequence[str], ratios: Sequence[float], 
         _materialize([mixture.cpt_tokenizer], res, {"cpt_tokenizer": {"config": dict(tokenizer)}})
     out["corpora_tokenizer_s"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
-    _materialize([mixture.cpt_base_models], res, {"cpt_base_models": {"config": {**base, "timeout_s": timeout_s}}},
+    base_config, probe_config = probe_configs(base, probe, timeout_s)
+    _materialize([mixture.cpt_base_models], res, {"cpt_base_models": {"config": base_config}},
                  tags={"dagster/asset_partition_range_start": order[0], "dagster/asset_partition_range_end": order[-1]})
     out["base_models_s"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     for r in ratios:
         k = mixture.ratio_key(float(r))
-        _materialize([mixture.cpt_probe_runs], res, {"cpt_probe_runs": {"config": {**probe, "timeout_s": timeout_s}}},
+        _materialize([mixture.cpt_probe_runs], res, {"cpt_probe_runs": {"config": probe_config}},
                      tags={"dagster/asset_partition_range_start": f"{k}|{order[0]}",
                            "dagster/asset_partition_range_end": f"{k}|{order[-1]}"})
     out["probe_runs_s"] = round(time.monotonic() - t, 1)
@@ -238,11 +252,12 @@ def validation_runs(lake_root: str, largest_probe: str, size: str, ratios: Seque
                   **{**base_info["settings"], "seed": int(init_seed)}, **_probe_cpt_settings(lake, largest_probe),
                   cpt_tokens=int(runs["tokens"].max()))
     t = time.monotonic()
-    ProbePlan(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common).validate(2)
-    _worker(ProbePlan(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common), out / f".base-{size}",
-            timeout_s)
-    cpt = ProbePlan(phase="cpt", runs=[{"size": size, "ratio": float(r), "key": f"{size}|{float(r):g}"} for r in ratios],
-                    **common).validate(2)
+    ProbePlan.from_settings(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common).validate(2)
+    _worker(ProbePlan.from_settings(phase="base", runs=[{"size": size, "ratio": 0.0, "key": size}], **common),
+            out / f".base-{size}", timeout_s)
+    cpt = ProbePlan.from_settings(phase="cpt", **common,
+                                  runs=[{"size": size, "ratio": float(r), "key": f"{size}|{float(r):g}"} for r in ratios]
+                                  ).validate(2)
     got = _worker(cpt, out / f".cpt-{size}", timeout_s)["runs"]
     rows = [{"size": size, "n_params": info["n_params"], "tokens": p["tokens"], "domain_ratio": float(r),
              "loss_general": p["loss_general"], "loss_domain": p["loss_domain"]}
