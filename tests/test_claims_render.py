@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.claims.render import RenderError, pages, render_pages, render_text
+from benchmarks.claims.render import RenderError, format_estimate, pages, render_pages, render_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,3 +104,16 @@ def test_cols_picks_columns_in_order_and_ids_still_restrict():
 def test_bad_markers_name_the_file_and_line(text, msg):
     with pytest.raises(RenderError, match=msg):
         render_text(text, CLAIMS, "page.md")
+
+
+@pytest.mark.parametrize("unit,short", [
+    ("% rise of the general validation loss over the validated base model", "pts"),
+    ("pass rate", "pass rate"), ("AUC", "AUC"), ("s", "s"),
+    ("1 when the regime check says ok for the seed, else 0", "1")])
+def test_estimate_cells_name_a_short_unit_and_leave_the_description_to_the_metric_column(unit, short):
+    from benchmarks.claims.render import short_unit
+
+    assert short_unit(unit) == short
+    c = claim("d", kind="paired_difference", estimate=-8.951, ci95=[-9.06, -8.85],
+              metric={"name": "m", "unit": unit, "direction": "higher", "decimals": 2})
+    assert format_estimate(c) == f"-8.95 [-9.06, -8.85] {short}"

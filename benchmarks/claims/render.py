@@ -64,7 +64,17 @@ def format_estimate(claim: dict) -> str:
                 cell += (f"; vs {arm} {_num(v['estimate'], d, False)}x "
                          f"[{_num(vlo, d, False)}, {_num(vhi, d, False)}]")
         return cell
-    return f"{_num(claim['estimate'], d, True)} [{_num(lo, d, True)}, {_num(hi, d, True)}] {m['unit']}"
+    return f"{_num(claim['estimate'], d, True)} [{_num(lo, d, True)}, {_num(hi, d, True)}] {short_unit(m['unit'])}"
+
+
+def short_unit(unit: str) -> str:
+    """The unit of an estimate cell: a difference of two percentages (a unit that starts with ``%``, e.g.
+    "% of 256 held-out problems passed") is in percentage points, ``pts``; any other unit as the design
+    writes it up to its first space (the metric column carries the full description)."""
+    unit = unit.strip()
+    if unit.startswith("%"):
+        return "pts"
+    return unit if len(unit) <= 12 else unit.split()[0]
 
 
 def cells(claim: dict) -> dict[str, str]:
