@@ -307,6 +307,45 @@ def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     return _native().estimated_jaccard(np.ascontiguousarray(sig), pairs)
 
 
+KERNELS = ("shingle_counts", "shingle_values", "signatures", "band_codes", "estimated_jaccard", "sorted_sets",
+           "pair_jaccard", "star_clusters")
+"""The kernels of :mod:`ops.curation.minhash_native` this module calls from Python (the others are
+inlined into them)."""
+
+
+def compile_kernels() -> dict[str, int]:
+    """Compile every kernel of :data:`KERNELS` by running the public functions once on a few tiny texts
+    with near duplicates, so the compiled machine code lands in Numba's on-disk cache (``cache=True``:
+    ``__pycache__`` next to ops/curation/minhash_native.py, or ``$NUMBA_CACHE_DIR``) and later processes
+    load it instead of compiling (a cold compile of all of them is ~25 s on 2 cores). The arrays have
+    the dtypes and layouts of every real call (the same functions build them), so the cached
+    signatures are the ones the curation steps use. Called by ``crucible setup``.
+
+    Returns:
+        kernel name -> number of compiled signatures it now has (>= 1 each).
+    Raises:
+        RuntimeError: a kernel of :data:`KERNELS` was not compiled (the message names it).
+    """
+    base = "Find all real x such that x^2 - 5x + 6 = 0 and the sum of the roots is positive."
+    texts = [base, base.replace("positive", "negative"), base + " Explain.", "Ünïcödé: ∫ x dx = ?", "2+2", "𝔽 field"]
+    batch = shingle_batch(texts)
+    unique_sets(batch)                                          # sorted_sets (threshold 1.0, shards)
+    sig = signatures(batch, num_perm=128, seed=1)
+    bands, rows = lsh_params(0.5, 128)
+    cand = band_candidates(sig, bands, rows)
+    if len(cand) == 0:                                          # the near duplicates above always collide
+        cand = np.array([[0, 1]], dtype=np.int64)
+    estimated_jaccard(sig, cand)
+    sims = pair_jaccard(batch, cand)
+    star_clusters(len(texts), cand, sims, np.arange(len(texts), dtype=np.int64))
+    nat = _native()
+    compiled = {name: len(getattr(nat, name).signatures) for name in KERNELS}
+    missing = [name for name, n in compiled.items() if n == 0]
+    if missing:
+        raise RuntimeError(f"ops.curation.minhash.compile_kernels: not compiled: {', '.join(missing)}")
+    return compiled
+
+
 def estimate_margin(threshold: float, num_perm: int, z: float = 5.0) -> float:
     """Candidates whose estimate is below ``threshold - margin`` are dropped before exact
     verification: ``z`` standard deviations of the estimator at the threshold (sqrt(t(1-t)/k))
