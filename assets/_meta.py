@@ -105,10 +105,17 @@ def column_schema(schema: "pl.Schema | dict") -> dg.TableSchema:
 
 
 def parquet_column_schema(path) -> dg.TableSchema | None:
-    """:func:`column_schema` of a local Parquet file, read from its footer (no data read); None for an
-    object-store URI or a path that is not a Parquet file."""
+    """:func:`column_schema` of a local Parquet file (from its footer) or a local Delta table
+    (``<name>.delta``, from its log, with the dtypes ``LakeResource.read`` returns); no data read.
+    None for an object-store URI or a path that is neither."""
     p = Path(str(path))
-    if "://" in str(path) or p.suffix != ".parquet" or not p.is_file():
+    if "://" in str(path):
+        return None
+    if p.suffix == ".delta" and (p / "_delta_log").is_dir():
+        from ops.lake import DeltaTables
+
+        return column_schema(DeltaTables(str(p.parent)).schema(f"{p.stem}.parquet"))
+    if p.suffix != ".parquet" or not p.is_file():
         return None
     return column_schema(pl.read_parquet_schema(p))
 

@@ -463,17 +463,19 @@ def score(work: Path) -> dict:
     from ops.curation import minhash
     from ops.curation.text import normalize
 
-    lake = work / "lake"
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(work / "lake"))           # the lake's tables are Delta tables: read through it
     truth = pl.read_parquet(work / "truth.parquet")
-    raw = pl.concat([pl.read_parquet(lake / "raw_problems" / k / "data.parquet").select("problem_id", "source", "record", "problem")
+    raw = pl.concat([lake.read("raw_problems", k).select("problem_id", "source", "record", "problem")
                      for k in BUILTIN + USER_SOURCES])
     ids = raw.select("source", "record", "problem_id")
-    valid = set(pl.read_parquet(lake / "annotated_problems" / "data.parquet").filter(pl.col("is_valid"))["problem_id"].to_list())
-    clusters = pl.read_parquet(lake / "dedup_clusters" / "data.parquet")
+    valid = set(lake.read("annotated_problems").filter(pl.col("is_valid"))["problem_id"].to_list())
+    clusters = lake.read("dedup_clusters")
     removed = clusters.filter(~pl.col("is_survivor")).select("problem_id", "cluster_id", "stage")
-    near_kept = set(pl.read_parquet(lake / "near_deduped_problems" / "data.parquet")["problem_id"].to_list())
-    decon_kept = pl.read_parquet(lake / "decontaminated_problems" / "data.parquet").select("problem_id")
-    report = pl.read_parquet(lake / "contamination_report" / "data.parquet").select("problem_id", "layer", rep_item="item_id")
+    near_kept = set(lake.read("near_deduped_problems")["problem_id"].to_list())
+    decon_kept = lake.read("decontaminated_problems").select("problem_id")
+    report = lake.read("contamination_report").select("problem_id", "layer", rep_item="item_id")
     # survivor's fate: the final cluster id of every removed row, then whether that survivor was decontaminated
     fate = removed.join(report.rename({"problem_id": "cluster_id", "layer": "survivor_layer", "rep_item": "survivor_item"}),
                         on="cluster_id", how="left")

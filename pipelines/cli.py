@@ -8,7 +8,7 @@
     crucible demo --skip curation      # reuse the curated data already in the lake
     crucible sources                   # list source partitions
     crucible lineage sft_dataset       # every upstream step: run, data/code version, figures, checks
-    crucible lake vacuum --dry-run     # Delta VACUUM of an s3:// lake's tables (168 h retention)
+    crucible lake vacuum --dry-run     # Delta VACUUM of the lake's tables (168 h retention)
 
 Runs are recorded in the instance, so ``dagster dev`` shows them, their metadata and checks.
 """
@@ -272,7 +272,8 @@ def run_demo(per_module: int | None, target_size: int | None, limit: int | None,
 
 def run_lake_vacuum(args) -> int:
     """``crucible lake vacuum``: Delta VACUUM of every table of the lake (``LakeResource.vacuum``);
-    prints the files removed per table. Exit 2 with one line on a local root or a refused retention."""
+    prints the files removed per table (local and object-store roots alike). Exit 2 with one line on a
+    refused retention."""
     from ops.lake import DEFAULT_VACUUM_RETENTION_HOURS
     from pipelines.profiles import ProfileError, load_profile
 
@@ -292,7 +293,7 @@ def run_lake_vacuum(args) -> int:
         return 2
     verb = "would remove" if args.dry_run else "removed"
     hours = args.retention_hours if args.retention_hours is not None else f"the tables' own ({DEFAULT_VACUUM_RETENTION_HOURS} by default)"
-    print(f"lake {lake.root}: {len(removed)} Delta tables, retention {hours} h")
+    print(f"lake {lake.root or lake.base}: {len(removed)} Delta tables, retention {hours} h")
     for table, files in removed.items():
         print(f"{table}: {verb} {len(files)} files" + "".join(f"\n  {f}" for f in files))
     print(f"total: {verb} {sum(len(f) for f in removed.values())} files")
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("asset", help="asset key, e.g. sft_dataset")
     lin.add_argument("--storage-id", type=int, default=None, help="a specific materialization (default: latest)")
     lin.add_argument("--json", action="store_true", help="print JSON instead of text")
-    lake = sub.add_parser("lake", help="maintenance of an object-store lake (the active profile's lake.root)")
+    lake = sub.add_parser("lake", help="maintenance of the lake's Delta tables (the active profile's lake.root)")
     lake_sub = lake.add_subparsers(dest="lake_cmd", required=True)
     vac = lake_sub.add_parser("vacuum", help="Delta VACUUM of every table: delete files no version references "
                               "(killed writers' uploads, overwritten versions) older than the retention")

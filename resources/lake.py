@@ -48,23 +48,27 @@ def _delta_tables(root: str, endpoint_url: str, region: str) -> "lake.DeltaTable
 
 @describe_fields  # the attribute docstrings are the UI descriptions
 class LakeResource(dg.ConfigurableResource):
-    """Parquet tables under ``root`` (one folder per asset and partition) and a DuckDB catalog with
+    """Delta Lake tables under ``root`` (one folder per asset and partition) and a DuckDB catalog with
     one view per asset.
+
+    Tables, on both kinds of root, are Delta Lake tables ``<root>/<asset>[/<partition>]/<name>.delta``
+    for the table key ``<name>.parquet`` (``ops.lake.DeltaTables``: an open format that Polars,
+    DuckDB, Spark and Trino read; a concurrent commit conflicts with ``ops.lake.LakeConflictError``;
+    earlier versions readable by ``read(..., version=n)``; ``vacuum`` removes unreferenced files).
+    The data version is the content hash of the table's Parquet encoding, the same in both.
 
     Two kinds of root:
 
-    - a local folder (default ``$CRUCIBLE_HOME`` or ``./.crucible``): tables at
-      ``<root>/<asset>[/<partition>]/<name>``, written to a temporary file and renamed
+    - a local folder (default ``$CRUCIBLE_HOME`` or ``./.crucible``): other files (JSON, dataset
+      folders) at ``<root>/<asset>[/<partition>]/<name>``, written to a temporary file and renamed
       (``ops.lake.atomic_path``); the catalog is ``<root>/catalog.duckdb``; ``base`` and ``path`` are
-      in the lake.
-    - an object store (``s3://bucket/prefix``): tables are Delta Lake tables
-      ``<root>/<asset>[/<partition>]/<name>.delta`` (``ops.lake.DeltaTables``: an open format that
-      Polars, DuckDB, Spark and Trino read; a concurrent commit conflicts with
-      ``ops.lake.LakeConflictError``; earlier versions readable by ``read(..., version=n)``); JSON
+      in the lake. A table left by an earlier Crucible as one plain Parquet file
+      (``<name>.parquet``) is not read: reading it raises ``ops.lake.LegacyTableError`` (a
+      FileNotFoundError) naming the file and the fix (rematerialize the asset).
+    - an object store (``s3://bucket/prefix``): JSON
       files and dataset folders are committed without rename (``ops.lake.ObjectStoreLake``: the new
       version's objects under a version-unique key, then the manifest ``_latest/<name>.json`` by a
-      conditional PUT, so a concurrent commit conflicts there too); ``vacuum`` removes
-      unreferenced Delta files. ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
+      conditional PUT, so a concurrent commit conflicts there too). ``base`` and ``path`` then name the POSIX working folder ``work_dir`` (caches, run
       folders, checkpoints: files that need rename, SQLite or mmap), and the catalog is
       ``<work_dir>/catalog.duckdb`` (never on the object store).
     """
@@ -106,9 +110,9 @@ class LakeResource(dg.ConfigurableResource):
 
     @property
     def tables(self) -> "lake.DeltaTables":
-        """The Delta tables of an object-store root. Raises ValueError for a local root."""
+        """The Delta tables of the root (a local root: Delta tables in its folder ``base``)."""
         if not self.remote:
-            raise ValueError(f"lake root {self.root or default_root()!r} is a local folder, not an object store")
+            return _delta_tables(str(self.base), "", "")
         return _delta_tables(self.root.rstrip("/"), self.endpoint_url, self.region)
 
     @property
@@ -134,77 +138,79 @@ class LakeResource(dg.ConfigurableResource):
         return f"{asset}/{partition}/{name}" if partition else f"{asset}/{name}"
 
     def location(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> str:
-        """Where a table is, for messages and metadata: its path, or on an object store its Delta
-        table's URL (a ``*.parquet`` name) or its logical URL (other files)."""
-        if not self.remote:
-            return str(self.path(asset, partition, name))
+        """Where a table is, for messages and metadata: its Delta table's folder or URL (a
+        ``*.parquet`` name), or the file's path (local root) or logical URL (object store)."""
         key = self._key(asset, partition, name)
-        return self.tables.uri(key) if name.endswith(".parquet") else self.store.location(key)
+        if name.endswith(".parquet"):
+            return self.tables.uri(key)
+        return self.store.location(key) if self.remote else str(self.path(asset, partition, name))
+
+    def _missing(self, asset: str, partition: str | None, name: str) -> FileNotFoundError:
+        """The error for a table without a committed Delta version: ``ops.lake.LegacyTableError``
+        naming the file and the fix on a local root where a table of the pre-Delta layout (one
+        plain Parquet file) is, else FileNotFoundError naming the table."""
+        what = f"{asset}[{partition}]" if partition else asset
+        uri = self.tables.uri(self._key(asset, partition, name))
+        legacy = None if self.remote else self.path(asset, partition, name)
+        if legacy is not None and legacy.is_file():
+            return lake.LegacyTableError(
+                f"{legacy} is a table in the pre-Delta local layout (one plain Parquet file); this lake stores "
+                f"tables as Delta tables ({uri}): rematerialize {what} (its data version stays the same when its "
+                f"rows do), then delete {legacy}")
+        return FileNotFoundError(f"{what} has no committed table at {uri}: materialize {what} first")
 
     # -- tables ----------------------------------------------------------------------------------
     def write(self, df: pl.DataFrame, asset: str, partition: str | None = None, name: str = "data.parquet",
               refresh: bool = True, read_version: int | None = None) -> tuple[Path | str, str]:
-        """Atomically write a table; make sure the asset's catalog view exists. Returns (path,
-        data_version); on an object store the path is the URL of the Delta table.
+        """Commit a table (one Delta overwrite commit); make sure the asset's catalog view exists.
+        Returns (location, data_version): the Delta table's folder (a Path, local root) or URL
+        (object store).
 
-        ``read_version`` (object store only): the table version this write is based on; the commit
-        conflicts when another one landed since. Without it a commit still conflicts with one that
-        lands between this writer's read of the log and its own commit.
+        ``read_version``: the table version this write is based on; the commit conflicts when
+        another one landed since. Without it a commit still conflicts with one that lands between
+        this writer's read of the log and its own commit. Rows equal to the current version's
+        (same data version) commit nothing.
 
         Raises:
-            ops.lake.LakeConflictError: object store, a concurrent commit won (nothing of this
-                write is visible).
+            ops.lake.LakeConflictError: a concurrent commit won (nothing of this write is visible).
+            ValueError: ``name`` is not ``*.parquet``.
         """
-        if self.remote:
-            target, version = self.tables.write(df, self._key(asset, partition, name), read_version=read_version)
-        else:
-            target = self.path(asset, partition, name)
-            version = lake.write_parquet_atomic(df, target)
+        target, version = self.tables.write(df, self._key(asset, partition, name), read_version=read_version)
+        if not self.remote:
+            target = Path(target)
         if name == "data.parquet" and refresh:
             self.refresh_view(asset, partitioned=partition is not None)
         return target, version
 
     def read(self, asset: str, partition: str | None = None, name: str = "data.parquet",
              version: int | None = None) -> pl.DataFrame:
-        """Read a table (object store: its current version, or Delta table version ``version``).
-        Raises FileNotFoundError naming the asset when it was never materialized."""
-        what = f"{asset}[{partition}]" if partition else asset
-        if self.remote:
-            key = self._key(asset, partition, name)
-            try:
-                return self.tables.read(key, version)
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{what} has no committed table at {self.tables.uri(key)}: materialize {what} first") from None
-        if version is not None:
-            raise ValueError(f"read({what!r}, version={version}): versions are kept on object-store (Delta) roots only")
-        p = self.path(asset, partition, name)
-        if not p.exists():
-            raise FileNotFoundError(f"{what} has no table at {p}: materialize {what} first")
-        return pl.read_parquet(p)
+        """Read a table: its current version, or Delta table version ``version`` (time travel).
+        Raises FileNotFoundError naming the asset when it was never materialized (local root: naming
+        a pre-Delta Parquet file found in its place, and the fix)."""
+        try:
+            return self.tables.read(self._key(asset, partition, name), version)
+        except FileNotFoundError:
+            raise self._missing(asset, partition, name) from None
 
     def table_path(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> Path:
         """A local Parquet file of the table's current version, for a worker process that opens a
-        path (a ``torchrun`` / Ray worker, a subprocess). Local root: the table itself
-        (``path``). Object store: a copy of the committed Delta version under ``work_dir``,
-        ``<work_dir>/.lake-tables/<asset>[/<partition>]/<stem>.<data version>.parquet``, written once
-        per version (the same Parquet bytes as a local table, so its SHA-256 prefix is the data
-        version: checked) and reused while the version is current.
+        path (a ``torchrun`` / Ray worker, a subprocess; workers read it with Polars): a snapshot
+        of the committed Delta version under ``base`` (local root: the lake folder; object store:
+        ``work_dir``), ``<base>/.lake-tables/<asset>[/<partition>]/<stem>.<data version>.parquet``,
+        written once per version (the Parquet bytes whose SHA-256 prefix is the data version:
+        checked) and reused while the version is current. A snapshot, not the Delta folder: a
+        worker reads one plain file with the dtypes Crucible wrote (unsigned and categorical
+        columns restored), and a commit landing during its run does not change what it reads.
 
         Raises:
             FileNotFoundError: the table was never materialized (names it).
             OSError: the copy's content hash differs from the committed data version.
         """
-        what = f"{asset}[{partition}]" if partition else asset
-        if not self.remote:
-            p = self.path(asset, partition, name)
-            if not p.exists():
-                raise FileNotFoundError(f"{what} has no table at {p}: materialize {what} first")
-            return p
         key = self._key(asset, partition, name)
         try:
             info = self.tables.info(key)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{what} has no committed table at {self.tables.uri(key)}: materialize {what} first") from None
+            raise self._missing(asset, partition, name) from None
         stem = name[: -len(".parquet")] if name.endswith(".parquet") else name
         dest = self.base / ".lake-tables" / asset / (partition or "") / f"{stem}.{info['data_version']}.parquet"
         if dest.exists():
@@ -217,46 +223,48 @@ class LakeResource(dg.ConfigurableResource):
         return dest
 
     def exists(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> bool:
-        """True when the table (or file) has been written (object store: committed)."""
-        if self.remote:
-            key = self._key(asset, partition, name)
-            return self.tables.exists(key) if name.endswith(".parquet") else self.store.exists(key)
-        return self.path(asset, partition, name).exists()
+        """True when the table (a ``*.parquet`` name: its Delta table) or file has been written
+        (object store: committed)."""
+        key = self._key(asset, partition, name)
+        if name.endswith(".parquet"):
+            return self.tables.exists(key)
+        return self.store.exists(key) if self.remote else self.path(asset, partition, name).exists()
 
     def partitions(self, asset: str) -> list[str]:
-        """Partition keys that have a table (object store: a committed one)."""
+        """Partition keys that have a committed table."""
         if self.remote:
             return sorted(k for k in self.store.children(asset)
                           if not k.endswith(".delta") and self.tables.exists(self._key(asset, k)))
         d = self.base / asset
         if not d.exists():
             return []
-        return sorted(p.name for p in d.iterdir() if (p / "data.parquet").exists())
+        # a committed Delta table has a log entry (delta-rs writes the first one at its first commit)
+        return sorted(p.name for p in d.iterdir() if not p.name.startswith((".", "_")) and not p.name.endswith(".delta")
+                      and any((p / "data.delta" / "_delta_log").glob("*.json")))
 
     def table_info(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> dict:
         """``{"data_version", "rows"}`` of a written table (the version ``write`` returned). Raises
         FileNotFoundError naming the table when it was never written."""
-        if self.remote:
-            try:
-                info = self.tables.info(self._key(asset, partition, name))
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{self.location(asset, partition, name)} has no committed table") from None
-            return {"data_version": info["data_version"], "rows": info["rows"]}
-        p = self.path(asset, partition, name)
-        return {"data_version": lake.file_sha256(p)[:16], "rows": pl.scan_parquet(p).select(pl.len()).collect().item()}
+        try:
+            info = self.tables.info(self._key(asset, partition, name))
+        except FileNotFoundError:
+            raise self._missing(asset, partition, name) from None
+        return {"data_version": info["data_version"], "rows": info["rows"]}
 
     def vacuum(self, retention_hours: int | None = None, dry_run: bool = False,
                enforce_retention_duration: bool = True) -> dict[str, list[str]]:
-        """Delta ``VACUUM`` of every Delta table under an object-store root
-        (``ops.lake.DeltaTables.vacuum``: files the log does not reference, a killed writer's
-        uploads included, older than ``retention_hours``; None = the table's retention, Delta's
-        168 h by default). Returns {table URL: files deleted (dry run: that would be), relative to
-        the table}.
+        """Delta ``VACUUM`` of every Delta table under the root (``ops.lake.DeltaTables.vacuum``:
+        files the log does not reference, a killed writer's files included, older than
+        ``retention_hours``; None = the table's retention, Delta's 168 h by default). Returns
+        {table folder or URL: files deleted (dry run: that would be), relative to the table}.
 
         Raises:
-            ValueError: a local root (its tables are plain Parquet files, nothing to vacuum), a
-                negative retention, or one shorter than a table's while enforced (names the table).
+            ValueError: a negative retention, or one shorter than a table's while enforced (names
+                the table).
         """
+        if not self.remote:
+            tables = sorted({str(p.parent) for p in self.base.rglob("_delta_log") if p.is_dir()})
+            return {t: self.tables.vacuum(t, retention_hours, dry_run, enforce_retention_duration) for t in tables}
         store = self.store
         return {store.uri(p): self.tables.vacuum(store.uri(p), retention_hours, dry_run, enforce_retention_duration)
                 for p in lake.find_delta_tables(store.fs, store.prefix)}
@@ -342,37 +350,43 @@ class LakeResource(dg.ConfigurableResource):
                      files: list[str] | None = None, partitions: list[str] | None = None) -> bool:
         """Make sure the DuckDB view ``<asset>`` reads the asset's Parquet file(s).
 
-        Local root: views read through globs (``pattern``, default the asset's ``data.parquet`` or
-        ``*/data.parquet``) or a list (``files``, or the tables of ``partitions``), so new data
-        needs no refresh. Object store: the view lists the committed objects (resolved through the
-        manifests), so each commit refreshes it; ``pattern`` is not supported there.
+        The view lists the Parquet files of each table's current Delta version (``files``, or the
+        tables of ``partitions``, default the asset's table or every partition's, from the Delta
+        logs), so each commit refreshes it (``write`` does). ``pattern``: a glob instead, for the
+        files of a dataset folder on a local root; not supported on an object store.
 
         The catalog is only written when a view is missing or its definition changed (tagged by a
         hash in the view's comment). DuckDB allows one writer and no writer beside readers: if
         someone holds the catalog open, the refresh is retried for ``catalog_lock_timeout_s`` and
         then skipped with a warning — a catalog view never fails a materialization. Returns True
         when the view is current.
+
+        Raises:
+            ValueError: a ``pattern`` on an object-store root.
         """
         import hashlib
 
         import duckdb
 
+        if pattern is not None and self.remote:
+            raise ValueError(f"refresh_view({asset!r}): a glob pattern needs a local lake root; pass partitions or files")
+        def committed_files(keys):                # one log read per table; a table not committed has none
+            out = []
+            for key in keys:
+                try:
+                    out += self.tables.file_uris(key)
+                except FileNotFoundError:
+                    pass
+            return out
+
         if partitions is not None:
-            files = [self.location(asset, k) for k in partitions] if not self.remote else \
-                [u for k in partitions for u in self.tables.file_uris(self._key(asset, k))]
-        elif self.remote and files is None:
-            if pattern is not None:
-                raise ValueError(f"refresh_view({asset!r}): a glob pattern needs a local lake root; pass partitions or files")
-            if partitioned:
-                files = [u for k in self.partitions(asset) for u in self.tables.file_uris(self._key(asset, k))]
-            elif self.tables.exists(self._key(asset)):
-                files = self.tables.file_uris(self._key(asset))
-            else:
-                files = []
+            files = committed_files(self._key(asset, k) for k in partitions)
+        elif files is None and pattern is None:
+            files = committed_files([self._key(asset, k) for k in self.partitions(asset)] if partitioned else [self._key(asset)])
         if files is not None:
             src = "[" + ", ".join(f"'{f}'" for f in files) + "]" if files else None
         else:
-            src = "'" + (pattern or str(self.base / asset / ("*/data.parquet" if partitioned else "data.parquet"))) + "'"
+            src = f"'{pattern}'"
         if src is None:
             return True
         sql = f'CREATE OR REPLACE VIEW "{asset}" AS SELECT * FROM read_parquet({src}, union_by_name = true)'

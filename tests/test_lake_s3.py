@@ -444,9 +444,11 @@ def test_table_path_gives_workers_a_local_copy_of_the_committed_version(s3, tmp_
     assert p2 != p1 and pl.read_parquet(p2).height == 1 and file_sha256(p2)[:16] == v2
     with pytest.raises(FileNotFoundError, match=r"gba_run\[sync\] has no committed table"):
         lake.table_path("gba_run", "sync")
-    local = LakeResource(root=str(tmp_path / "local"))
-    local.write(df, "decontaminated_problems", refresh=False)
-    assert local.table_path("decontaminated_problems") == local.path("decontaminated_problems")
+    local = LakeResource(root=str(tmp_path / "local"))                  # a local root: a snapshot the same way
+    _, v_local = local.write(df, "decontaminated_problems", refresh=False)
+    snap = local.table_path("decontaminated_problems")
+    assert snap == tmp_path / "local" / ".lake-tables" / "decontaminated_problems" / f"data.{v_local}.parquet"
+    assert file_sha256(snap)[:16] == v_local
 
 
 def test_an_rl_run_reads_its_problems_through_the_lake_on_s3(s3, tmp_path):
@@ -726,7 +728,22 @@ def test_lake_vacuum_removes_unreferenced_delta_files_and_the_tables_still_read(
     assert lake.read("t")["x"].to_list() == [4]
 
 
-def test_lake_vacuum_on_a_local_root_is_one_clear_line(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "pipelines.cli", "lake", "vacuum", "--root", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "CRUCIBLE_PROFILE": "default"})
-    assert res.returncode == 2 and "is a local folder, not an object store" in res.stderr and "Traceback" not in res.stderr
+def test_lake_vacuum_on_a_local_root(tmp_path):
+    """A local root's tables are Delta tables too: ``crucible lake vacuum`` removes the overwritten
+    version's file, refuses a retention below Delta's in one line, and the table still reads."""
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path))
+    lake.write(pl.DataFrame({"x": [1]}), "t", refresh=False)
+    lake.write(pl.DataFrame({"x": [2]}), "t", refresh=False)
+
+    def cli(*extra):
+        return subprocess.run([sys.executable, "-m", "pipelines.cli", "lake", "vacuum", "--root", str(tmp_path), *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "CRUCIBLE_PROFILE": "default"})
+    refused = cli("--retention-hours", "0")
+    assert refused.returncode == 2 and "retention" in refused.stderr and "Traceback" not in refused.stderr
+    res = cli("--retention-hours", "0", "--no-enforce-retention")
+    assert res.returncode == 0, res.stderr
+    assert f"{tmp_path / 't' / 'data.delta'}: removed 1 files" in res.stdout and "total: removed 1 files" in res.stdout
+    assert lake.read("t")["x"].to_list() == [2]

@@ -197,7 +197,7 @@ def test_rollarc_run_as_a_ray_job_puts_each_role_on_the_node_its_pool_names(clus
     assert "Ray job crucible-" in log and cluster["jobs"] in log          # submitted through the Jobs API
     assert "rollarc: step 2/2" in log                                      # Pipes messages came back from the job
     assert meta["ray_address"] == "auto"
-    table = pl.read_parquet(lake.path("rollarc_run"))
+    table = lake.read("rollarc_run")
     assert table["method"].to_list() == ["rollarc", "rollarc"]
     seen = _assert_roles_on_their_nodes(cluster, {"EngineServer", "EnvWorker", "_TrainerImpl"})
     nodes, _ = _placement(cluster)
@@ -215,7 +215,7 @@ def test_rollpacker_run_as_a_ray_job_spreads_its_actors_over_the_nodes(cluster_e
               "max_new_tokens": 8, "run_timeout_s": 400.0}
     res, meta, log, lake = _run_as_ray_job(cluster, tmp_path, rollpacker.rollpacker_run, "rollpacker_run", config)
     assert res.success and "Ray job crucible-" in log
-    table = pl.read_parquet(lake.path("rollpacker_run"))
+    table = lake.read("rollpacker_run")
     assert table["method"].to_list() == ["baseline", "baseline"] and table["policy_version"].to_list() == [0, 1]
     # engine and trainer ask for one CPU each and every node has one: they land on two different nodes,
     # and the reward actor (0 CPUs) answers the driver through Ray calls across nodes

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 DATA_VERSION_KEY = "crucible.data_version"
 ROWS_KEY = "crucible.rows"
 DTYPES_KEY = "crucible.polars_dtypes"
+NO_COLUMNS_KEY = "crucible.no_columns"    # a frame without columns (Delta needs one): stored as one empty column
+_NO_COLUMNS_COL = "_crucible_no_columns"
 _RESTORED_DTYPES = ("UInt8", "UInt16", "UInt32", "UInt64", "Categorical")
 _NO_DATA_CHANGE_OPS = ("VACUUM START", "VACUUM END")
 DEFAULT_VACUUM_RETENTION_HOURS = 168      # Delta's delta.deletedFileRetentionDuration default (1 week)
@@ -60,6 +62,9 @@ class DeltaTables:
     a commit is the put-if-absent of the next log entry, so two writers that read the same table
     version cannot both commit: the loser gets ``LakeConflictError`` and nothing of its write is
     visible. Earlier versions stay readable (``read(key, version=n)``) until vacuumed.
+
+    A frame without columns (Delta needs one) is stored as one empty Boolean column and read back
+    without it (commit info ``crucible.no_columns``).
 
     Unsigned integer and Categorical columns (Delta has neither) are stored as Int64 (UInt64: the
     same 64 bits, so values >= 2**63 read negative in other engines) / strings and cast back on read
@@ -107,13 +112,15 @@ class DeltaTables:
     def write(self, df: pl.DataFrame, key: str, read_version: int | None = None) -> tuple[str, str]:
         """Commit ``df`` as the new version of ``key`` (overwrite; the schema may change). With
         ``read_version`` the commit is based on that table version, as a step that read the table
-        at that version would be: if anyone committed since, it conflicts. Returns (table URI, data
-        version).
+        at that version would be: if anyone committed since, it conflicts. A write whose data
+        version equals the current version's commits nothing (the same rows in the same order and
+        dtypes are already current: a rerun of an unchanged step leaves the table's files and log
+        byte-identical). Returns (table URI, data version).
 
         Raises:
             LakeConflictError: a concurrent commit won (names the table and the base version).
         """
-        from deltalake import CommitProperties, write_deltalake
+        from deltalake import CommitProperties, WriterProperties, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
         import polars as pl
@@ -126,12 +133,22 @@ class DeltaTables:
             df = df.with_columns((pl.col(c).reinterpret(signed=True) if t == "UInt64"      # bits kept: > 2**63 too
                                   else pl.col(c).cast(pl.Int64 if t.startswith("UInt") else pl.String))
                                  for c, t in restore.items())
+        if df.width == 0:
+            meta[NO_COLUMNS_KEY] = "1"
+            df = pl.DataFrame({_NO_COLUMNS_COL: pl.Series([], dtype=pl.Boolean)})
         uri = self.uri(key)
+        try:
+            if self._commit_info(self._table(key)).get(DATA_VERSION_KEY) == version:
+                return uri, version
+        except FileNotFoundError:
+            pass
         target = self._table(key, read_version) if read_version is not None else uri
         try:
             # one chunk: delta-rs 1.6.6 writes the record batches of a multi-chunk frame out of order
+            # zstd, as write_parquet_atomic: delta-rs' default (snappy) makes a text table about 2.4x larger
             write_deltalake(target, df.rechunk().to_arrow(), mode="overwrite", schema_mode="overwrite",
                             storage_options=None if read_version is not None else self.storage_options,
+                            writer_properties=WriterProperties(compression="ZSTD"),
                             commit_properties=CommitProperties(custom_metadata=meta))
         except CommitFailedError as e:
             base = f"version {read_version}" if read_version is not None else "the version it read"
@@ -144,13 +161,29 @@ class DeltaTables:
         import polars as pl
 
         dt = self._table(key, version)
-        df = pl.from_arrow(dt.to_pyarrow_table())
         info = self._commit_info(dt)
+        if info.get(NO_COLUMNS_KEY):
+            return pl.DataFrame()
+        df = pl.from_arrow(dt.to_pyarrow_table())
         restore = json.loads(info.get(DTYPES_KEY, "{}"))
         if restore:
             df = df.with_columns((pl.col(c).reinterpret(signed=False) if t == "UInt64" else pl.col(c).cast(getattr(pl, t)))
                                  for c, t in restore.items() if c in df.columns)
         return df
+
+    def schema(self, key: str) -> pl.Schema:
+        """The Polars schema of ``key``'s current version as ``read`` returns it (unsigned and
+        Categorical dtypes restored), from the Delta log only: no data file is read. Raises
+        FileNotFoundError naming the table."""
+        import polars as pl
+
+        dt = self._table(key)
+        info = self._commit_info(dt)
+        if info.get(NO_COLUMNS_KEY):
+            return pl.Schema()
+        restore = json.loads(info.get(DTYPES_KEY, "{}"))
+        stored = pl.scan_delta(dt).collect_schema()
+        return pl.Schema({c: getattr(pl, restore[c])() if c in restore else t for c, t in stored.items()})
 
     @staticmethod
     def _commit_info(dt) -> dict:

@@ -125,19 +125,21 @@ class Stage2Inputs:
 
 
 def read_optional(lake, asset: str, pattern: str | None = None) -> pl.DataFrame | None:
-    """An upstream table, or None when it was never materialized: on an object store the committed
-    table (``pattern`` set: the dataset folder), locally ``<lake>/<asset>/<pattern>`` concatenated or
-    the asset's table file."""
-    if lake.remote:                                # object store: committed tables / dataset folders only
-        try:
-            return lake.read_dataset(asset) if pattern else lake.read(asset)
-        except FileNotFoundError:
-            return None
-    if pattern:
+    """An upstream table, or None when it was never materialized: the committed table (a Delta
+    table, local or object store), or with ``pattern`` the dataset folder (object store: committed;
+    local root: ``<lake>/<asset>/<pattern>`` concatenated). Raises ops.lake.LegacyTableError (a
+    FileNotFoundError naming the file and the fix) for a table of the pre-Delta local layout."""
+    from ops.lake import LegacyTableError
+
+    if pattern and not lake.remote:
         files = sorted((lake.base / asset).glob(pattern))
         return pl.concat([pl.read_parquet(f) for f in files], how="vertical_relaxed") if files else None
-    p = lake.path(asset)
-    return pl.read_parquet(p) if p.exists() else None
+    try:
+        return lake.read_dataset(asset) if pattern else lake.read(asset)
+    except LegacyTableError:
+        raise
+    except FileNotFoundError:
+        return None
 
 
 def reusable_runs(plan, committed: dict[str, Path]) -> list[tuple[Path, str, bool]]:

@@ -80,15 +80,16 @@ class PolicySpec:
 
 
 def read_problems(path: str | Path):
-    """The problems table of a run (``decontaminated_problems``) as a Polars frame. Raises
-    FileNotFoundError when it does not exist, ValueError naming the file and the missing columns
-    when it lacks ``problem_id``, ``problem`` or ``answer``."""
+    """The problems table of a run (``decontaminated_problems``) as a Polars frame: a Parquet file
+    (``LakeResource.table_path``'s snapshot) or a Delta table folder (``<lake>/decontaminated_problems/
+    data.delta``, its current version). Raises FileNotFoundError when it does not exist, ValueError
+    naming the file and the missing columns when it lacks ``problem_id``, ``problem`` or ``answer``."""
     import polars as pl
 
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"problems table {p} does not exist: materialize decontaminated_problems first")
-    df = pl.read_parquet(p)
+    df = pl.read_delta(str(p)) if (p / "_delta_log").is_dir() else pl.read_parquet(p)
     missing = set(PROBLEM_COLUMNS) - set(df.columns)
     if missing:
         raise ValueError(f"problems table {p} lacks columns {sorted(missing)}")

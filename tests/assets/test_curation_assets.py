@@ -59,7 +59,7 @@ def test_a_wrong_field_mapping_fails_the_partition_naming_file_and_reason(tmp_pa
     with pytest.raises(Exception, match=r"user_wrongmap.*user_nodup.jsonl.*100 of 100 rows quarantined.*missing mapped field 'prompt'"):
         _mat(["raw_problems"], lake, "user_wrongmap")
     assert lake.read("raw_problems_quarantine", "user_wrongmap").height == 100  # kept for inspection
-    assert not lake.path("raw_problems", "user_wrongmap").exists()
+    assert not lake.exists("raw_problems", "user_wrongmap")
 
 
 def test_missing_partitions_fail_with_their_names(tmp_path):
@@ -77,7 +77,7 @@ def test_near_dedup_config_error_is_clear(tmp_path):
     with pytest.raises(Exception, match=r"threshold.*must be in \(0, 1\]"):
         _mat(["near_deduped_problems", "dedup_clusters"], lake,
              run_config={"ops": {"near_deduped_problems": {"config": {"threshold": 1.5}}}})
-    assert not lake.path("near_deduped_problems").exists()  # nothing half-written
+    assert not lake.exists("near_deduped_problems")  # nothing half-written
 
 
 def test_one_survivor_check_fails_on_a_broken_cluster_table(tmp_path):

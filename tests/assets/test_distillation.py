@@ -61,7 +61,7 @@ def test_killed_run_resumes_without_asking_again(tmp_path):
         proc.wait(timeout=30)
         cached = _cached_ok(cache)
         assert 5 <= cached < ROWS * K, cached
-        assert not lake.path("distilled_problems").exists()  # killed mid-way: nothing half-written
+        assert not lake.exists("distilled_problems")  # killed mid-way: nothing half-written
         before = stub.requests
         res = dg.materialize([distilled_problems], run_config=_run_config(), resources={
             "lake": lake, "teacher": TeacherResource(base_url=stub.base_url, model="stub", concurrency=2)})

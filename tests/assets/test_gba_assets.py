@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 import pytest
 
 from assets import gba, recsys
@@ -109,8 +110,7 @@ def test_gba_run_partitions_materialize_compare_and_a_killed_sync_launch_resumes
 ])
 def test_gba_run_rejects_a_bad_config_with_an_error_naming_the_field(tmp_path, bad, message):
     lake = LakeResource(root=str(tmp_path))
-    (tmp_path / "ctr_events").mkdir()
-    (tmp_path / "ctr_events" / "data.parquet").write_bytes(b"")       # never read: the config fails first
+    lake.write(pl.DataFrame({"user_id": [1]}), "ctr_events", refresh=False)   # never trained on: the config fails first
     res = dg.materialize([gba.gba_run], partition_key="gba", raise_on_error=False,
                          resources={"lake": lake, "compute": ComputeResource()},
                          run_config={"ops": {"gba_run": {"config": bad}}})

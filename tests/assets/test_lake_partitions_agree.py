@@ -45,8 +45,8 @@ def test_table_assets_carry_dagster_uri_and_column_schema(tmp_path):
     res = dg.materialize([sources.source_files, sources.raw_problems], selection=["raw_problems"], partition_key="user_nodup",
                          instance=instance, resources={"lake": lake, "sources": SourcesResource()})
     meta = res.asset_materializations_for_node("raw_problems")[0].metadata
-    path = lake.path("raw_problems", "user_nodup")
-    assert meta["dagster/uri"].value == path.resolve().as_uri()
+    path = lake.path("raw_problems", "user_nodup", "data.delta")          # the Delta table's folder
+    assert meta["dagster/uri"].value == path.resolve().as_uri() and (path / "_delta_log").is_dir()
     cols = meta["dagster/column_schema"].schema.columns
     assert [c.name for c in cols] == list(RAW_SCHEMA)
     assert {c.name: c.type for c in cols}["problem"] == "String"

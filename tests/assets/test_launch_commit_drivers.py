@@ -53,7 +53,7 @@ def test_rl_policy_failed_step_leaves_the_committed_policy_byte_identical(tmp_pa
     res = {"lake": lake, "compute": ComputeResource()}
     assert _materialize([rp.rl_policy], res, {"rl_policy": {"config": SMALL}}).success
     before = _lake_digest(tmp_path / "rl_policy")
-    assert {"policy/model.safetensors", "policy/metrics.json", "data.parquet"} <= set(before)
+    assert {"policy/model.safetensors", "policy/metrics.json", "data.delta/_delta_log/00000000000000000000.json"} <= set(before)
     calls = _fail_once(monkeypatch, rp, "_bucket_table")
     r = _materialize([rp.rl_policy], res, {"rl_policy": {"config": {**SMALL, "seed": 1}}})
     assert not r.success and calls == [1]
@@ -80,7 +80,7 @@ def test_sft_checkpoint_failed_step_leaves_the_committed_model_byte_identical(tm
     assert _materialize([posttrain.sft_checkpoint], res, {"sft_checkpoint": {"config": cfg}}).success
     root = tmp_path / "lake" / "sft_checkpoint"
     before = _lake_digest(root)
-    assert {"model/model.safetensors", "model/metrics.json", "plan.json", "data.parquet"} <= set(before)
+    assert {"model/model.safetensors", "model/metrics.json", "plan.json", "data.delta/_delta_log/00000000000000000000.json"} <= set(before)
     calls = _fail_once(monkeypatch, evaluate, "score_many")
     r = _materialize([posttrain.sft_checkpoint], res, {"sft_checkpoint": {"config": {**cfg, "schedule": {**cfg["schedule"], "lr": 1e-3}}}})
     assert not r.success and calls == [1]
@@ -132,7 +132,7 @@ def test_rl_run_failed_step_leaves_the_committed_run_byte_identical(tmp_path, mo
     res = {"lake": lake, "compute": ComputeResource()}
     assert _materialize([getattr(mod, asset)], res, {asset: {"config": tiny}}).success
     before = _lake_digest(tmp_path / asset)
-    assert {"data.parquet", "result.json"} <= set(before)
+    assert {"data.delta/_delta_log/00000000000000000000.json", "result.json"} <= set(before)
     calls = _fail_once(monkeypatch, mod, fails)
     # another seed: RollPacker's config has it at the top, RollArc's under roles (its RoleSpec)
     other = {**tiny, "roles": {**tiny["roles"], "seed": 3}} if "roles" in tiny else {**tiny, "seed": 3}

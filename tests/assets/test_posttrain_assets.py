@@ -76,11 +76,11 @@ def test_chain_materializes_on_two_ranks_and_compares_targeted_with_random(tmp_p
     assert meta["world_size"].value == 2 and meta["distributed_type"].value == "DistributedType.MULTI_CPU"
     assert meta["domain_ratio"].value == 0.75 and "mixture_plan" in meta["domain_ratio_source"].value
     assert meta["pipes_messages"].value >= 1  # the loss was streamed from rank 0
-    ev = pl.read_parquet(lake.path("sft_checkpoint", name="eval.parquet"))
+    ev = lake.read("sft_checkpoint", name="eval.parquet")
     assert {"programmatic", "curated_heldout", "benchmark:gsm8k_test", "benchmark:math500",
             "benchmark:basic_arithmetic"} <= set(ev["slice"].to_list())
     assert set(ev.filter(pl.col("slice") == "programmatic")["split"].to_list()) == {"dev", "test"}
-    train = pl.read_parquet(lake.path("sft_checkpoint", name="train.parquet"))
+    train = lake.read("sft_checkpoint", name="train.parquet")
     assert not set(train["problem"].to_list()) & set(ev["problem"].to_list())  # nothing evaluated was trained on
 
     regions = lake.read("failure_regions")

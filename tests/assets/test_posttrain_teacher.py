@@ -46,7 +46,7 @@ def _check_lake(tmp_path, stage1_right: bool, loss: float) -> LakeResource:
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps({"curve": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": loss}]}))
     ev = pl.DataFrame({"item_id": ["a", "b"], "answer": ["1", "2"], "answer_type": ["numeric"] * 2, "slice": ["programmatic"] * 2})
-    ev.write_parquet(lake.base / "sft_checkpoint" / "eval.parquet")
+    lake.write(ev, "sft_checkpoint", name="eval.parquet", refresh=False)
     pl.DataFrame({"item_id": ["a", "b"], "prediction": ["\\boxed{7}", "\\boxed{7}"], "response_loss": [1.0, 1.0]}).write_parquet(
         folder / "predictions_init.parquet")
     lake.write(ev.with_columns(correct=pl.Series([stage1_right, False])), "sft_checkpoint", refresh=False)

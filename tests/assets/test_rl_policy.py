@@ -36,7 +36,7 @@ def test_rl_policy_launches_the_warm_start_and_reports_its_learning(tmp_path):
     assert (meta["steps"], meta["stop_reason"]) == (6, "max_steps") == (metrics["steps"], metrics["stop_reason"])
     assert meta["params"] == metrics["params"] == sum(p.numel() for p in load_policy(folder).parameters())
     assert load_tokenizer(folder).eos_token_id == 0
-    curve = pl.read_parquet(lake.path("rl_policy"))
+    curve = lake.read("rl_policy")
     assert curve["step"].to_list() == [3, 6] and meta["dagster/row_count"] == 2
     assert meta["pass_rate"] == metrics["eval_curve"][-1]["accuracy"] == curve["accuracy"][-1]
     assert "| 3 |" in meta["pass_rate_curve"] and "| 6 |" in meta["pass_rate_curve"]

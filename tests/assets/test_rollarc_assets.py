@@ -40,12 +40,12 @@ def test_rollarc_run_compares_monolithic_and_rollarc_on_ray_pools_and_a_killed_d
     assert "rollarc: resuming after step 0 (policy version 1 published to the engines) on Dagster retry 1" in log
     assert "rollarc: step 3/3" in log and "monolithic: step 3/3" in log and "ETA" in log
     assert (meta["retry_number"], meta["resumed_from"]) == (1, "monolithic finished before the retry, skipped, rollarc after step 0")
-    table = pl.read_parquet(lake.path("rollarc_run"))
+    table = lake.read("rollarc_run")
     assert table["method"].to_list() == ["monolithic"] * 3 + ["rollarc"] * 3
     assert table["step"].to_list() == [0, 1, 2] * 2
     assert max(table.filter(pl.col("method") == "rollarc")["max_staleness"].to_list()) <= 1
     assert table.filter(pl.col("method") == "monolithic")["max_staleness"].to_list() == [0, 0, 0]
-    traj = pl.read_parquet(lake.path("rollarc_run", name="trajectories.parquet"))
+    traj = lake.read("rollarc_run", name="trajectories.parquet")
     assert set(traj["env"]) == {"frozenlake", "tool_math"}
     assert set(traj["status"]) <= {"ok", "truncated", "timeout", "env_error"}
     arc = traj.filter(pl.col("method") == "rollarc")

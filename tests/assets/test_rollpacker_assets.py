@@ -37,7 +37,7 @@ def test_rollpacker_run_compares_methods_per_step_and_a_killed_driver_resumes_on
     assert "rollpacker run: GRPO steps (resumed with 3 of 4 done): 1/1 steps (100%)" in log
     assert (meta["retry_number"], meta["resumed_from"]) == (1, "rollpacker after step 0")
     assert not list((tmp_path / "rollpacker_run").glob(".run-*"))          # run folder removed after success
-    table = pl.read_parquet(lake.path("rollpacker_run"))
+    table = lake.read("rollpacker_run")
     assert table.height == 4 and table["method"].to_list() == ["baseline"] * 2 + ["rollpacker"] * 2
     assert table["round"].to_list() == ["sync", "sync", "short", "long"]
     assert table["policy_version"].to_list() == [0, 1, 0, 1]

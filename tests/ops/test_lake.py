@@ -1,9 +1,11 @@
-"""Atomic writes: a failed write never half-overwrites the previous table."""
+"""Atomic writes: a failed write never half-overwrites the previous table; a local root's tables are
+Delta tables (other engines read them, concurrent writers conflict, vacuum, pre-Delta tables)."""
 
 import polars as pl
 import pytest
 
 from ops import lake
+from ops import lake as ops_lake
 
 
 def test_failed_write_keeps_previous_version(tmp_path):
@@ -55,7 +57,7 @@ def test_a_locked_catalog_never_fails_a_write(tmp_path):
         t = time.monotonic()
         path, _ = lake.write(pl.DataFrame({"b": [2]}), "second")  # needs a new view: catalog is locked
         assert time.monotonic() - t < 10
-        assert pl.read_parquet(path)["b"].to_list() == [2]
+        assert pl.read_delta(str(path))["b"].to_list() == [2]
     finally:
         holder.kill()
         holder.wait()
@@ -64,3 +66,163 @@ def test_a_locked_catalog_never_fails_a_write(tmp_path):
 
     with duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True) as con:
         assert con.execute('select b from "second"').fetchone() == (2,)
+
+
+def test_a_local_table_is_a_delta_table_read_without_crucible(tmp_path):
+    """A table Crucible writes on a local root is read by Polars' read_delta and by DuckDB (over the
+    files the Delta log names) in an isolated interpreter (``python -I``: no Crucible module on the
+    path), current version and version 0; its data version is the plain-Parquet content hash."""
+    import json
+    import subprocess
+    import sys
+
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path / "lake"))
+    v0 = pl.DataFrame({"problem_id": ["p0", "p1"], "level": pl.Series([1, 5], dtype=pl.UInt8)})
+    v1 = pl.DataFrame({"problem_id": ["p2"], "level": pl.Series([3], dtype=pl.UInt8)})
+    lake.write(v0, "decontaminated_problems", refresh=False)
+    path, version = lake.write(v1, "decontaminated_problems", refresh=False)
+    assert path == tmp_path / "lake" / "decontaminated_problems" / "data.delta" and (path / "_delta_log").is_dir()
+    # the data version is the content hash of the plain Parquet encoding: the same as before the move to Delta
+    assert version == lake.table_info("decontaminated_problems")["data_version"] == \
+        ops_lake.write_parquet_atomic(v1, tmp_path / "plain.parquet")
+    code = (
+        "import json, sys\n"
+        "import duckdb, polars as pl\n"
+        "from deltalake import DeltaTable\n"
+        "p = sys.argv[1]\n"
+        "files = DeltaTable(p).file_uris()\n"
+        "print(json.dumps({'polars': pl.read_delta(p)['problem_id'].to_list(),\n"
+        "                  'polars_v0': pl.read_delta(p, version=0)['problem_id'].to_list(),\n"
+        "                  'duckdb': [r[0] for r in duckdb.sql(f'select problem_id from read_parquet({files}) order by 1').fetchall()],\n"
+        "                  'crucible_loaded': sorted(m for m in sys.modules if m.split('.')[0] in ('ops', 'resources', 'assets'))}))\n")
+    out = subprocess.run([sys.executable, "-I", "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got == {"polars": ["p2"], "polars_v0": ["p0", "p1"], "duckdb": ["p2"], "crucible_loaded": []}
+
+
+_WRITER = """
+import sys, time
+import polars as pl
+from ops.lake import LakeConflictError
+from resources.lake import LakeResource
+root, who, base, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+lake = LakeResource(root=root)
+df = pl.DataFrame({"writer": [who] * 1000})
+while time.time() < start:          # both processes commit at the same moment
+    time.sleep(0.001)
+try:
+    lake.write(df, "decontaminated_problems", refresh=False, read_version=base)
+    print("committed")
+except LakeConflictError as e:
+    print("conflict", str(e).splitlines()[0])
+"""
+
+
+def test_two_concurrent_local_writers_one_conflict(tmp_path):
+    """Two writer processes that read the same version of a local table commit at the same moment:
+    exactly one commits, the other gets LakeConflictError naming the table and its base version,
+    and the table holds the winner's rows only (version base + 1)."""
+    import subprocess
+    import sys
+    import time
+
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path))
+    lake.write(pl.DataFrame({"writer": ["0"]}), "decontaminated_problems", refresh=False)
+    base = lake.tables.info("decontaminated_problems/data.parquet")["table_version"]
+    start = time.time() + 8                      # both processes imported by then
+    procs = {who: subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), who, str(base), str(start)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for who in ("A", "B")}
+    out = {}
+    for who, p in procs.items():
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        out[who] = stdout.strip()
+    assert sorted(o.split()[0] for o in out.values()) == ["committed", "conflict"], out
+    [winner] = [w for w, o in out.items() if o == "committed"]
+    [loser] = [o for o in out.values() if o != "committed"]
+    assert f"data.delta (based on version {base})" in loser
+    assert lake.read("decontaminated_problems")["writer"].unique().to_list() == [winner]
+    assert lake.tables.info("decontaminated_problems/data.parquet")["table_version"] == base + 1
+
+
+def test_local_partitions_snapshot_vacuum_and_time_travel(tmp_path):
+    """A local root: partitions list the committed Delta tables only, ``table_path`` hands a worker a
+    Parquet snapshot whose content hash is the data version, ``read(version=)`` reads an earlier
+    version until a vacuum removes its files, and the current version survives the vacuum."""
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path))
+    a, b = pl.DataFrame({"x": [1, 2]}), pl.DataFrame({"x": [3]})
+    lake.write(a, "raw_problems", "math", refresh=False)
+    _, version = lake.write(b, "raw_problems", "math", refresh=False)
+    lake.write(a, "raw_problems", "gsm8k", refresh=False)
+    (tmp_path / "raw_problems" / "stray").mkdir()                      # a folder without a table
+    assert lake.partitions("raw_problems") == ["gsm8k", "math"]
+    snap = lake.table_path("raw_problems", "math")
+    assert snap.suffix == ".parquet" and ops_lake.file_sha256(snap)[:16] == version
+    assert pl.read_parquet(snap).equals(b)
+    assert lake.read("raw_problems", "math", version=0).equals(a)
+    assert lake.vacuum(0, dry_run=True, enforce_retention_duration=False)[str(tmp_path / "raw_problems" / "math" / "data.delta")]
+    with pytest.raises(ValueError, match="retention"):
+        lake.vacuum(0)                                               # shorter than Delta's 168 h: refused
+    removed = lake.vacuum(0, enforce_retention_duration=False)
+    assert len(removed[str(tmp_path / "raw_problems" / "math" / "data.delta")]) == 1     # version 0's file
+    assert removed[str(tmp_path / "raw_problems" / "gsm8k" / "data.delta")] == []
+    assert lake.read("raw_problems", "math").equals(b) and lake.table_info("raw_problems", "math")["data_version"] == version
+    with pytest.raises(Exception):
+        lake.read("raw_problems", "math", version=0)
+
+
+def test_a_pre_delta_local_table_fails_naming_the_file_and_the_fix(tmp_path):
+    """A table left by the pre-Delta local layout (one plain Parquet file) is not read silently:
+    read, table_info and table_path raise LegacyTableError naming the file and the fix; an
+    optional read does not turn it into 'absent'; a new write makes the Delta table current."""
+    from ops.posttrain.stages import read_optional
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path))
+    legacy = tmp_path / "benchmark_problems" / "data.parquet"
+    ops_lake.write_parquet_atomic(pl.DataFrame({"x": [1]}), legacy)
+    for call in (lambda: lake.read("benchmark_problems"), lambda: lake.table_info("benchmark_problems"),
+                 lambda: lake.table_path("benchmark_problems"), lambda: read_optional(lake, "benchmark_problems")):
+        with pytest.raises(ops_lake.LegacyTableError, match=rf"{legacy}.*pre-Delta.*rematerialize benchmark_problems"):
+            call()
+    assert read_optional(lake, "never_written") is None
+    lake.write(pl.DataFrame({"x": [2]}), "benchmark_problems", refresh=False)
+    assert lake.read("benchmark_problems")["x"].to_list() == [2]
+
+
+def test_rewriting_the_same_rows_commits_nothing(tmp_path):
+    """A rerun of an unchanged step writes the same rows: no new Delta version, the table folder stays
+    byte-identical (a failed rerun must leave the committed lake as it was); other rows commit."""
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path))
+    df = pl.DataFrame({"x": [1, 2], "c": pl.Series(["a", "b"], dtype=pl.Categorical)})
+    _, v1 = lake.write(df, "t", refresh=False)
+    before = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in (tmp_path / "t").rglob("*") if p.is_file())
+    assert lake.write(df.clone(), "t", refresh=False)[1] == v1
+    assert sorted((p.relative_to(tmp_path), p.read_bytes()) for p in (tmp_path / "t").rglob("*") if p.is_file()) == before
+    assert lake.tables.info("t/data.parquet")["table_version"] == 0
+    lake.write(df.reverse(), "t", refresh=False)                    # other order: another version
+    assert lake.tables.info("t/data.parquet")["table_version"] == 1
+
+
+def test_a_frame_without_columns_round_trips(tmp_path):
+    """A step that has nothing to record writes ``pl.DataFrame()`` (a sync point after the run ended):
+    Delta needs a column, so it is stored as one empty column and read back as a frame without
+    columns, with the same data version as the plain Parquet file of it."""
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path))
+    _, version = lake.write(pl.DataFrame(), "decontam_sync_1", refresh=False)
+    assert version == ops_lake.write_parquet_atomic(pl.DataFrame(), tmp_path / "plain.parquet")
+    back = lake.read("decontam_sync_1")
+    assert back.width == 0 and back.height == 0 and lake.table_info("decontam_sync_1") == {"data_version": version, "rows": 0}
