@@ -272,8 +272,9 @@ def run_demo(per_module: int | None, target_size: int | None, limit: int | None,
 
 def run_lake_vacuum(args) -> int:
     """``crucible lake vacuum``: Delta VACUUM of every table of the lake (``LakeResource.vacuum``);
-    prints the files removed per table (local and object-store roots alike). Exit 2 with one line on a
-    refused retention."""
+    prints the files removed per table (local and object-store roots alike), then the worker snapshots
+    of versions no longer current (``LakeResource.prune_snapshots``). Exit 2 with one line on a refused
+    retention."""
     from ops.lake import DEFAULT_VACUUM_RETENTION_HOURS
     from pipelines.profiles import ProfileError, load_profile
 
@@ -293,10 +294,14 @@ def run_lake_vacuum(args) -> int:
         return 2
     verb = "would remove" if args.dry_run else "removed"
     hours = args.retention_hours if args.retention_hours is not None else f"the tables' own ({DEFAULT_VACUUM_RETENTION_HOURS} by default)"
+    snapshots = removed.pop(str(lake.base / ".lake-tables"), [])
     print(f"lake {lake.root or lake.base}: {len(removed)} Delta tables, retention {hours} h")
     for table, files in removed.items():
         print(f"{table}: {verb} {len(files)} files" + "".join(f"\n  {f}" for f in files))
-    print(f"total: {verb} {sum(len(f) for f in removed.values())} files")
+    if snapshots:
+        print(f"{lake.base / '.lake-tables'} (worker snapshots of versions no longer current): {verb} {len(snapshots)} files"
+              + "".join(f"\n  {f}" for f in snapshots))
+    print(f"total: {verb} {sum(len(f) for f in removed.values()) + len(snapshots)} files")
     return 0
 
 

@@ -5,6 +5,7 @@ DuckDB catalog (docs/operations.md, "The DuckDB catalog" and "Lake on object sto
 import functools
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -16,6 +17,14 @@ from ops import lake
 from ops.docstrings import describe_fields
 
 _RAISE = object()
+_SNAPSHOT = re.compile(r"(?P<stem>.+)\.(?P<version>[0-9a-f]{16})\.parquet")   # table_path's <stem>.<data version>.parquet
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except FileNotFoundError:                # removed meanwhile (another pruner): never older than a cutoff
+        return float("inf")
 
 
 def default_root() -> str:
@@ -94,6 +103,10 @@ class LakeResource(dg.ConfigurableResource):
     orphan_grace_s: float = 3600.0
     """Object stores: an uncommitted upload (a killed write) older than this (s; >= 0) is deleted by the
     next commit of the same table."""
+    snapshot_grace_s: float = 3600.0
+    """Worker snapshots (``table_path``, under ``<base>/.lake-tables/``) of a table version that is no
+    longer current are deleted once no one has been handed them for this long (s; >= 0): by the next
+    ``table_path`` of the same table, and by ``vacuum``."""
 
     # -- where things are ------------------------------------------------------------------------
     @property
@@ -198,9 +211,15 @@ class LakeResource(dg.ConfigurableResource):
         of the committed Delta version under ``base`` (local root: the lake folder; object store:
         ``work_dir``), ``<base>/.lake-tables/<asset>[/<partition>]/<stem>.<data version>.parquet``,
         written once per version (the Parquet bytes whose SHA-256 prefix is the data version:
-        checked) and reused while the version is current. A snapshot, not the Delta folder: a
-        worker reads one plain file with the dtypes Crucible wrote (unsigned and categorical
-        columns restored), and a commit landing during its run does not change what it reads.
+        checked) and reused by that content hash while the version is current. A snapshot, not the
+        Delta folder: a worker reads one plain file with the dtypes Crucible wrote (unsigned and
+        categorical columns restored), and a commit landing during its run does not change what it
+        reads.
+
+        Snapshots do not accumulate: each hand-out touches the file's modification time, and
+        writing a new version's snapshot deletes the table's snapshots of other versions not handed
+        out for ``snapshot_grace_s`` (a worker started within the grace keeps its file); ``vacuum``
+        removes the rest (``prune_snapshots``).
 
         Raises:
             FileNotFoundError: the table was never materialized (names it).
@@ -212,15 +231,63 @@ class LakeResource(dg.ConfigurableResource):
         except FileNotFoundError:
             raise self._missing(asset, partition, name) from None
         stem = name[: -len(".parquet")] if name.endswith(".parquet") else name
-        dest = self.base / ".lake-tables" / asset / (partition or "") / f"{stem}.{info['data_version']}.parquet"
+        folder = self.base / ".lake-tables" / asset / (partition or "")
+        dest = folder / f"{stem}.{info['data_version']}.parquet"
         if dest.exists():
+            try:
+                os.utime(dest)                   # handed out now: the grace of a later prune counts from here
+            except OSError:
+                pass
             return dest
         version = lake.write_parquet_atomic(self.tables.read(key, info["table_version"]), dest)
         if version != info["data_version"]:
             dest.unlink(missing_ok=True)
             raise OSError(f"{self.tables.uri(key)} version {info['table_version']}: the local copy hashes to {version}, "
                           f"the commit says {info['data_version']}")
+        cutoff = time.time() - self.snapshot_grace_s
+        for old in folder.iterdir():
+            m = _SNAPSHOT.fullmatch(old.name)
+            if old != dest and m and m["stem"] == stem and _mtime(old) < cutoff:
+                old.unlink(missing_ok=True)
         return dest
+
+    def prune_snapshots(self, grace_s: float | None = None, dry_run: bool = False) -> list[str]:
+        """Delete the worker snapshots under ``<base>/.lake-tables/`` (``table_path``) that are not
+        of their table's current version (an older version, or a table that no longer has a
+        committed version) and were last handed out more than ``grace_s`` ago (None:
+        ``snapshot_grace_s``), and leftover temporary files of a killed snapshot write older than
+        that. Snapshots of current versions are kept. Returns the paths removed (with ``dry_run``:
+        that would be), relative to ``.lake-tables``, sorted.
+
+        Raises:
+            ValueError: a negative ``grace_s``.
+        """
+        grace = self.snapshot_grace_s if grace_s is None else grace_s
+        if grace < 0:
+            raise ValueError(f"prune_snapshots: grace_s must be >= 0, got {grace}")
+        top = self.base / ".lake-tables"
+        if not top.is_dir():
+            return []
+        cutoff, current, removed = time.time() - grace, {}, []
+        for f in sorted(p for p in top.rglob("*") if p.is_file()):
+            rel = f.relative_to(top)
+            m = _SNAPSHOT.fullmatch(f.name)
+            if m and len(rel.parts) in (2, 3):
+                key = "/".join(rel.parts[:-1]) + f"/{m['stem']}.parquet"
+                if key not in current:
+                    try:
+                        current[key] = self.tables.info(key)["data_version"]
+                    except (FileNotFoundError, ValueError):
+                        current[key] = None            # the table is gone (or the path is no table key)
+                if current[key] == m["version"]:
+                    continue
+            elif not (f.name.startswith(".") and f.name.endswith(".tmp")):
+                continue                                  # not a file table_path writes: left alone
+            if _mtime(f) < cutoff:
+                if not dry_run:
+                    f.unlink(missing_ok=True)
+                removed.append(str(rel))
+        return removed
 
     def exists(self, asset: str, partition: str | None = None, name: str = "data.parquet") -> bool:
         """True when the table (a ``*.parquet`` name: its Delta table) or file has been written
@@ -255,19 +322,28 @@ class LakeResource(dg.ConfigurableResource):
                enforce_retention_duration: bool = True) -> dict[str, list[str]]:
         """Delta ``VACUUM`` of every Delta table under the root (``ops.lake.DeltaTables.vacuum``:
         files the log does not reference, a killed writer's files included, older than
-        ``retention_hours``; None = the table's retention, Delta's 168 h by default). Returns
-        {table folder or URL: files deleted (dry run: that would be), relative to the table}.
+        ``retention_hours``; None = the table's retention, Delta's 168 h by default), then
+        ``prune_snapshots`` (worker snapshots of versions no longer current, not handed out for
+        ``retention_hours``; None = ``snapshot_grace_s``). Returns {table folder or URL: files
+        deleted (dry run: that would be), relative to the table}, plus, when snapshots were
+        removed, ``{"<base>/.lake-tables": their paths relative to it}``.
 
         Raises:
             ValueError: a negative retention, or one shorter than a table's while enforced (names
                 the table).
         """
         if not self.remote:
-            tables = sorted({str(p.parent) for p in self.base.rglob("_delta_log") if p.is_dir()})
-            return {t: self.tables.vacuum(t, retention_hours, dry_run, enforce_retention_duration) for t in tables}
-        store = self.store
-        return {store.uri(p): self.tables.vacuum(store.uri(p), retention_hours, dry_run, enforce_retention_duration)
-                for p in lake.find_delta_tables(store.fs, store.prefix)}
+            tables = sorted({str(p.parent) for p in self.base.rglob("_delta_log")
+                             if p.is_dir() and ".lake-tables" not in p.relative_to(self.base).parts})
+            out = {t: self.tables.vacuum(t, retention_hours, dry_run, enforce_retention_duration) for t in tables}
+        else:
+            store = self.store
+            out = {store.uri(p): self.tables.vacuum(store.uri(p), retention_hours, dry_run, enforce_retention_duration)
+                   for p in lake.find_delta_tables(store.fs, store.prefix)}
+        snapshots = self.prune_snapshots(None if retention_hours is None else retention_hours * 3600.0, dry_run)
+        if snapshots:
+            out[str(self.base / ".lake-tables")] = snapshots
+        return out
 
     # -- other committed files ---------------------------------------------------------------------
     def write_json(self, obj, key: str, indent: int = 2) -> None:

@@ -730,11 +730,14 @@ def test_lake_vacuum_removes_unreferenced_delta_files_and_the_tables_still_read(
 
 def test_lake_vacuum_on_a_local_root(tmp_path):
     """A local root's tables are Delta tables too: ``crucible lake vacuum`` removes the overwritten
-    version's file, refuses a retention below Delta's in one line, and the table still reads."""
+    version's file and the worker snapshot of that version, refuses a retention below Delta's in one
+    line, and the table still reads."""
     from resources.lake import LakeResource
 
     lake = LakeResource(root=str(tmp_path))
     lake.write(pl.DataFrame({"x": [1]}), "t", refresh=False)
+    snap = lake.table_path("t")                              # a worker's snapshot of version 0
+    os.utime(snap, (snap.stat().st_mtime - 60,) * 2)
     lake.write(pl.DataFrame({"x": [2]}), "t", refresh=False)
 
     def cli(*extra):
@@ -745,5 +748,6 @@ def test_lake_vacuum_on_a_local_root(tmp_path):
     assert refused.returncode == 2 and "retention" in refused.stderr and "Traceback" not in refused.stderr
     res = cli("--retention-hours", "0", "--no-enforce-retention")
     assert res.returncode == 0, res.stderr
-    assert f"{tmp_path / 't' / 'data.delta'}: removed 1 files" in res.stdout and "total: removed 1 files" in res.stdout
-    assert lake.read("t")["x"].to_list() == [2]
+    assert f"{tmp_path / 't' / 'data.delta'}: removed 1 files" in res.stdout and "total: removed 2 files" in res.stdout
+    assert "1 Delta tables" in res.stdout and "snapshots of versions no longer current): removed 1 files" in res.stdout
+    assert not snap.exists() and lake.read("t")["x"].to_list() == [2]

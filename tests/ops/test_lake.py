@@ -226,3 +226,59 @@ def test_a_frame_without_columns_round_trips(tmp_path):
     assert version == ops_lake.write_parquet_atomic(pl.DataFrame(), tmp_path / "plain.parquet")
     back = lake.read("decontam_sync_1")
     assert back.width == 0 and back.height == 0 and lake.table_info("decontam_sync_1") == {"data_version": version, "rows": 0}
+
+
+def test_worker_snapshots_are_reused_by_content_hash_and_do_not_accumulate(tmp_path):
+    """``table_path`` reuses a version's snapshot (same file, touched), writing a new version's
+    snapshot removes the table's stale ones past ``snapshot_grace_s`` (not the ones handed out within
+    it, nor other tables' or other names'), and ``vacuum`` removes the stale snapshots left (a
+    superseded version, a table gone, a killed write's temp file) and keeps current ones."""
+    import os
+    import shutil
+    import time
+
+    from resources.lake import LakeResource
+
+    lake = LakeResource(root=str(tmp_path), snapshot_grace_s=600)
+    snaps = tmp_path / ".lake-tables"
+    old = time.time() - 3600
+
+    def age(p):                                                   # last handed out an hour ago
+        os.utime(p, (old, old))
+
+    lake.write(pl.DataFrame({"x": [1]}), "t", refresh=False)
+    s1 = lake.table_path("t")
+    age(s1)
+    assert lake.table_path("t") == s1 and s1.stat().st_mtime > old + 3000    # reused and touched
+    lake.write(pl.DataFrame({"x": [2]}), "t", refresh=False)
+    s2 = lake.table_path("t")                                      # s1 was handed out just now: kept
+    assert s2 != s1 and s1.exists() and pl.read_parquet(s2)["x"].to_list() == [2]
+    age(s1)
+    lake.write(pl.DataFrame({"x": [1, 2]}, schema={"x": pl.UInt8}), "t", name="eval.parquet", refresh=False)
+    e1 = lake.table_path("t", name="eval.parquet")
+    assert s1.exists() and pl.read_parquet(e1)["x"].dtype == pl.UInt8   # another name: s1 not its sibling
+    lake.write(pl.DataFrame({"x": [3]}), "t", refresh=False)
+    s3 = lake.table_path("t")
+    assert not s1.exists() and s2.exists() and s3.exists() and e1.exists()   # s1 past the grace: removed
+
+    lake.write(pl.DataFrame({"x": [5]}), "p", "a", refresh=False)
+    pa = lake.table_path("p", "a")
+    lake.write(pl.DataFrame({"x": [6]}), "gone", refresh=False)
+    g = lake.table_path("gone")
+    shutil.rmtree(tmp_path / "gone")                              # the asset was wiped: its snapshot is stale
+    tmp = s3.parent / ".data.0123456789abcdef.parquet.x1y2.tmp"   # a killed snapshot write
+    tmp.write_bytes(b"partial")
+    other = snaps / "notes.txt"                                   # not a snapshot: left alone
+    other.write_text("keep")
+    for p in (s2, s3, e1, pa, g, tmp, other):
+        age(p)
+    assert lake.prune_snapshots(dry_run=True) == sorted(str(p.relative_to(snaps)) for p in (s2, g, tmp))
+    assert all(p.exists() for p in (s2, g, tmp))
+    assert lake.vacuum(retention_hours=2, enforce_retention_duration=False) == {str(tmp_path / d / f"{n}.delta"): [] for d, n in
+                                              (("p/a", "data"), ("t", "data"), ("t", "eval"))}  # an hour < 2 h
+    removed = lake.vacuum(retention_hours=0, enforce_retention_duration=False)
+    assert removed[str(snaps)] == sorted(str(p.relative_to(snaps)) for p in (s2, g, tmp))
+    assert not any(p.exists() for p in (s2, g, tmp)) and all(p.exists() for p in (s3, e1, pa, other))
+    assert lake.table_path("t") == s3 and pl.read_parquet(s3)["x"].to_list() == [3]
+    with pytest.raises(ValueError, match="grace_s"):
+        lake.prune_snapshots(-1)
