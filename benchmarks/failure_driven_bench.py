@@ -47,11 +47,11 @@ def build_standins(lake, size: str) -> dict:
     notes = {}
     base = lake.base
     rows = None
-    if not (base / "sft_dataset" / "data").exists() or not lake.path("decontaminated_problems").exists():
+    if not (base / "sft_dataset" / "data").exists() or not lake.exists("decontaminated_problems"):
         rows = [r for r in math_test() if r.get("solution") and r.get("answer")]
         df = pl.DataFrame([{"problem_id": r["problem_id"], "problem": r["problem"], "solution": r["solution"],
                             "answer": str(r["answer"]), "subject": r.get("subject")} for r in rows])
-        if not lake.path("decontaminated_problems").exists():
+        if not lake.exists("decontaminated_problems"):
             lake.write(df.with_columns(domain=pl.lit("math")), "decontaminated_problems", refresh=False)
             notes["decontaminated_problems"] = "stand-in: MATH test rows with solutions"
         if not (base / "sft_dataset" / "data").exists():
@@ -61,7 +61,7 @@ def build_standins(lake, size: str) -> dict:
             (base / "sft_dataset" / "data").mkdir(parents=True, exist_ok=True)
             sft.write_parquet(base / "sft_dataset" / "data" / "train-00000.parquet")
             notes["sft_dataset"] = "stand-in: 2,000 MATH test rows, reference solution as response"
-    if not lake.path("benchmark_problems").exists():
+    if not lake.exists("benchmark_problems"):
         items = benchmark_items()
         lake.write(pl.DataFrame(items, schema={"benchmark": pl.String, "item_id": pl.String, "problem": pl.String,
                                                "answer": pl.String, "solution": pl.String}), "benchmark_problems", refresh=False)
@@ -151,12 +151,12 @@ def main() -> int:
 
     from ops.posttrain.evaluate import accuracy_table
 
-    scored = pl.read_parquet(lake.path("sft_checkpoint"))
+    scored = lake.read("sft_checkpoint")
     mods = sorted(scored["module"].drop_nulls().unique().to_list())
     per_module = accuracy_table({"stage1": scored}, {m: (pl.col("module") == m) & (pl.col("split") == "test") for m in mods})
-    regions = pl.read_parquet(lake.path("failure_regions")).head(8)
-    synth = pl.read_parquet(lake.path("targeted_synthesis"))
-    ev = pl.read_parquet(lake.path("sft_checkpoint", name="eval.parquet"))
+    regions = lake.read("failure_regions").head(8)
+    synth = lake.read("targeted_synthesis")
+    ev = lake.read("sft_checkpoint", name="eval.parquet")
     prog = ev.filter(pl.col("slice") == "programmatic")
     pairs = lambda df: {(m, t) for m, t in zip(df["module"].to_list(), df["template"].to_list()) if t}  # noqa: E731
     from ops.posttrain.data import template_of

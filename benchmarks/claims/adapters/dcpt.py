@@ -174,7 +174,7 @@ def build_probes(lake_root: str, sizes: Sequence[str], ratios: Sequence[float], 
                          "(set CRUCIBLE_CPT_SIZES before the claim runs)")
     order = sorted(sizes, key=mixture.CPT_SIZES.index)
     t, out = time.monotonic(), {}
-    if not lake.path("decontaminated_problems").exists():
+    if not lake.exists("decontaminated_problems"):
         lake.write(_math_problems(), "decontaminated_problems", refresh=False)
     if not (lake.base / "cpt_tokenizer" / "manifest.json").exists():
         _materialize([mixture.domain_corpus, mixture.general_corpus], res,
