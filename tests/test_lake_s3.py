@@ -437,8 +437,8 @@ def test_table_path_gives_workers_a_local_copy_of_the_committed_version(s3, tmp_
     p1 = lake.table_path("decontaminated_problems")
     assert p1 == tmp_path / "work" / ".lake-tables" / "decontaminated_problems" / f"data.{v1}.parquet"
     assert file_sha256(p1)[:16] == v1 and pl.read_parquet(p1).equals(df) and pl.read_parquet(p1).schema == df.schema
-    mtime = p1.stat().st_mtime_ns
-    assert lake.table_path("decontaminated_problems") == p1 and p1.stat().st_mtime_ns == mtime   # reused
+    inode = p1.stat().st_ino
+    assert lake.table_path("decontaminated_problems") == p1 and p1.stat().st_ino == inode   # reused, not rewritten
     _, v2 = lake.write(df.head(1), "decontaminated_problems", refresh=False)
     p2 = lake.table_path("decontaminated_problems")
     assert p2 != p1 and pl.read_parquet(p2).height == 1 and file_sha256(p2)[:16] == v2
