@@ -11,7 +11,7 @@ metrics.json of this spec's fingerprint) and only then commits it to ``<lake>/rl
 (issue 42 item 8: a failed step or a late worker never replaces the committed policy). A later
 materialization with the same spec stages the committed folder back (hard links) and the worker
 reuses it instead of retraining. The evaluation curve is also the asset's table
-(``<lake>/rl_policy/data.parquet``: step, train_s, accuracy, n, mean_len).
+(the Delta table ``<lake>/rl_policy/data.delta``: step, train_s, accuracy, n, mean_len).
 """
 
 import dataclasses

@@ -112,7 +112,7 @@ def test_chain_materializes_on_two_ranks_and_compares_targeted_with_random(tmp_p
             assert pl.read_parquet(s2 / arm / f"s{k}" / "predictions.parquet").height == ev.filter(pl.col("split") == "test").height
             weights.add((s2 / arm / f"s{k}" / "model.safetensors").read_bytes())
         assert len(weights) == 3  # the seeds really gave three different models
-    per_seed = pl.read_parquet(s2 / "scored_seeds.parquet")
+    per_seed = lake.read("stage2_checkpoint", name="scored_seeds.parquet")
     assert per_seed.group_by("checkpoint").agg(pl.col("seed").n_unique())["seed"].to_list() == [3, 3]
 
     cmp = json.loads(lake.path("failure_driven_comparison", name="comparison.json").read_text())
