@@ -21,10 +21,14 @@ _SNAPSHOT = re.compile(r"(?P<stem>.+)\.(?P<version>[0-9a-f]{16})\.parquet")   # 
 
 
 def _mtime(p: Path) -> float:
+    """When the snapshot ``p`` was last handed out (or written): the later of its access and modification
+    times (``table_path`` sets the access time on each hand-out and never the modification time, which
+    workers' run fingerprints read, e.g. ``ops.gba.checkpoint.fingerprint``)."""
     try:
-        return p.stat().st_mtime
+        st = p.stat()
     except FileNotFoundError:                # removed meanwhile (another pruner): never older than a cutoff
         return float("inf")
+    return max(st.st_atime, st.st_mtime)
 
 
 def default_root() -> str:
@@ -216,7 +220,8 @@ class LakeResource(dg.ConfigurableResource):
         categorical columns restored), and a commit landing during its run does not change what it
         reads.
 
-        Snapshots do not accumulate: each hand-out touches the file's modification time, and
+        Snapshots do not accumulate: each hand-out sets the file's access time (never its
+        modification time, which run fingerprints read), and
         writing a new version's snapshot deletes the table's snapshots of other versions not handed
         out for ``snapshot_grace_s`` (a worker started within the grace keeps its file); ``vacuum``
         removes the rest (``prune_snapshots``).
@@ -234,8 +239,10 @@ class LakeResource(dg.ConfigurableResource):
         folder = self.base / ".lake-tables" / asset / (partition or "")
         dest = folder / f"{stem}.{info['data_version']}.parquet"
         if dest.exists():
-            try:
-                os.utime(dest)                   # handed out now: the grace of a later prune counts from here
+            try:   # handed out now: the grace of a later prune counts from here. Only the access time: the
+                # modification time stays the write's, so a worker's fingerprint of (path, size, mtime) is the
+                # same on a retried launch (a touched mtime made GBA's resume discard its checkpoints)
+                os.utime(dest, ns=(time.time_ns(), dest.stat().st_mtime_ns))
             except OSError:
                 pass
             return dest
