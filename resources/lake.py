@@ -20,7 +20,7 @@ _RAISE = object()
 _SNAPSHOT = re.compile(r"(?P<stem>.+)\.(?P<version>[0-9a-f]{16})\.parquet")   # table_path's <stem>.<data version>.parquet
 
 
-def _mtime(p: Path) -> float:
+def _last_handed_out(p: Path) -> float:
     """When the snapshot ``p`` was last handed out (or written): the later of its access and modification
     times (``table_path`` sets the access time on each hand-out and never the modification time, which
     workers' run fingerprints read, e.g. ``ops.gba.checkpoint.fingerprint``)."""
@@ -254,7 +254,7 @@ class LakeResource(dg.ConfigurableResource):
         cutoff = time.time() - self.snapshot_grace_s
         for old in folder.iterdir():
             m = _SNAPSHOT.fullmatch(old.name)
-            if old != dest and m and m["stem"] == stem and _mtime(old) < cutoff:
+            if old != dest and m and m["stem"] == stem and _last_handed_out(old) < cutoff:
                 old.unlink(missing_ok=True)
         return dest
 
@@ -290,7 +290,7 @@ class LakeResource(dg.ConfigurableResource):
                     continue
             elif not (f.name.startswith(".") and f.name.endswith(".tmp")):
                 continue                                  # not a file table_path writes: left alone
-            if _mtime(f) < cutoff:
+            if _last_handed_out(f) < cutoff:
                 if not dry_run:
                     f.unlink(missing_ok=True)
                 removed.append(str(rel))
