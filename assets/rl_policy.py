@@ -84,8 +84,12 @@ def rl_policy(context: dg.AssetExecutionContext, config: RlPolicyConfig, lake: L
     fp = spec.fingerprint()                                  # out_dir is cadence: the same as the committed folder's
     stage_committed(committed, stage, committed_fingerprint(committed / "metrics.json") == fp
                     and all((committed / f).exists() for f in ("model.safetensors", "tokenizer.json")), context.log.info)
+    # one process: it gets the intra-op threads of the whole allocation (what a launch of num_processes ranks
+    # would share), not one rank's threads_per_process
+    threads = max(1, compute.num_processes * compute.threads_per_process)
     with launch(context, compute, base=lake.base, asset="rl_policy", module="ops.rl.warmstart", spec=spec.to_json(),
-                fingerprint=fp, timeout_s=config.timeout_s, saved=describe_saved, outputs={"policy": committed}) as run:
+                fingerprint=fp, timeout_s=config.timeout_s, saved=describe_saved, outputs={"policy": committed},
+                env={"OMP_NUM_THREADS": str(threads)}) as run:
         m = run.result
         if committed_fingerprint(stage / "metrics.json") != fp or not (stage / "model.safetensors").exists():
             raise dg.Failure(f"rl_policy: the staged policy {stage} is not this spec's (metrics.json fingerprint "
@@ -114,6 +118,7 @@ def rl_policy(context: dg.AssetExecutionContext, config: RlPolicyConfig, lake: L
             train_s=dg.MetadataValue.float(m["train_s"]),
             eval_s=dg.MetadataValue.float(m["eval_s"]),
             wall_s=dg.MetadataValue.float(m["wall_s"]),
+            threads=dg.MetadataValue.int(int(m.get("threads", 0))),
             **run.metadata(),
         )
         path, version = lake.write(curve, "rl_policy")      # the table last; the policy folder at the block's end

@@ -246,6 +246,8 @@ def length_stats(lengths: list[int]) -> dict:
 def train(spec: WarmStartSpec, out: Path, pipes, dp=None) -> dict:
     """The warm start of ``spec`` (see the module docstring): trains (or reuses a published folder
     of the same fingerprint), writes the policy folder on rank 0 and returns its metrics record."""
+    import torch
+
     from ops.lake import write_json_atomic
     from ops.lm.checkpoint import LMState, published, run_folder
     from ops.lm.model import gpt2, param_counts, quiet_transformers, save_model
@@ -338,7 +340,7 @@ def train(spec: WarmStartSpec, out: Path, pipes, dp=None) -> dict:
             "rl_response_lengths": length_stats([sp.response_length(p) for p in rl_probs]),
             "train_s": round(h["train_s"], 2), "eval_s": round(h["eval_s"] + time.monotonic() - t_final, 2),
             "wall_s": round(time.monotonic() - t0, 2), "resumes": trainer.state.resumes if trainer.state else [],
-            **dp.describe()}
+            "threads": torch.get_num_threads(), **dp.describe()}
     if dp.rank == 0:
         save_model(trainer.unwrapped, folder)
         tok.save_pretrained(str(folder))

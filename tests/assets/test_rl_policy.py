@@ -45,6 +45,9 @@ def test_rl_policy_launches_the_warm_start_and_reports_its_learning(tmp_path):
     assert (meta["rl_response_len_median"], meta["rl_response_len_p90"], meta["rl_response_len_max"]) == \
         (stats["median"], stats["p90"], stats["max"])
     assert meta["train_s"] > 0 and meta["eval_s"] > 0 and meta["reused_finished_launch"] is False
+    # the one-process warm start trains on the whole allocation's threads (2 ranks x 1 thread), not one rank's
+    compute = ComputeResource()
+    assert meta["threads"] == metrics["threads"] == compute.num_processes * compute.threads_per_process == 2
     assert Path(meta["loss_curve"]).read_bytes()[:4] == b"\x89PNG"           # a figure file in the lake
     assert "warmstart: step 6" in log
     assert not list((tmp_path / "rl_policy").glob(".run-*"))            # the run folder is removed after success
