@@ -173,3 +173,21 @@ def test_the_designs_flat_schedules_nest_into_the_probe_configs_and_keep_every_f
     assert base.fingerprint("l") == cpt.fingerprint("l") == legacy("l", None, d)
     assert cpt.fingerprint("l", 0.5) == legacy("l", 0.5, {**d, **{k: flat[k] for k in ProbePlan.CPT_FIELDS}})
     assert cpt.cpt_schedule.weight_decay == p["base"]["weight_decay"]
+
+
+def test_the_validation_worker_trains_on_one_world_of_two_ranks(tmp_path):
+    """The extrapolation claim's validation runs go through ``_worker``: the probe worker launched on 2 gloo
+    ranks with the compute resource's environment. Without ``ACCELERATE_USE_CPU`` accelerate started two
+    processes that each saw a world of one, trained every run twice into the same folders and once raced
+    on a checkpoint (seed 2204's first attempt). The result must record one world of 2 ranks."""
+    from ops.mixture.probe import ProbePlan
+    from tests.ops.test_mixture_probe import _tiny_streams
+
+    data = _tiny_streams(tmp_path)
+    plan = ProbePlan(phase="base", data_dir=str(data), base_dir=str(tmp_path / "base"), out_dir=str(tmp_path / "runs"),
+                     runs=[{"size": "xs", "ratio": 0.0, "key": "xs"}, {"size": "s", "ratio": 0.0, "key": "s"}],
+                     seq_len=16, global_batch=4, base_tokens=256, cpt_tokens=512, first_checkpoint=128,
+                     val_seqs_general=4, val_seqs_per_subdomain=4)
+    result = dcpt._worker(plan, tmp_path / ".base", timeout_s=240)
+    assert (result["world_size"], result["distributed_type"]) == (2, "DistributedType.MULTI_CPU")
+    assert sorted(result["runs"]) == ["s", "xs"] and (tmp_path / "base" / "xs" / "base.json").exists()

@@ -215,22 +215,34 @@ def _probe_points(lake_root: str, sizes: Sequence[str], ratios: Sequence[float])
 
 
 def _worker(spec, run_dir: Path, timeout_s: float) -> dict:
-    """The probe worker on 2 gloo ranks, as the assets launch it (outside Dagster)."""
+    """The probe worker on 2 gloo ranks, as the assets launch it (outside Dagster): the compute
+    resource's command *and* its launch environment (``ACCELERATE_USE_CPU``, threads per rank).
+    Without that environment accelerate starts two processes that each see a world of one and
+    train every run twice into the same folders (the cause of seed 2204's first failure).
+
+    Raises:
+        RuntimeError: the worker failed, or its ranks did not form one world of 2.
+    """
     import subprocess
 
     from resources.compute import ComputeResource
 
+    compute = ComputeResource(num_processes=2)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(spec.to_json())
-    cmd = ComputeResource(num_processes=2).launch_command(
+    cmd = compute.launch_command(
         "ops.mixture.probe", ["--spec", str(run_dir / "spec.json"), "--out", str(run_dir),
                               "--fingerprint", spec.launch_fingerprint()], module=True)
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_PIPES_CONTEXT"}
-    p = subprocess.run(cmd, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+    p = subprocess.run(cmd, cwd=ROOT, env={**env, **compute.launch_env()}, capture_output=True, text=True,
                        timeout=timeout_s)
     if p.returncode != 0:
         raise RuntimeError(f"probe worker failed ({p.returncode}) in {run_dir}: {p.stderr[-3000:]}")
-    return json.loads((run_dir / "result.json").read_text())
+    result = json.loads((run_dir / "result.json").read_text())
+    if result.get("world_size") != compute.num_processes:
+        raise RuntimeError(f"probe worker in {run_dir} ran as world_size {result.get('world_size')} "
+                           f"({result.get('distributed_type')}), not {compute.num_processes} ranks")
+    return result
 
 
 def validation_runs(lake_root: str, largest_probe: str, size: str, ratios: Sequence[float], init_seed: int,
