@@ -118,7 +118,8 @@ def rl_policy(context: dg.AssetExecutionContext, config: RlPolicyConfig, lake: L
             train_s=dg.MetadataValue.float(m["train_s"]),
             eval_s=dg.MetadataValue.float(m["eval_s"]),
             wall_s=dg.MetadataValue.float(m["wall_s"]),
-            threads=dg.MetadataValue.int(int(m.get("threads", 0))),
+            # a policy folder reused from before threads were recorded has none: then none is claimed
+            **({"threads": dg.MetadataValue.int(int(m["threads"]))} if "threads" in m else {}),
             **run.metadata(),
         )
         path, version = lake.write(curve, "rl_policy")      # the table last; the policy folder at the block's end
