@@ -123,6 +123,7 @@ def targeted_synthesis(context: dg.AssetExecutionContext, config: SynthesisConfi
         rejected_by_reason=dg.MetadataValue.json(res.report.rejected),
         targeted_by_cell=md_table(res.targeted.group_by("target").len(name="items").sort("target")),
         random_by_module=md_table(res.random.group_by("module").len(name="items").sort("module")),
+        embedding_cache=dg.MetadataValue.json(res.embedding),
         retrieval_library=dg.MetadataValue.text("scikit-learn TfidfVectorizer + NearestNeighbors (cosine)"),
         retrieved=md_table(pl.DataFrame(res.retrieved) if res.retrieved else pl.DataFrame({"target": []}), 20),
         teacher=dg.MetadataValue.json({**res.teacher_stats, "kept_after_filter": res.teacher_kept,

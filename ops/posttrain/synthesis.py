@@ -142,12 +142,15 @@ class ItemFilter:
     def __init__(self, corpus: list[str], benchmarks: list[dict], near_threshold: float = _D.near_threshold,
                  num_perm: int = _D.num_perm, verify_timeout_s: float = _D.verify_timeout_s, workers: int = _D.workers,
                  decontam_config=None):
-        from ops.curation.decontam import Decontaminator
+        from ops.curation.decontam import DecontamConfig, Decontaminator, MiniLMEmbedder
         from ops.curation.text import text_hash
 
         self.corpus = [c for c in corpus if c]
         self.corpus_hashes = {text_hash(c) for c in self.corpus}
-        self.decontam = Decontaminator(benchmarks, decontam_config) if benchmarks else None
+        cfg = decontam_config or DecontamConfig()
+        self.embedder = MiniLMEmbedder(cfg.semantic_max_tokens)  # the shared benchmark-embedding cache, counters
+        self.decontam = Decontaminator(benchmarks, cfg, embedder=self.embedder) if benchmarks else None
+        self.semantic: dict = {"texts_embedded": 0, "benchmark_texts": 0, "encode_s": 0.0}
         self.near_threshold, self.num_perm = near_threshold, num_perm
         self.verify_timeout_s, self.workers = verify_timeout_s, workers
 
@@ -192,6 +195,9 @@ class ItemFilter:
         live = [i for i in range(len(items)) if reason[i] is None]
         if live and self.decontam is not None:
             flags = self.decontam.run([items[i]["problem"] for i in live])
+            sem = self.decontam.stats.get("semantic", {})
+            for k in self.semantic:
+                self.semantic[k] += sem.get(k, 0)
             for i, f in zip(live, flags):
                 if f is not None:
                     reason[i] = "contaminated"
@@ -379,6 +385,10 @@ class TargetedArms:
     """Pool items plus teacher items considered."""
     eval_templates: int
     pool_templates: int
+    embedding: dict
+    """The filter's semantic decontamination: texts embedded, benchmark texts among them, encode seconds, texts
+    actually run through the encoder (``encoded``; cache misses), of which benchmark texts (``encoded_benchmark``),
+    and the shared benchmark-embedding cache files read and written."""
 
 
 def targeted_arms(params: SynthesisParams, targets: list[dict], items: pl.DataFrame, train: pl.DataFrame, ev: pl.DataFrame,
@@ -446,4 +456,7 @@ def targeted_arms(params: SynthesisParams, targets: list[dict], items: pl.DataFr
                      how="diagonal_relaxed")
     rej = pl.DataFrame(rejected + t_rej) if (rejected or t_rej) else pl.DataFrame({"reason": []}, schema={"reason": pl.String})
     return TargetedArms(both, targeted, random, rej, rep, t_rep, t_stats, len(t_kept), retrieved, pool.height + len(t_items),
-                        len(eval_templates), len(pool_templates))
+                        len(eval_templates), len(pool_templates),
+                        {**{k: round(v, 2) for k, v in flt.semantic.items()}, "encoded": flt.embedder.encoded,
+                         "encoded_benchmark": flt.embedder.encoded_benchmark,
+                         "benchmark_cache_files": flt.embedder.benchmark_cache_paths})
