@@ -109,8 +109,21 @@ def _permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return perm[0].astype(np.uint32), perm[1].astype(np.uint32)
 
 
+THREADING_LAYER = "workqueue"
+"""Numba's threading layer for the kernels unless ``NUMBA_THREADING_LAYER`` is set. Numba's OpenMP layer loads the
+system ``libgomp``, and a torch imported later in the process then runs on it: a 30x slower MiniLM encoder in the
+demo's one process (docs/operations.md, presets). The kernels never nest and run from one thread at a time."""
+
+
 def _native():
-    """The compiled kernels (:mod:`ops.curation.minhash_native`), imported on first use."""
+    """The compiled kernels (:mod:`ops.curation.minhash_native`), imported on first use on
+    :data:`THREADING_LAYER`."""
+    import os
+
+    os.environ.setdefault("NUMBA_THREADING_LAYER", THREADING_LAYER)  # before Numba reads its configuration
+    import numba
+
+    numba.config.THREADING_LAYER = os.environ["NUMBA_THREADING_LAYER"]  # also when Numba was imported earlier
     from . import minhash_native
 
     return minhash_native

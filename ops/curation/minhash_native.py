@@ -27,29 +27,12 @@ Hashes: a token (or character n-gram) is hashed as the 64-bit FNV-1a of its UTF-
 the MurmurHash3 ``fmix64`` finaliser; a word n-gram is the polynomial ``sum_k t_k * M^(n-1-k)`` mod
 2^64 of its token hashes with bit 63 cleared; a character n-gram has bit 63 set (so the two kinds
 never collide). All constants are fixed: hashes are the same on every machine and run.
-
-Threading layer: Numba's ``workqueue`` unless ``NUMBA_THREADING_LAYER`` says otherwise (:data:`THREADING_LAYER`).
-Numba's default on a machine without TBB is its OpenMP layer, which loads the system ``libgomp``; a process
-that then imports torch runs torch on that runtime instead of the ``libgomp`` torch ships with. In a
-long-lived process that also trains and embeds (``crucible demo`` runs every job in one process) the
-MiniLM encoder of decontamination's semantic layer then ran about 30 times slower: 334 texts in 40-62 s
-against 1.5-2 s (measured, real, 2-core AMD EPYC; gdb put both threads in nested OpenMP regions of MKL's
-sgemm inside torch's flash-attention ``parallel_for``, on the system ``libgomp``). With ``workqueue`` no
-OpenMP runtime but torch's is loaded. These kernels never nest parallel regions and are called from one
-thread at a time (the layer allows no concurrent launch); their speed is the same on either layer.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # before Numba reads its configuration
-import numba as nb  # noqa: E402
-import numpy as np  # noqa: E402
-
-THREADING_LAYER = nb.config.THREADING_LAYER = os.environ["NUMBA_THREADING_LAYER"]
-"""The Numba threading layer these kernels run on (module docstring: why ``workqueue``); also set in Numba's
-configuration, in case Numba was imported before this module."""
+import numba as nb
+import numpy as np
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)

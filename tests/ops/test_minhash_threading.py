@@ -1,5 +1,5 @@
-"""The MinHash kernels keep the process on one OpenMP runtime (ops/curation/minhash_native.py, "Threading
-layer"): after a parallel kernel has run, importing torch must not bind torch to the system libgomp."""
+"""The MinHash kernels keep the process on one OpenMP runtime (``ops.curation.minhash.THREADING_LAYER``): after a
+parallel kernel has run, importing torch must not bind torch to the system libgomp."""
 
 import ctypes.util
 import json
