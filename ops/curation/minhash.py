@@ -115,8 +115,9 @@ system ``libgomp``, and a torch imported later in the process then runs on it: a
 demo's one process (docs/operations.md, presets). The kernels never nest and run from one thread at a time."""
 
 
+@functools.lru_cache(maxsize=1)
 def _native():
-    """The compiled kernels (:mod:`ops.curation.minhash_native`), imported on first use on
+    """The compiled kernels (:mod:`ops.curation.minhash_native`), imported once, on first use, on
     :data:`THREADING_LAYER`."""
     import os
 
