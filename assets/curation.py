@@ -71,6 +71,8 @@ def annotated_problems(context: dg.AssetExecutionContext, config: AnnotateConfig
         context.log.warning(f"annotating without sources {missing}")
     keys = [k for k in wanted if k in present]
     raw = pl.concat([lake.read("raw_problems", k) for k in keys], how="vertical_relaxed") if keys else frame([], RAW_SCHEMA)
+    if params.llm_label_max_rows > 0:                    # the embedded teacher loads while the classifiers train
+        teacher.prestart(lake.base / "teacher" / "cache.sqlite")
     rows, report = annotate(raw.to_dicts(), seed=params.seed, max_per_class=params.max_per_class, min_confidence=params.min_confidence)
     llm = _llm_labels(context, rows, params, lake, teacher) if params.llm_label_max_rows > 0 else {"asked": 0}
     df = frame(rows, PROBLEM_SCHEMA).sort("problem_id")

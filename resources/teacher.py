@@ -2,17 +2,24 @@
 
 Embedded default (``base_url`` empty): the resource starts the embedded server
 (:mod:`ops.teacher.serve`, which samples each request from its own seeded generator) on 127.0.0.1
-with SmolLM2-135M-Instruct (converted at setup into ``$CRUCIBLE_MODELS``), checks its health, and
-stops it when the step's session ends. Production: set ``base_url`` (vLLM, SGLang, a provider), ``model``
-and the API key's environment variable — the asset code does not change.
+with SmolLM2-135M-Instruct (converted at setup into ``$CRUCIBLE_MODELS``) and checks its health.
+Inside a Dagster run the server is the run's: started by the first step that opens a session, reused by
+the later steps of the same process (``annotated_problems`` and ``distilled_problems`` of one curation
+run load the model once) and stopped when Dagster tears the resource down at the end of the run (of the
+step, under the multiprocess executor). Outside a run (a resource built by hand) each session starts and
+stops its own. Production: set ``base_url`` (vLLM, SGLang, a provider), ``model`` and the API key's
+environment variable — the asset code does not change.
 """
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from ops.docstrings import describe_fields
 
@@ -58,6 +65,23 @@ class TeacherResource(dg.ConfigurableResource):
     though its responses do not say so (the embedded server says so itself). False: a sample counts as
     seeded only when its response says so."""
 
+    _run_scoped: bool = PrivateAttr(False)
+    _server: Any = PrivateAttr(None)
+    _healthy: bool = PrivateAttr(False)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Dagster's hook at the start of a run (of a step, multiprocess executor): from here the
+        embedded server outlives a session until :meth:`teardown_after_execution`."""
+        self._run_scoped = True
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """Dagster's hook at the end of the run (step): stop the run's embedded server, if one started."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
     @property
     def embedded(self) -> bool:
         return not self.base_url
@@ -70,22 +94,16 @@ class TeacherResource(dg.ConfigurableResource):
 
     @contextmanager
     def session(self, cache_path: str | Path, log: object = None) -> Iterator[object]:
-        """Yield a ready ``TeacherClient`` (starting and stopping the embedded server if needed)."""
+        """Yield a ready ``TeacherClient``. Embedded teacher: on the run's server (started on first use,
+        see the module docstring), or, outside a run, on a server started and stopped with the session."""
         from ops.teacher.cache import ResponseCache
         from ops.teacher.client import TeacherClient
-        from ops.teacher.server import LocalTeacherServer
 
         cache = ResponseCache(cache_path)
-        server = None
+        server = own = None
         try:
             if self.embedded:
-                server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
-                                            startup_timeout_s=self.startup_timeout_s,
-                                            max_batch=self.max_batch,
-                                            log_path=Path(cache_path).parent / "server.log")
-                server.start()
-                if log:
-                    log.info(f"embedded teacher server on {server.base_url} (log {server.log_path})")
+                server, own = self._embedded_server(Path(cache_path).parent / "server.log", log)
                 base_url, model = server.base_url, self.model or server.model
             else:
                 base_url, model = self.base_url, self.model
@@ -102,6 +120,53 @@ class TeacherResource(dg.ConfigurableResource):
             finally:
                 client.close()
         finally:
-            if server is not None:
-                server.stop()
+            if own is not None:
+                own.stop()
             cache.close()
+
+    def prestart(self, cache_path: str | Path) -> None:
+        """Start the run's embedded server now without waiting for it, so that it loads the model while
+        the step does its own work; the first ``session`` waits for it. Nothing happens with an
+        endpoint (``base_url``) or outside a Dagster run (a session there owns its server). Raises
+        ``TeacherServerError`` (no model directory, port taken)."""
+        if self.embedded and self._run_scoped:
+            with self._lock:
+                self._launch(Path(cache_path).parent / "server.log")
+
+    def _launch(self, log_path: Path) -> None:
+        """Under the lock: the run's server process, launched unless a live one is there."""
+        from ops.teacher.server import LocalTeacherServer
+
+        if self._server is None or self._server.proc is None or self._server.proc.poll() is not None:
+            self._server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
+                                              startup_timeout_s=self.startup_timeout_s, max_batch=self.max_batch,
+                                              log_path=log_path).launch()
+            self._healthy = False
+
+    def _embedded_server(self, log_path: Path, log: object = None) -> tuple[object, object]:
+        """(a healthy embedded server, the server the session must stop itself or None). In a run: the
+        run's server, launched here unless ``prestart`` did or when the one before has died. Raises
+        ``TeacherServerError`` (no model, port taken, start-up timeout)."""
+        from ops.teacher.server import LocalTeacherServer
+
+        if not self._run_scoped:
+            server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
+                                        startup_timeout_s=self.startup_timeout_s, max_batch=self.max_batch,
+                                        log_path=log_path).start()
+            if log:
+                log.info(f"embedded teacher server on {server.base_url} for this session (log {server.log_path})")
+            return server, server
+        with self._lock:
+            self._launch(log_path)
+            if not self._healthy:
+                try:
+                    self._server.wait_healthy()
+                except BaseException:
+                    self._server.stop()
+                    self._server = None
+                    raise
+                self._healthy = True
+                if log:
+                    log.info(f"embedded teacher server on {self._server.base_url} for this run "
+                             f"(log {self._server.log_path})")
+            return self._server, None

@@ -35,6 +35,14 @@ def test_whole_curation_graph_on_real_sources(tmp_path):
         }},
     )
     assert res.success
+    # one embedded teacher server for the run: annotated_problems starts it, distilled_problems reuses it
+    # (two starts before), and Dagster's teardown stops it at the end of the run
+    started = [e.message for e in instance.all_logs(res.run_id) if "embedded teacher server on" in (e.message or "")]
+    assert len(started) == 1 and "for this run" in started[0], started
+    from ops.teacher.server import port_in_use
+
+    port = int(started[0].split("http://127.0.0.1:")[1].split("/")[0])
+    assert not port_in_use(port)
     checks = [e for e in res.get_asset_check_evaluations()]
     assert len(checks) == 5 and all(c.passed for c in checks)
 

@@ -77,6 +77,14 @@ class LocalTeacherServer:
             return ""
 
     def start(self) -> "LocalTeacherServer":
+        """Start the server and wait until it is healthy (``launch`` then ``wait_healthy``)."""
+        self.launch()
+        self.wait_healthy()
+        return self
+
+    def launch(self) -> "LocalTeacherServer":
+        """Start the server process without waiting for it (it loads the model meanwhile); call
+        ``wait_healthy`` before the first request. Raises TeacherServerError (no model, port taken)."""
         if not (self.model_dir / "config.json").exists():
             raise TeacherServerError(f"teacher model directory {self.model_dir} has no config.json; run `make setup`")
         if port_in_use(self.port):
@@ -88,13 +96,21 @@ class LocalTeacherServer:
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
                "TOKENIZERS_PARALLELISM": "false"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        from ops.launch import pdeathsig_preexec
+
+        # its own process group (stop() signals the group), and SIGKILL when the thread that started it
+        # exits: a killed step or run leaves no server behind
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=pdeathsig_preexec())
         log.close()
-        self._wait_healthy()
         return self
 
-    def _wait_healthy(self) -> None:
+    def wait_healthy(self) -> None:
+        """Wait up to ``startup_timeout_s`` for ``/health`` (and this server's instance id behind it).
+        Raises TeacherServerError, the server stopped, when it exits, another process serves the port
+        or the time runs out."""
         import httpx
 
         deadline = time.monotonic() + self.startup_timeout_s

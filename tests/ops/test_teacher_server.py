@@ -97,3 +97,37 @@ def test_a_dead_server_is_reported_with_its_exit_code():
     with pytest.raises(TeacherServerError, match=r"not running \(exit code -9\)"):
         srv.check_alive()
     srv.stop()  # idempotent on a dead server
+
+
+def test_a_killed_owner_leaves_no_server(tmp_path):
+    """The embedded server dies with the thread that started it (PR_SET_PDEATHSIG): a SIGKILLed step or run
+    leaves no teacher server holding its port and model. Outside a Dagster run the session owns the server."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from ops.teacher.server import port_in_use
+
+    script = ("import sys, time\n"
+              "from resources.teacher import TeacherResource\n"
+              "class Log:\n"
+              "    def info(self, m): print(m, flush=True)\n"
+              "with TeacherResource().session(sys.argv[1], log=Log()):\n"
+              "    time.sleep(600)\n")
+    root = Path(__file__).resolve().parents[2]
+    owner = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cache.sqlite")], cwd=root,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        line = owner.stdout.readline()
+        assert "embedded teacher server on http://127.0.0.1:" in line and "for this session" in line, line
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        assert port_in_use(port)
+        owner.kill()
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while port_in_use(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not port_in_use(port)
+    finally:
+        owner.kill()

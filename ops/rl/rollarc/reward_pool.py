@@ -301,6 +301,9 @@ class RewardPool:
         options = dict(
             name=DEPLOYMENT, ray_actor_options={"num_cpus": 0, "resources": {self.resource: 1}},
             max_ongoing_requests=max_ongoing_requests,
+            # a replica being stopped checks for requests in flight every 0.2 s, not Serve's 2 s: at
+            # shutdown every reward has been awaited, so the first check lets it go
+            graceful_shutdown_wait_loop_s=0.2,
             autoscaling_config=scaling)
         app = _deployment(serve, options).bind(item_timeout_s=item_timeout_s, workers=workers)
         (handle,) = serve.run_many([RunTarget(app, name=self.name, route_prefix=None)],
