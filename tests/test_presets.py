@@ -38,9 +38,6 @@ def test_the_demo_preset_shrinks_the_slow_steps_and_keeps_every_stage(unsized):
             if (op, field) == ("mixture_plan", "target_tokens"):  # 0 = derived: 4x the largest probed D
                 assert own == 0
                 own = 4 * field_at(classes["cpt_probe_runs"], "cpt_tokens").default
-            if (op, field) == ("mixture_plan", "target_n_params"):  # 0 = the largest probed size's N
-                assert own == 0
-                own = max(_probe_sizes_n().values())
             if isinstance(v, bool):                           # an extra verification switched off
                 assert v is False and own is True, (op, field)
             elif isinstance(v, list):
@@ -48,25 +45,6 @@ def test_the_demo_preset_shrinks_the_slow_steps_and_keeps_every_stage(unsized):
             else:
                 assert 0 < v < own, (op, field)
     assert {"rl_policy", "distilled_problems", "cpt_probe_runs", "targeted_synthesis"} <= set(DEMO_SIZES)
-
-
-def _probe_sizes_n() -> dict[str, int]:
-    """Non-embedding N of the default probe grid's sizes (N does not depend on the vocabulary)."""
-    from ops.lm.model import gpt2, param_counts
-    from ops.mixture.probe import SIZES
-    from ops.mixture.probe_grid import DEFAULT_SIZES
-
-    return {s: param_counts(gpt2(2048, 128, 0, SIZES[s], 0))[0] for s in DEFAULT_SIZES.split(",")}
-
-
-def test_the_demo_closed_loop_trains_a_smaller_probed_size_than_small():
-    """The demo's target N picks size m for the closed loop (the nearest probed size in log N); `small`'s
-    default (0) is the largest probed size, l."""
-    from ops.mixture.validation import nearest_size
-
-    sizes = _probe_sizes_n()
-    assert nearest_size(DEMO_SIZES["mixture_plan"]["target_n_params"], sizes) == "m"
-    assert max(sizes, key=sizes.get) == "l"
 
 
 def test_a_preset_with_a_wrong_op_or_field_is_a_sizes_error(unsized, monkeypatch):
