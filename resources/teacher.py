@@ -3,11 +3,12 @@
 Embedded default (``base_url`` empty): the resource starts the embedded server
 (:mod:`ops.teacher.serve`, which samples each request from its own seeded generator) on 127.0.0.1
 with SmolLM2-135M-Instruct (converted at setup into ``$CRUCIBLE_MODELS``) and checks its health.
-Inside a Dagster run the server is the run's: started by the first step that opens a session, reused by
-the later steps of the same process (``annotated_problems`` and ``distilled_problems`` of one curation
-run load the model once) and stopped when Dagster tears the resource down at the end of the run (of the
-step, under the multiprocess executor). Outside a run (a resource built by hand) each session starts and
-stops its own. Production: set ``base_url`` (vLLM, SGLang, a provider), ``model`` and the API key's
+Inside a Dagster run the server is the run's: started by the first step that opens a session (or calls
+``prestart``), reused by the later steps of the same process after a ``/health`` check (``annotated_problems``
+and ``distilled_problems`` of one curation run load the model once) and stopped when Dagster tears the
+resource down at the end of the run (of the step, under the multiprocess executor). The server exits by
+itself when the process that started it dies. Outside a run (a resource built by hand) each session
+starts and stops its own. Production: set ``base_url`` (vLLM, SGLang, a provider), ``model`` and the API key's
 environment variable — the asset code does not change.
 """
 
@@ -78,7 +79,7 @@ class TeacherResource(dg.ConfigurableResource):
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         """Dagster's hook at the end of the run (step): stop the run's embedded server, if one started."""
         with self._lock:
-            server, self._server = self._server, None
+            server, self._server, self._healthy = self._server, None, False
         if server is not None:
             server.stop()
 
@@ -128,10 +129,15 @@ class TeacherResource(dg.ConfigurableResource):
         """Start the run's embedded server now without waiting for it, so that it loads the model while
         the step does its own work; the first ``session`` waits for it. Nothing happens with an
         endpoint (``base_url``) or outside a Dagster run (a session there owns its server). Raises
-        ``TeacherServerError`` (no model directory, port taken)."""
+        nothing: a server that cannot start (no model directory, port taken) fails the first session."""
         if self.embedded and self._run_scoped:
+            from ops.teacher.server import TeacherServerError
+
             with self._lock:
-                self._launch(Path(cache_path).parent / "server.log")
+                try:
+                    self._launch(Path(cache_path).parent / "server.log")
+                except TeacherServerError:
+                    self._server = None        # the step may not need the teacher; a session raises it again
 
     def _launch(self, log_path: Path) -> None:
         """Under the lock: the run's server process, launched unless a live one is there."""
@@ -157,6 +163,9 @@ class TeacherResource(dg.ConfigurableResource):
                 log.info(f"embedded teacher server on {server.base_url} for this session (log {server.log_path})")
             return server, server
         with self._lock:
+            if self._server is not None and self._healthy and not self._server.healthy():  # died or hung since
+                self._server.stop()
+                self._server = None
             self._launch(log_path)
             if not self._healthy:
                 try:

@@ -39,6 +39,8 @@ def test_whole_curation_graph_on_real_sources(tmp_path):
     # (two starts before), and Dagster's teardown stops it at the end of the run
     started = [e.message for e in instance.all_logs(res.run_id) if "embedded teacher server on" in (e.message or "")]
     assert len(started) == 1 and "for this run" in started[0], started
+    ann_md = instance.get_latest_materialization_event(dg.AssetKey("annotated_problems")).asset_materialization.metadata
+    assert ann_md["llm_labels"].value["asked"] > 0           # both steps used the teacher: one start is a reuse
     from ops.teacher.server import port_in_use
 
     port = int(started[0].split("http://127.0.0.1:")[1].split("/")[0])

@@ -37,6 +37,7 @@ import argparse
 import faulthandler
 import hashlib
 import json
+import os
 import queue
 import secrets
 import sys
@@ -357,6 +358,23 @@ def make_server(served: Served, host: str, port: int) -> ThreadingHTTPServer:
     return server
 
 
+def watch_parent(parent_pid: int, every_s: float = 0.5) -> threading.Thread:
+    """A daemon thread that ends this process (``os._exit(0)``) within ``every_s`` seconds of its
+    parent ``parent_pid`` dying (this process is then re-parented). Unlike ``PR_SET_PDEATHSIG``, which
+    fires when the parent *thread* that started it exits, it follows the parent process: a server
+    that a Dagster run shares between steps outlives the short-lived thread that happened to start it,
+    and a killed run leaves no server behind."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)
+        print(f"teacher server: parent process {parent_pid} is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(0)
+
+    t = threading.Thread(target=watch, name="teacher-parent-watch", daemon=True)
+    t.start()
+    return t
+
+
 def main(argv=None) -> int:
     """``python -m ops.teacher.serve --model-dir DIR [--host H --port P ...]``: serve until killed
     (what ``ops.teacher.server.LocalTeacherServer`` starts). Returns 0."""
@@ -368,8 +386,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = default)")
     ap.add_argument("--instance-id", default="", help="reported by GET /v1/teacher (the launcher's check)")
+    ap.add_argument("--parent-pid", type=int, default=0,
+                    help="exit when this process is no longer this server's parent (it died); 0 = serve until killed")
     args = ap.parse_args(argv)
     faulthandler.enable()  # a crash in native code leaves a traceback in the log
+    if args.parent_pid:
+        watch_parent(args.parent_pid)
     if not (args.model_dir / "config.json").exists():
         print(f"model directory {args.model_dir} has no config.json", file=sys.stderr)
         return 2

@@ -91,19 +91,16 @@ class LocalTeacherServer:
             raise TeacherServerError(f"port {self.port} on 127.0.0.1 is already in use; choose another teacher port")
         cmd = [sys.executable, "-m", "ops.teacher.serve", "--model-dir", str(self.model_dir), "--host", "127.0.0.1",
                "--port", str(self.port), "--max-batch", str(self.max_batch), "--dtype", self.dtype,
-               "--instance-id", self.instance]
+               "--instance-id", self.instance, "--parent-pid", str(os.getpid())]
         root = str(Path(__file__).resolve().parents[2])  # the repository, so that `-m ops.teacher.serve` resolves
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
                "TOKENIZERS_PARALLELISM": "false"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        from ops.launch import pdeathsig_preexec
-
-        # its own process group (stop() signals the group), and SIGKILL when the thread that started it
-        # exits: a killed step or run leaves no server behind
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=pdeathsig_preexec())
+        # its own process group (stop() signals the group); it exits when this process dies
+        # (--parent-pid: serve.watch_parent), so a killed step or run leaves no server behind
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         return self
 
@@ -131,6 +128,17 @@ class LocalTeacherServer:
         self.stop()
         raise TeacherServerError(f"teacher server not healthy after {self.startup_timeout_s}s:\n{self.log_tail()}")
 
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        """The process is running and ``/health`` answers 200 within ``timeout_s``."""
+        import httpx
+
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def check_alive(self) -> None:
         """Raise TeacherServerError if the server process has died."""
         if self.proc is None or self.proc.poll() is not None:
@@ -140,7 +148,10 @@ class LocalTeacherServer:
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        pgid = os.getpgid(self.proc.pid)
+        try:
+            pgid = os.getpgid(self.proc.pid)
+        except ProcessLookupError:                       # it exited after poll()
+            return
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(pgid, sig)

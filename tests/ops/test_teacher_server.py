@@ -100,8 +100,9 @@ def test_a_dead_server_is_reported_with_its_exit_code():
 
 
 def test_a_killed_owner_leaves_no_server(tmp_path):
-    """The embedded server dies with the thread that started it (PR_SET_PDEATHSIG): a SIGKILLed step or run
-    leaves no teacher server holding its port and model. Outside a Dagster run the session owns the server."""
+    """The embedded server exits when the process that started it dies (``serve.watch_parent``): a SIGKILLed
+    step or run leaves no teacher server holding its port and model. Outside a Dagster run the session owns
+    the server."""
     import subprocess
     import sys
     import time
@@ -131,3 +132,41 @@ def test_a_killed_owner_leaves_no_server(tmp_path):
         assert not port_in_use(port)
     finally:
         owner.kill()
+
+
+def test_a_run_shares_one_server_across_threads_and_replaces_a_dead_one(tmp_path):
+    """In a run (Dagster called ``setup_for_execution``) the server outlives the short-lived thread that
+    started it (the decontamination judge opens its session in one), later sessions reuse it, a killed
+    one is replaced by the next session, and teardown stops it."""
+    import os
+    import signal
+    import threading
+
+    from ops.teacher.server import port_in_use
+    from resources.teacher import TeacherResource
+
+    res = TeacherResource()
+    res.setup_for_execution(None)                     # what Dagster does at the start of a run
+    first = []
+
+    def judge_thread():
+        with res.session(tmp_path / "cache.sqlite") as client:
+            first.append(client.base_url)
+
+    t = threading.Thread(target=judge_thread)
+    t.start()
+    t.join(timeout=300)
+    srv = res._server
+    try:
+        assert first and srv.healthy()                # the thread is gone, its server is not
+        with res.session(tmp_path / "cache.sqlite") as client:
+            assert res._server is srv and client.base_url == first[0]
+        os.killpg(os.getpgid(srv.proc.pid), signal.SIGKILL)
+        srv.proc.wait(timeout=30)
+        with res.session(tmp_path / "cache.sqlite") as client:
+            assert res._server is not srv and res._server.healthy() and client.base_url == res._server.base_url
+        new = res._server
+    finally:
+        res.teardown_after_execution(None)
+    assert new.proc.poll() is not None and not port_in_use(new.port)
+    assert res._server is None
