@@ -139,26 +139,25 @@ class TeacherResource(dg.ConfigurableResource):
                 except TeacherServerError:
                     self._server = None        # the step may not need the teacher; a session raises it again
 
-    def _launch(self, log_path: Path) -> None:
-        """Under the lock: the run's server process, launched unless a live one is there."""
+    def _new_server(self, log_path: Path):
+        """A ``LocalTeacherServer`` (not started) with this resource's model, port, batch and timeout."""
         from ops.teacher.server import LocalTeacherServer
 
+        return LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
+                                  startup_timeout_s=self.startup_timeout_s, max_batch=self.max_batch, log_path=log_path)
+
+    def _launch(self, log_path: Path) -> None:
+        """Under the lock: the run's server process, launched unless a live one is there."""
         if self._server is None or self._server.proc is None or self._server.proc.poll() is not None:
-            self._server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
-                                              startup_timeout_s=self.startup_timeout_s, max_batch=self.max_batch,
-                                              log_path=log_path).launch()
+            self._server = self._new_server(log_path).launch()
             self._healthy = False
 
     def _embedded_server(self, log_path: Path, log: object = None) -> tuple[object, object]:
         """(a healthy embedded server, the server the session must stop itself or None). In a run: the
         run's server, launched here unless ``prestart`` did or when the one before has died. Raises
         ``TeacherServerError`` (no model, port taken, start-up timeout)."""
-        from ops.teacher.server import LocalTeacherServer
-
         if not self._run_scoped:
-            server = LocalTeacherServer(self.model_dir or default_model_dir(), port=self.port,
-                                        startup_timeout_s=self.startup_timeout_s, max_batch=self.max_batch,
-                                        log_path=log_path).start()
+            server = self._new_server(log_path).start()
             if log:
                 log.info(f"embedded teacher server on {server.base_url} for this session (log {server.log_path})")
             return server, server
