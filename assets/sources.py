@@ -132,8 +132,7 @@ def raw_problems(
             raise src.SourceError(f"raw_problems partition {key!r} is not a built-in source nor declared in the sources file")
         rows, quarantine = src.read_user_source(user[key])
     read = len(rows) + len(quarantine)
-    if params.limit is not None:
-        rows = rows[: params.limit]
+    rows = src.sample_rows(rows, params.limit)
     df = frame(rows, RAW_SCHEMA).sort("problem_id")
     qdf = frame(quarantine, QUARANTINE_SCHEMA)
     lake.write(qdf, "raw_problems_quarantine", key, refresh=False)

@@ -203,13 +203,14 @@ def run_demo(per_module: int | None, target_size: int | None, limit: int | None,
 
     from pipelines.definitions import defs
     from pipelines.jobs import preset_run_tags
-    from pipelines.presets import SizesError, preset_run_config
+    from pipelines.presets import SizesError, preset_partitions, preset_run_config
     from pipelines.profiles import ProfileError, sources_file
     from resources.lake import default_root
     from resources.sources import source_partition_keys
 
     try:
         sizes = demo_sizes(preset, per_module, target_size, limit)
+        gba_modes = preset_partitions(preset, "gba_job", defs.resolve_job_def("gba_job").partitions_def.get_partition_keys())
     except (ValueError, SizesError, ProfileError) as e:
         print(f"crucible demo: {e}", file=sys.stderr)
         return 2
@@ -239,7 +240,7 @@ def run_demo(per_module: int | None, target_size: int | None, limit: int | None,
     if "training" not in skip:
         if not run("training_job", "training (ctr_events, ctr_model)"):
             return 1
-        for mode in defs.resolve_job_def("gba_job").partitions_def.get_partition_keys():
+        for mode in gba_modes:
             if not run("gba_job", f"gba_run[{mode}]", partition_key=mode):
                 return 1
         if not run("rollpacker_job", "rollpacker_run (baseline vs tail batching)"):

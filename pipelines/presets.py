@@ -62,7 +62,10 @@ FULL = PROD_SIZES
 # the post-training pool. Figures of a demo run are smoke figures of that run (fewer steps, seeds and
 # samples), not claims.
 DEMO_SIZES: dict[str, dict[str, Any]] = {
-    "raw_problems": {"mathematics_dataset_per_module": 10},
+    # 2,000 rows per source: caps the MATH test set (5,000 rows, the largest source; a content-keyed
+    # sample, every subject and level in proportion) and leaves the others whole; the curation steps
+    # scale with the rows (the semantic layer's encoder, verification, the classifiers)
+    "raw_problems": {"mathematics_dataset_per_module": 10, "limit": 2000},
     # LLM domain labels and teacher distillation on a few rows (the teacher runs for real on them). The
     # embedded teacher generates in float64 (batch-invariant seeded samples) at ~0.35 responses/s on 2
     # cores: 6 rows (12 responses) took 29 s of a quiet demo, 4 rows still give a teacher-verified row
@@ -83,7 +86,10 @@ DEMO_SIZES: dict[str, dict[str, Any]] = {
     # R^2 check of dcpt_law_fit is near its 0.3 floor there. Exploratory runs, one each: these sizes
     # gave domain/unseen_D 0.44, general/unseen_N 0.43 (two inits: 0.48 / 0.56); half the CPT tokens
     # (64k, checkpoints 2k-64k) gave domain/unseen_D 0.05, with one base init also general/unseen_N 0.17
-    "cpt_base_models": {"inits": [0]},
+    # Validation sets of 24 general blocks and 12 per sub-domain (48 / 24 in `small`): evaluation was
+    # about a third of a probe run. Every run and checkpoint is scored on the same fixed blocks, so a
+    # smaller set moves the losses' common level more than their differences, which the law fits.
+    "cpt_base_models": {"inits": [0], "val_seqs_general": 24, "val_seqs_per_subdomain": 12},
     "cpt_probe_runs": {"seeds": [0, 1], "seeds_reinit_base": False},
     # 5 bootstrap refits behind the plan's spread (20 in `small`): the 10-90% band is a rough one.
     # (Comparing 2 law forms instead of 5 saved nothing measurable: one-core 40 s vs 42 s.)
@@ -108,6 +114,32 @@ DEMO_SIZES: dict[str, dict[str, Any]] = {
 
 PRESETS: dict[str, Mapping[str, Mapping[str, Any]]] = {"demo": DEMO_SIZES, "small": {}, "full": PROD_SIZES}
 """Size set name -> op -> the config fields it sets (``small`` = the assets' own defaults)."""
+
+DEMO_PARTITIONS: dict[str, tuple[str, ...]] = {
+    # GBA against the two synchronisation modes it sits between (all-reduce sync, plain async PS) and
+    # the switching run; SSP and Hop-BW, the paper's other baselines, are left to `small`. A mode's
+    # launch is ~8 s of process start and RPC set-up and teardown around ~4 s of training at these sizes
+    "gba_job": ("sync", "async", "gba", "auto"),
+}
+"""Job -> the partitions ``crucible demo --preset demo`` materializes (other presets and jobs: all)."""
+
+PRESET_PARTITIONS: dict[str, Mapping[str, tuple[str, ...]]] = {"demo": DEMO_PARTITIONS, "small": {}, "full": {}}
+"""Size set name -> job -> the partition keys its demo runs (a job not named: every partition)."""
+
+
+def preset_partitions(preset: str, job: str, keys: Iterable[str]) -> list[str]:
+    """The partition keys of ``job`` (all of them: ``keys``) that ``crucible demo --preset preset``
+    materializes, in ``keys``' order. Raises ValueError naming a key of ``PRESET_PARTITIONS`` that
+    ``job`` does not have."""
+    keys = list(keys)
+    chosen = PRESET_PARTITIONS.get(preset, {}).get(job)
+    if chosen is None:
+        return keys
+    unknown = [k for k in chosen if k not in keys]
+    if unknown:
+        raise ValueError(f"PRESET_PARTITIONS[{preset!r}][{job!r}] (pipelines/presets.py): {unknown[0]!r} is not a "
+                         f"partition of {job}; partitions: {', '.join(keys)}")
+    return [k for k in keys if k in chosen]
 
 
 class SizesError(ValueError):

@@ -40,11 +40,25 @@ def test_the_demo_preset_shrinks_the_slow_steps_and_keeps_every_stage(unsized):
                 own = 4 * field_at(classes["cpt_probe_runs"], "cpt_tokens").default
             if isinstance(v, bool):                           # an extra verification switched off
                 assert v is False and own is True, (op, field)
+            elif own is None:                                 # unbounded by default (raw_problems.limit)
+                assert v > 0, (op, field)
             elif isinstance(v, list):
                 assert 0 < len(v) < len(own), (op, field)
             else:
                 assert 0 < v < own, (op, field)
     assert {"rl_policy", "distilled_problems", "cpt_probe_runs", "targeted_synthesis"} <= set(DEMO_SIZES)
+
+
+def test_the_demo_preset_runs_a_subset_of_gba_modes_and_other_presets_all(monkeypatch):
+    from ops.gba.config import MODES
+    from pipelines.presets import preset_partitions
+
+    assert preset_partitions("demo", "gba_job", MODES) == ["sync", "async", "gba", "auto"]
+    assert preset_partitions("small", "gba_job", MODES) == list(MODES) == preset_partitions("full", "gba_job", MODES)
+    assert preset_partitions("demo", "cpt_probe_job", ["a", "b"]) == ["a", "b"]
+    with pytest.raises(ValueError, match=r"PRESET_PARTITIONS\['demo'\]\['gba_job'\] \(pipelines/presets.py\): 'sync' "
+                                         r"is not a partition of gba_job; partitions: gba, auto"):
+        preset_partitions("demo", "gba_job", ["gba", "auto"])
 
 
 def test_a_preset_with_a_wrong_op_or_field_is_a_sizes_error(unsized, monkeypatch):

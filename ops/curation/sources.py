@@ -51,7 +51,9 @@ class RawProblemsParams:
     mathematics_dataset_seed: int = 0
     """Seed of the mathematics_dataset generator (each (difficulty, module) stream is seeded from it)."""
     limit: int | None = None
-    """Keep at most this many rows per source (smoke runs and tests; >= 0); None keeps all."""
+    """Keep at most this many rows per source (>= 0; the demo preset and tests): a content-keyed sample
+    (:func:`sample_rows`), so every subject and level of a file ordered by subject stays in proportion;
+    None keeps all."""
     max_quarantine_fraction: float = 0.5
     """Fail the partition when more than this share (in [0, 1]) of a user file's rows is quarantined
     (likely a wrong field mapping); the quarantine table is still written for inspection."""
@@ -125,7 +127,20 @@ def math_test(limit: int | None = None) -> list[dict]:
                 _row("math_test", f"{subject}/{d['index']}", d["problem"], solution=d["solution"],
                      answer=d.get("answer"), subject=subject, level=str(d.get("level") or ""), split="test")
             )
-    return rows[:limit] if limit else rows
+    return sample_rows(rows, limit) if limit else rows
+
+
+def sample_rows(rows: list[dict], limit: int | None) -> list[dict]:
+    """At most ``limit`` of ``rows`` (dicts with ``problem_id``): those with the smallest SHA-1 of
+    their ``problem_id``, in their input order. A uniform sample that depends on the rows' content
+    only, so the same file gives the same rows whatever its order, and a file sorted by subject (the
+    MATH test set) keeps every subject in proportion, unlike a prefix. ``None``: all rows."""
+    if limit is None or len(rows) <= limit:
+        return rows
+    import hashlib
+
+    keep = set(sorted(range(len(rows)), key=lambda i: hashlib.sha1(rows[i]["problem_id"].encode()).hexdigest())[:limit])
+    return [r for i, r in enumerate(rows) if i in keep]
 
 
 def mathematics_dataset(per_module: int, seed: int = RawProblemsParams.mathematics_dataset_seed) -> list[dict]:

@@ -32,6 +32,24 @@ def test_problem_ids_are_stable_and_unique(math_test_rows):
     assert len({r["problem_id"] for r in math_test_rows}) == 5000
 
 
+def test_limit_is_a_content_keyed_sample_not_a_prefix(math_test_rows):
+    """The MATH test set is ordered by subject: a prefix of 2,000 rows holds three of its seven
+    subjects; ``sample_rows`` keeps every subject near its share and the same rows in any order."""
+    import random
+
+    assert {r["subject"] for r in math_test_rows[:2000]} == {"algebra", "counting_and_probability", "geometry"}
+    kept = S.sample_rows(math_test_rows, 2000)
+    assert len(kept) == 2000 and kept == [r for r in math_test_rows if r in kept]       # input order kept
+    for subject in S.MATH_SUBJECTS:
+        share = sum(r["subject"] == subject for r in math_test_rows) / 5000
+        assert abs(sum(r["subject"] == subject for r in kept) / 2000 - share) < 0.03, subject
+    shuffled = list(math_test_rows)
+    random.Random(0).shuffle(shuffled)
+    assert {r["problem_id"] for r in S.sample_rows(shuffled, 2000)} == {r["problem_id"] for r in kept}
+    assert S.sample_rows(math_test_rows, None) is math_test_rows and S.sample_rows(math_test_rows, 0) == []
+    assert S.sample_rows(math_test_rows[:10], 50) == math_test_rows[:10]
+
+
 def test_user_jsonl_quarantines_bad_rows_with_file_line_and_reason(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_bytes(b"\n".join(BAD_LINES) + b"\n")
