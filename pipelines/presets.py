@@ -13,7 +13,9 @@ real, in minutes on 2 CPU cores), ``small`` (the assets' own defaults, what the 
 code location uses) and ``full`` (production, ``PROD_SIZES``). ``crucible demo --preset NAME``
 (pipelines/cli.py) passes the chosen set to every run it launches as run config
 (:func:`preset_sizes`, :func:`preset_run_config`) and tags the runs with it; the code location's
-defaults stay the profile's, so the UI, automation and schedules are unaffected by a demo run.
+defaults stay the profile's, so the UI, automation and schedules are unaffected by a demo run. A
+preset may also name the partitions its demo materializes (``PRESET_PARTITIONS``: the ``demo`` preset
+runs four of GBA's six modes); every other job's demo runs all of its partitions.
 The run bounds of pipelines/jobs.py (``dagster/max_runtime``) are computed per size set.
 """
 
