@@ -66,8 +66,8 @@ FULL = PROD_SIZES
 DEMO_SIZES: dict[str, dict[str, Any]] = {
     # Every row of the built-in sources: the curated set is also the CPT domain corpus. Tried (one
     # fresh-clone run, exploratory): raw_problems.limit 2,000 (the MATH test set sampled from 5,000 rows)
-    # took the curation graph 90 s (137 s at full size on a slower hour), but the smaller domain corpus (and the tokenizer
-    # trained on it) left the law's held-out R^2 on general/unseen_N at 0.04 (0.044 with the full
+    # took the curation graph 90 s (110 s at full size 15 minutes later), but the smaller domain corpus
+    # (and the tokenizer trained on it) left the law's held-out R^2 on general/unseen_N at 0.04 (0.044 with the full
     # validation sets), under the blocking check's 0.3 floor
     "raw_problems": {"mathematics_dataset_per_module": 10},
     # LLM domain labels and teacher distillation on a few rows (the teacher runs for real on them). The
@@ -87,8 +87,9 @@ DEMO_SIZES: dict[str, dict[str, Any]] = {
     # and two probe seeds at the repeat ratio, both continuing init 0: the repeats measure the CPT
     # data-order noise only (seeds_reinit_base off), which still sets the closed loop's tolerance and
     # regime threshold. The probe grid keeps its `small` tokens and checkpoints: the blocking held-out
-    # R^2 check of dcpt_law_fit is near its 0.3 floor there. Exploratory runs, one each: these sizes
-    # gave domain/unseen_D 0.44, general/unseen_N 0.43 (two inits: 0.48 / 0.56); half the CPT tokens
+    # R^2 check of dcpt_law_fit is near its 0.3 floor there. Exploratory runs, one each, with the full
+    # validation sets: these sizes gave domain/unseen_D 0.44, general/unseen_N 0.43 (two inits: 0.48 /
+    # 0.56; with the halved sets below, one run: 0.51 / 0.48); half the CPT tokens
     # (64k, checkpoints 2k-64k) gave domain/unseen_D 0.05, with one base init also general/unseen_N 0.17
     # Validation sets of 24 general blocks and 12 per sub-domain (48 / 24 in `small`): evaluation was
     # about a third of a probe run. Every run and checkpoint is scored on the same fixed blocks, so a

@@ -127,14 +127,16 @@ def math_test(limit: int | None = None) -> list[dict]:
                 _row("math_test", f"{subject}/{d['index']}", d["problem"], solution=d["solution"],
                      answer=d.get("answer"), subject=subject, level=str(d.get("level") or ""), split="test")
             )
-    return sample_rows(rows, limit) if limit else rows
+    return sample_rows(rows, limit)
 
 
 def sample_rows(rows: list[dict], limit: int | None) -> list[dict]:
     """At most ``limit`` of ``rows`` (dicts with ``problem_id``): those with the smallest SHA-1 of
-    their ``problem_id``, in their input order. A uniform sample that depends on the rows' content
-    only, so the same file gives the same rows whatever its order, and a file sorted by subject (the
-    MATH test set) keeps every subject in proportion, unlike a prefix. ``None``: all rows."""
+    their ``problem_id``, in their input order. A uniform sample keyed by the rows' ids, so a file
+    sorted by subject (the MATH test set) keeps every subject in proportion, unlike a prefix, and
+    the same rows come whatever the file's order where the ids do not depend on it (built-in
+    sources; a user file with a mapped ``record`` field: one without it is keyed by line number).
+    ``None``: all rows."""
     if limit is None or len(rows) <= limit:
         return rows
     import hashlib
