@@ -217,6 +217,23 @@ def run_figures(step_s: dict[str, list[float]], baseline: str, seed: int, claim_
     return out
 
 
+def training_signal(context, asset: str, zero_signal_fractions) -> dict[str, dg.MetadataValue]:
+    """``training_signal`` metadata of an RL run, and a warning in the run's log when it had none:
+    ``zero_signal_fractions`` are the steps' shares of zero-signal groups (every reward of the group
+    equal, so GRPO's advantages are 0; ``ops.rl.grpo``), None where a step did not report one. No
+    signal = at least one share and every share 1.0: the optimizer steps changed nothing and the run
+    measured the systems path, not learning."""
+    zero = [z for z in zero_signal_fractions if z is not None]
+    if not zero:                                # no step reported it: nothing to say
+        return {}
+    if all(z == 1.0 for z in zero):
+        context.log.warning(f"{asset}: every group had equal rewards (zero-signal groups, advantage 0): the optimizer "
+                            "steps changed nothing. The policy solved none (or all) of each group's samples here; "
+                            "the run measures the systems path, not learning.")
+        return {"training_signal": dg.MetadataValue.text("none: every group zero-signal (equal rewards)")}
+    return {"training_signal": dg.MetadataValue.text("yes: some groups had reward variance")}
+
+
 def learning_metadata(res: dict, baseline: str) -> dict[str, dg.MetadataValue]:
     """The result contract's metadata (docs/rl_policy.md, "How the RL runs use it"): per method the
     held-out accuracy curve (``res["eval"]``: step, training seconds without evaluation, accuracy,

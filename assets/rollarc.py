@@ -43,7 +43,7 @@ from resources.lake import LakeResource
 from ._config import fields_of, mirrors, to_spec
 from ._meta import image, md_table, table_result
 from ._rl import (ASSET, OWN, PolicyChoice, launch_driver, learning_metadata, problems_table, rl_policy_dir,
-                  ray_address, role_gpus, run_figures, run_metadata)
+                  ray_address, role_gpus, run_figures, run_metadata, training_signal)
 
 
 SET_BY_ASSET = ("problems_path", "task", "task_seed", "ray_address", "roles.tokenizer_dir", "roles.model_dir",
@@ -127,12 +127,8 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
     for r in summary.iter_rows(named=True):
         context.log.info(f"rollarc_run {r['method']}: {r['steps']} steps in {r['wall_s']}s, staleness "
                          f"{r['staleness_hist']} (this run only; the confirmatory figure is the registered claim's)")
-    zero = [s.get("zero_signal_groups") for m in res["methods"].values() for s in m["steps"]]
-    no_signal = bool(zero) and all(z == 1.0 for z in zero)
-    if no_signal:
-        context.log.warning("rollarc_run: every group had equal rewards (zero-signal groups, advantage 0): the "
-                            "optimizer steps changed nothing. The policy never solved a task here (small model, "
-                            "few turns); the run measures the systems path, not learning.")
+    signal = training_signal(context, "rollarc_run", [s.get("zero_signal_groups") for m in res["methods"].values()
+                                                       for s in m["steps"]])
     arc = res["methods"].get("rollarc", {})
     resumed = ", ".join(f"{r['method']} finished before the retry, skipped" if r.get("skipped")
                         else f"{r['method']} after step {r['after_step']}" for r in res.get("resumes", []))
@@ -142,8 +138,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         utilisation=md_table(util),
         router=dg.MetadataValue.json((arc.get("utilisation") or {}).get("router", {})),
         staleness=image(staleness_plot(res), "trained groups by staleness", lake=lake, asset="rollarc_run"),
-        training_signal=dg.MetadataValue.text("none: every group zero-signal (equal rewards)" if no_signal else
-                                              "yes: some groups had reward variance"),
+        **signal,
         **{f"run_trajectories_per_s_{tag}": dg.MetadataValue.json(
             {m: round(warm_traj[m] / sum(v[1:]), 4) if sum(v[1:]) > 0 else None for m, v in step_s.items()})},
         **figures,

@@ -40,7 +40,7 @@ from resources.lake import LakeResource
 from ._config import fields_of, mirrors
 from ._meta import image, md_table, table_result
 from ._rl import (ASSET, OWN, PolicyRunConfig, launch_driver, learning_metadata, problems_table, rl_policy_dir,
-                  ray_address, role_gpus, run_figures, run_metadata)
+                  ray_address, role_gpus, run_figures, run_metadata, training_signal)
 
 
 @mirrors(RunSpec, own=OWN)
@@ -107,6 +107,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         context.log.info(f"rollpacker_run {r['method']}: {r['steps']} steps, {r['step_s_total']}s (this run only; "
                          "the confirmatory figure is the registered claim's, docs/claims.md)")
     resumed = ", ".join(f"{r['method']} after step {r['after_step']}" for r in res.get("resumes", []))
+    signal = training_signal(context, "rollpacker_run", [s.get("zero_signal_groups") for s in res["steps"]])
     meta = dict(
         summary=md_table(summary),
         comparison=md_table(table.select("method", "step", "round", "rollout_s", "step_s", "max_response_len",
@@ -115,6 +116,7 @@ def _materialize(context, lake: LakeResource, spec: RunSpec, run) -> dg.Material
         **run_figures(step_s, "baseline", spec.seed, "rollpacker"),
         ray_init_s=dg.MetadataValue.float(round(res["ray_init_s"], 2)),
         **learning_metadata(res, "baseline"),
+        **signal,
         **run_metadata(res, spec.model_dir, resumed),
         **run.metadata(),
     )

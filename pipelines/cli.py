@@ -306,6 +306,19 @@ def run_lake_vacuum(args) -> int:
     return 0
 
 
+def _count(minimum: int):
+    """An argparse ``type``: an integer >= ``minimum``, so a bad size is refused before any run is launched."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {n}")
+        return n
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -318,10 +331,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="size set of every run (pipelines/presets.py): demo = the whole lifecycle in minutes on "
                       "2 CPU cores, small = the assets' own CPU defaults (longer), full = production sizes (GPU); "
                       f"default {DEFAULT_PRESET}")
-    demo.add_argument("--per-module", type=int, default=None,
+    demo.add_argument("--per-module", type=_count(1), default=None,
                       help="mathematics_dataset problems per module and difficulty (default: the preset's)")
-    demo.add_argument("--target-size", type=int, default=None, help="rows in the SFT dataset (default: the preset's)")
-    demo.add_argument("--limit", type=int, default=None, help="cap rows per source (smoke runs)")
+    demo.add_argument("--target-size", type=_count(1), default=None, help="rows in the SFT dataset (default: the preset's)")
+    demo.add_argument("--limit", type=_count(0), default=None,
+                      help="at most this many rows per source, a content-keyed sample (smoke runs)")
     demo.add_argument("--skip", default="", help=f"comma-separated stages to skip: {', '.join(STAGES)} "
                       "(a skipped stage's inputs must already be in the lake)")
     sub.add_parser("sources", help="list raw_problems partitions (built-in and from $CRUCIBLE_SOURCES)")
@@ -350,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         skip = tuple(x.strip() for x in args.skip.split(",") if x.strip())
         bad = sorted(set(skip) - set(STAGES))
         if bad:
-            print(f"crucible demo: unknown stage(s) {bad}; stages are {', '.join(STAGES)}", file=sys.stderr)
+            print(f"crucible demo: argument --skip: unknown stage(s) {bad}; stages are {', '.join(STAGES)}", file=sys.stderr)
             return 2
         return run_demo(args.per_module, args.target_size, args.limit, skip, args.preset)
     if args.cmd == "lineage":

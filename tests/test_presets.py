@@ -141,3 +141,13 @@ def test_crucible_demo_rejects_an_unknown_preset_in_one_line():
     assert not os.path.exists("/nonexistent-not-created")
     res = _cli("demo", "--help")
     assert res.returncode == 0 and "--preset {demo,small,full}" in res.stdout
+
+
+def test_crucible_demo_refuses_a_bad_size_or_stage_before_launching_anything():
+    for args, message in ((("--limit", "-5"), "argument --limit: must be an integer >= 0, got -5"),
+                          (("--per-module", "0"), "argument --per-module: must be an integer >= 1, got 0"),
+                          (("--target-size", "many"), "argument --target-size: 'many' is not an integer"),
+                          (("--skip", "bogus"), "argument --skip: unknown stage(s) ['bogus']")):
+        res = _cli("demo", *args)
+        assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
+        assert not os.path.exists("/nonexistent-not-created")

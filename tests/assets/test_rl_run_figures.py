@@ -41,3 +41,27 @@ def test_claim_verdict_comes_from_claims_json(tmp_path):
     assert claim_verdicts("gba", path)["status"] == "claim not yet run"
     shown = _value(run_figures({"baseline": [1, 1], "rollpacker": [1, 1]}, "baseline", 0, "rollpacker", path)["claim_verdict"])
     assert shown["rollpacker-speedup"]["estimate"] == 1.31
+
+
+def test_a_run_without_training_signal_says_so_in_its_log_and_metadata():
+    """RollPacker and RollArc share the rule: every step's groups all zero-signal (equal rewards, so
+    every GRPO advantage is 0) is a run that learned nothing; one step with reward variance is not."""
+    from assets._rl import training_signal
+
+    class Log:
+        def __init__(self):
+            self.warnings = []
+
+        def warning(self, msg):
+            self.warnings.append(msg)
+
+    class Context:
+        log = Log()
+
+    ctx = Context()
+    none = training_signal(ctx, "rollpacker_run", [1.0, None, 1.0])
+    assert _value(none["training_signal"]).startswith("none: every group zero-signal")
+    assert len(ctx.log.warnings) == 1 and ctx.log.warnings[0].startswith("rollpacker_run: every group had equal rewards")
+    some = training_signal(ctx, "rollarc_run", [1.0, 0.5])
+    assert _value(some["training_signal"]).startswith("yes") and len(ctx.log.warnings) == 1
+    assert training_signal(ctx, "rollarc_run", [None]) == {} and len(ctx.log.warnings) == 1
