@@ -232,7 +232,7 @@ def run_demo(per_module: int | None, target_size: int | None, limit: int | None,
         # raw_problems' partitions are dynamic (assets/sources.py): no sensor runs here, so add the
         # declared sources (and drop undeclared ones) before materializing each of them
         sync_source_partitions(instance, source_partition_keys(sources_file()))
-        for key in source_partition_keys(sources_file()):
+        for key in preset_partitions(preset, "sources_job", source_partition_keys(sources_file())):
             if not run("sources_job", f"raw_problems[{key}]", partition_key=key):
                 return 1
         if not run("curation_job", "curation graph"):

@@ -129,7 +129,9 @@ DEMO_PARTITIONS: dict[str, tuple[str, ...]] = {
 """Job -> the partitions ``crucible demo --preset demo`` materializes (other presets and jobs: all)."""
 
 PRESET_PARTITIONS: dict[str, Mapping[str, tuple[str, ...]]] = {"demo": DEMO_PARTITIONS, "small": {}, "full": {}}
-"""Size set name -> job -> the partition keys its demo runs (a job not named: every partition)."""
+"""Size set name -> job -> the partition keys its demo runs (a job not named: every partition). Read for
+the jobs ``crucible demo`` runs one partition at a time (``sources_job``, ``gba_job``); the jobs it runs
+as one partition range (the CPT base and probe jobs) always cover every partition."""
 
 
 def preset_partitions(preset: str, job: str, keys: Iterable[str]) -> list[str]:

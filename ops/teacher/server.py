@@ -114,16 +114,17 @@ class LocalTeacherServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise TeacherServerError(f"teacher server exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).status_code == 200:
+            if self.healthy(timeout_s=2.0):
+                try:
                     about = httpx.get(f"{self.base_url}/teacher", timeout=5.0).json()
+                except (httpx.HTTPError, ValueError):
+                    about = None
+                if about is not None:
                     if about.get("instance") != self.instance:
                         self.stop()
                         raise TeacherServerError(f"port {self.port} on 127.0.0.1 is served by another process "
                                                  "(not this teacher server); choose another teacher port")
                     return
-            except (httpx.HTTPError, ValueError):
-                pass
             time.sleep(0.5)
         self.stop()
         raise TeacherServerError(f"teacher server not healthy after {self.startup_timeout_s}s:\n{self.log_tail()}")
